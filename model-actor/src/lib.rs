@@ -1,1 +1,25 @@
-//! placeholder
+//! Model repository, candle models and dynamic-batching actix actors.
+//!
+//! A [`ModelRepository`] serves the versions of each model in a directory. Each
+//! version is a [`VersionHandle`]: admission (a semaphore sized to the queue
+//! capacity) in front of a batcher actor that forms batches and hands them to
+//! runner actors (a `SyncArbiter`), each owning a copy of the model on its device.
+pub mod batching;
+mod batcher;
+pub mod config;
+pub mod error;
+pub mod handle;
+pub mod mlp;
+pub mod model;
+pub mod repository;
+mod runner;
+pub mod stats;
+pub mod system;
+
+pub use config::{DataType, ModelConfig};
+pub use error::ModelError;
+pub use handle::VersionHandle;
+pub use model::{Batch, Forward, Model, ModelFactory};
+pub use repository::{ModelRepository, ServedModel};
+pub use runner::Output;
+pub use system::ActorSystem;

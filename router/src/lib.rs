@@ -1,1 +1,11 @@
-//! placeholder
+//! The inference-mesh router: the serving front ends (Open Inference Protocol v2
+//! over gRPC and HTTP), configuration, telemetry, and the `mesh` command line.
+pub mod cli;
+pub mod config;
+pub mod demo;
+pub mod error;
+pub mod oip;
+pub mod server;
+pub mod telemetry;
+
+pub use error::RouterError;

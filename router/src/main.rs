@@ -1,1 +1,24 @@
-fn main() {}
+//! The `mesh` binary: parses the command line and runs the command.
+use clap::Parser;
+use mesh_router::cli::{self, Cli, Command};
+
+fn main() -> anyhow::Result<()> {
+    let args = Cli::parse();
+    match args.command {
+        Command::Serve(serve) => {
+            let config = serve.resolve()?;
+            mesh_router::telemetry::init_logs(args.log_format.unwrap_or(config.log.format));
+            // Before any runtime thread exists, so setting the variable is race-free.
+            cli::set_compute_threads(config.server.compute_threads);
+            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            rt.block_on(cli::serve(config))?;
+        }
+        Command::Demo(demo) => {
+            mesh_router::telemetry::init_logs(args.log_format.unwrap_or_default());
+            cli::set_compute_threads(1);
+            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            rt.block_on(mesh_router::demo::run(demo))?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,210 @@
+//! Batch formation as pure functions: what to drop, when to dispatch, how many
+//! requests to take, and how to glue rows together and split results apart.
+//! No actix, no candle: the batcher actor calls these and tests call them directly.
+use std::time::{Duration, Instant};
+
+/// What the planner needs to know about a waiting request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waiting {
+    pub rows: usize,
+    pub enqueued_at: Instant,
+    pub deadline: Instant,
+    /// The caller went away (its reply channel is closed).
+    pub cancelled: bool,
+}
+
+/// Batching settings of one model version.
+#[derive(Debug, Clone, Copy)]
+pub struct Policy {
+    pub max_batch_size: usize,
+    /// How long the oldest request may wait for company; zero means never wait.
+    pub max_queue_delay: Duration,
+    /// Time a batch needs to run, kept free before a request's deadline: a request
+    /// is dispatched no later than `deadline - compute_reserve`, and one that can no
+    /// longer finish in time is dropped instead of computed.
+    pub compute_reserve: Duration,
+}
+
+/// Why a waiting request leaves the queue without being computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drop {
+    /// Its deadline passed (or will before a batch could finish).
+    Expired,
+    /// Its caller went away.
+    Cancelled,
+}
+
+/// Whether a waiting request stays in the queue.
+pub fn triage(w: &Waiting, now: Instant) -> Option<Drop> {
+    if w.cancelled {
+        Some(Drop::Cancelled)
+    } else if now >= w.deadline {
+        Some(Drop::Expired)
+    } else {
+        None
+    }
+}
+
+/// What the batcher does next with a queue that holds only live requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Nothing waits.
+    Idle,
+    /// Take the first `count` requests (FIFO) as one batch of `rows` rows.
+    Dispatch { count: usize, rows: usize },
+    /// Not yet: check again at this instant unless something arrives first.
+    WaitUntil(Instant),
+}
+
+/// Decides on the queue (oldest first). The first requests that fit in
+/// `max_batch_size` rows form the candidate batch. It goes now when it is full
+/// (it reached the limit, or the next request would not fit), when the oldest
+/// request has waited `max_queue_delay`, or when waiting longer would put a
+/// member's deadline at risk; otherwise the answer is when to look again.
+pub fn decide(queue: impl IntoIterator<Item = Waiting>, now: Instant, policy: &Policy) -> Decision {
+    let mut count = 0;
+    let mut rows = 0;
+    let mut oldest: Option<Instant> = None;
+    let mut earliest_deadline: Option<Instant> = None;
+    let mut more_waiting = false;
+    for w in queue {
+        if count > 0 && rows + w.rows > policy.max_batch_size {
+            more_waiting = true;
+            break;
+        }
+        count += 1;
+        rows += w.rows;
+        oldest = Some(oldest.map_or(w.enqueued_at, |o| o.min(w.enqueued_at)));
+        earliest_deadline = Some(earliest_deadline.map_or(w.deadline, |d| d.min(w.deadline)));
+        if rows >= policy.max_batch_size {
+            more_waiting = true;
+            break;
+        }
+    }
+    let (Some(oldest), Some(deadline)) = (oldest, earliest_deadline) else {
+        return Decision::Idle;
+    };
+    let go_at = (oldest + policy.max_queue_delay).min(deadline.checked_sub(policy.compute_reserve).unwrap_or(now));
+    if more_waiting || now >= go_at {
+        Decision::Dispatch { count, rows }
+    } else {
+        Decision::WaitUntil(go_at)
+    }
+}
+
+/// Concatenates row-major parts into one batch buffer.
+pub fn assemble<'a>(parts: impl IntoIterator<Item = &'a [f32]>, capacity: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(capacity);
+    for p in parts {
+        out.extend_from_slice(p);
+    }
+    out
+}
+
+/// Splits a batch output of `cols` values per row back into per-request parts of
+/// `rows[i]` rows each. Returns `None` when the sizes disagree.
+pub fn split(output: &[f32], cols: usize, rows: &[usize]) -> Option<Vec<Vec<f32>>> {
+    if rows.iter().sum::<usize>() * cols != output.len() {
+        return None;
+    }
+    let mut rest = output;
+    Some(
+        rows.iter()
+            .map(|r| {
+                let (head, tail) = rest.split_at(r * cols);
+                rest = tail;
+                head.to_vec()
+            })
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(max: usize, delay_us: u64) -> Policy {
+        Policy {
+            max_batch_size: max,
+            max_queue_delay: Duration::from_micros(delay_us),
+            compute_reserve: Duration::from_micros(100),
+        }
+    }
+
+    fn w(t0: Instant, rows: usize, at_us: u64, deadline_ms: u64) -> Waiting {
+        Waiting {
+            rows,
+            enqueued_at: t0 + Duration::from_micros(at_us),
+            deadline: t0 + Duration::from_millis(deadline_ms),
+            cancelled: false,
+        }
+    }
+
+    #[test]
+    fn empty_queue_is_idle() {
+        let t0 = Instant::now();
+        assert_eq!(decide([], t0, &policy(8, 100)), Decision::Idle);
+    }
+
+    #[test]
+    fn zero_delay_dispatches_at_once() {
+        let t0 = Instant::now();
+        let q = [w(t0, 1, 0, 100)];
+        assert_eq!(decide(q, t0, &policy(8, 0)), Decision::Dispatch { count: 1, rows: 1 });
+    }
+
+    #[test]
+    fn waits_for_company_until_the_oldest_has_waited_the_delay() {
+        let t0 = Instant::now();
+        let q = [w(t0, 1, 0, 100), w(t0, 2, 50, 100)];
+        let at = t0 + Duration::from_micros(60);
+        assert_eq!(decide(q, at, &policy(8, 500)), Decision::WaitUntil(t0 + Duration::from_micros(500)));
+        let later = t0 + Duration::from_micros(500);
+        assert_eq!(decide(q, later, &policy(8, 500)), Decision::Dispatch { count: 2, rows: 3 });
+    }
+
+    #[test]
+    fn a_full_batch_goes_without_waiting() {
+        let t0 = Instant::now();
+        let q = [w(t0, 4, 0, 100), w(t0, 4, 1, 100), w(t0, 1, 2, 100)];
+        assert_eq!(decide(q, t0, &policy(8, 10_000)), Decision::Dispatch { count: 2, rows: 8 });
+    }
+
+    #[test]
+    fn a_request_that_does_not_fit_closes_the_batch() {
+        let t0 = Instant::now();
+        let q = [w(t0, 5, 0, 100), w(t0, 5, 1, 100)];
+        assert_eq!(decide(q, t0, &policy(8, 10_000)), Decision::Dispatch { count: 1, rows: 5 });
+    }
+
+    #[test]
+    fn a_close_deadline_cuts_the_wait_short() {
+        let t0 = Instant::now();
+        // Deadline in 1 ms, delay 5 ms: must go by deadline - reserve.
+        let q = [w(t0, 1, 0, 1)];
+        let p = policy(8, 5_000);
+        assert_eq!(decide(q, t0, &p), Decision::WaitUntil(t0 + Duration::from_micros(900)));
+        assert_eq!(decide(q, t0 + Duration::from_micros(900), &p), Decision::Dispatch { count: 1, rows: 1 });
+    }
+
+    #[test]
+    fn triage_drops_expired_and_cancelled() {
+        let t0 = Instant::now();
+        let mut a = w(t0, 1, 0, 1);
+        assert_eq!(triage(&a, t0), None);
+        assert_eq!(triage(&a, t0 + Duration::from_millis(1)), Some(Drop::Expired));
+        a.cancelled = true;
+        assert_eq!(triage(&a, t0), Some(Drop::Cancelled));
+    }
+
+    #[test]
+    fn assemble_and_split_round_trip() {
+        let a = [1.0, 2.0, 3.0, 4.0];
+        let b = [5.0, 6.0];
+        let batch = assemble([&a[..], &b[..]], 6);
+        assert_eq!(batch, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let parts = split(&batch, 2, &[2, 1]).unwrap();
+        assert_eq!(parts, vec![vec![1.0, 2.0, 3.0, 4.0], vec![5.0, 6.0]]);
+        assert!(split(&batch, 2, &[2, 2]).is_none());
+    }
+}

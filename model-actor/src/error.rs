@@ -1,0 +1,62 @@
+//! The one error type of the model-actor crate.
+use std::path::PathBuf;
+
+/// Everything that can go wrong loading or calling a model.
+///
+/// The router maps each variant to one gRPC status (see its `error.rs`); the
+/// `is_*` helpers keep that mapping out of string matching.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("model '{0}' is not in the repository")]
+    ModelNotFound(String),
+    #[error("model '{model}' has no ready version {version}")]
+    VersionNotFound { model: String, version: String },
+    #[error("model '{0}' has no ready version")]
+    NotReady(String),
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    #[error("model '{model}' version {version} is overloaded: its queue of {capacity} requests is full")]
+    Overloaded { model: String, version: u64, capacity: usize },
+    #[error("deadline exceeded {0}")]
+    DeadlineExceeded(&'static str),
+    #[error("model '{model}' version {version} is shutting down")]
+    Unavailable { model: String, version: u64 },
+    #[error("model configuration {path}: {msg}")]
+    Config { path: PathBuf, msg: String },
+    #[error("loading model '{model}' version {version}: {msg}")]
+    Load { model: String, version: u64, msg: String },
+    #[error("model execution failed: {0}")]
+    Compute(String),
+    #[error("i/o on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl ModelError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Self::Io { path: path.into(), source }
+    }
+
+    /// The label used for this error in metrics (`code`), low-cardinality.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::ModelNotFound(_) | Self::VersionNotFound { .. } => "not_found",
+            Self::NotReady(_) | Self::Unavailable { .. } => "unavailable",
+            Self::InvalidInput(_) => "invalid_argument",
+            Self::Overloaded { .. } => "resource_exhausted",
+            Self::DeadlineExceeded(_) => "deadline_exceeded",
+            Self::Config { .. } | Self::Load { .. } | Self::Compute(_) | Self::Io { .. } => {
+                "internal"
+            }
+        }
+    }
+}
+
+impl From<candle_core::Error> for ModelError {
+    fn from(e: candle_core::Error) -> Self {
+        Self::Compute(e.to_string())
+    }
+}

@@ -1,0 +1,40 @@
+//! The `Model` trait and the plain types that cross the batcher/runner boundary.
+//! Free of candle and actix so tests can plug in fakes.
+use std::time::Duration;
+
+use crate::error::ModelError;
+
+/// A batch of rows, row-major: `data.len() == rows * cols`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Batch {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Vec<f32>,
+}
+
+/// What a forward pass returns: `rows * cols` outputs and where the time went
+/// (the three parts Triton's statistics report).
+#[derive(Debug, Clone, Default)]
+pub struct Forward {
+    pub data: Vec<f32>,
+    pub cols: usize,
+    /// Building the input tensor (and copying it to the device).
+    pub input: Duration,
+    /// The layers themselves.
+    pub infer: Duration,
+    /// Copying the output back to host memory.
+    pub output: Duration,
+}
+
+/// A loaded model: `load(config)` happens in its constructor, `forward(batch)` here.
+pub trait Model: Send + 'static {
+    /// Elements in one input row.
+    fn input_width(&self) -> usize;
+    /// Elements in one output row.
+    fn output_width(&self) -> usize;
+    /// Runs the batch; the output has `batch.rows` rows in the same order.
+    fn forward(&mut self, batch: &Batch) -> Result<Forward, ModelError>;
+}
+
+/// Builds one model instance per runner thread (instances share read-only weights).
+pub type ModelFactory = std::sync::Arc<dyn Fn() -> Box<dyn Model> + Send + Sync>;

@@ -1,0 +1,281 @@
+//! The model repository: a directory of `<model>/model.toml` and numeric version
+//! directories, and the set of versions being served, changed only by explicit
+//! load/unload calls. A version is swapped in only after it loaded and warmed up;
+//! requests that already hold a version keep it until they are answered.
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::config::{parse_device, ModelConfig, ModelKind};
+use crate::error::ModelError;
+use crate::handle::VersionHandle;
+use crate::mlp::{open_device, Mlp};
+use crate::model::{Batch, Model, ModelFactory};
+use crate::system::ActorSystem;
+
+/// The served versions of one model (an immutable snapshot, replaced whole).
+#[derive(Debug)]
+pub struct ServedModel {
+    pub config: Arc<ModelConfig>,
+    pub versions: BTreeMap<u64, Arc<VersionHandle>>,
+}
+
+impl ServedModel {
+    /// The newest ready version.
+    pub fn newest(&self) -> Option<&Arc<VersionHandle>> {
+        self.versions.values().rev().find(|v| v.is_ready())
+    }
+}
+
+/// State of a version for the repository index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexEntry {
+    pub model: String,
+    pub version: u64,
+    pub state: &'static str,
+    pub reason: String,
+}
+
+pub struct ModelRepository {
+    root: PathBuf,
+    system: ActorSystem,
+    models: RwLock<BTreeMap<String, Arc<ServedModel>>>,
+    /// Why the last load of a version failed, for the index.
+    failures: Mutex<BTreeMap<(String, u64), String>>,
+    /// Loads and unloads run one at a time.
+    changes: tokio::sync::Mutex<()>,
+}
+
+impl ModelRepository {
+    /// Opens the repository directory; loads nothing yet.
+    pub fn new(root: impl Into<PathBuf>, system: ActorSystem) -> Result<Self, ModelError> {
+        let root = root.into();
+        if !root.is_dir() {
+            return Err(ModelError::Config { path: root, msg: "the model repository is not a directory".into() });
+        }
+        Ok(Self {
+            root,
+            system,
+            models: RwLock::new(BTreeMap::new()),
+            failures: Mutex::new(BTreeMap::new()),
+            changes: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Model directories (those holding a `model.toml`), sorted.
+    pub fn model_names(&self) -> Result<Vec<String>, ModelError> {
+        let mut names = Vec::new();
+        let rd = std::fs::read_dir(&self.root).map_err(|e| ModelError::io(&self.root, e))?;
+        for entry in rd {
+            let entry = entry.map_err(|e| ModelError::io(&self.root, e))?;
+            if entry.path().join("model.toml").is_file() {
+                names.push(entry.file_name().to_string_lossy().into_owned());
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    /// Loads every model of the repository; fails if any model ends with no ready version.
+    pub async fn load_all(&self) -> Result<(), ModelError> {
+        for name in self.model_names()? {
+            self.load(&name).await?;
+        }
+        Ok(())
+    }
+
+    /// Loads (or reloads) a model: versions its policy selects that are not served
+    /// yet are loaded and warmed up, then swapped in; versions it no longer selects
+    /// are unloaded. If every newly wanted version fails, what was served stays
+    /// served and the error is returned. Returns the served versions.
+    pub async fn load(&self, name: &str) -> Result<Vec<u64>, ModelError> {
+        let _one_at_a_time = self.changes.lock().await;
+        let dir = self.model_dir(name)?;
+        let config = Arc::new(ModelConfig::load(&dir)?);
+        let wanted = config.version_policy.select(&versions_on_disk(&dir)?);
+        if wanted.is_empty() {
+            return Err(ModelError::Config {
+                path: dir,
+                msg: "no version directory matches the version policy".into(),
+            });
+        }
+        let current = self.models.read().get(name).cloned();
+        let mut next = BTreeMap::new();
+        let mut errors = Vec::new();
+        for v in &wanted {
+            if let Some(h) = current.as_ref().and_then(|m| m.versions.get(v)) {
+                next.insert(*v, h.clone());
+                continue;
+            }
+            match self.load_version(config.clone(), &dir, *v).await {
+                Ok(h) => {
+                    self.failures.lock().remove(&(name.to_owned(), *v));
+                    next.insert(*v, Arc::new(h));
+                }
+                Err(e) => {
+                    tracing::error!(model = name, version = v, error = %e, "version failed to load");
+                    self.failures.lock().insert((name.to_owned(), *v), e.to_string());
+                    errors.push(e);
+                }
+            }
+        }
+        if next.is_empty() {
+            // Nothing new works: whatever was served keeps serving.
+            return Err(errors.remove(0));
+        }
+        let served: Vec<u64> = next.keys().copied().collect();
+        if let Some(old) = &current {
+            for v in old.versions.keys().filter(|v| !next.contains_key(v)) {
+                tracing::info!(model = name, version = v, "unloading version (requests in flight finish on it)");
+            }
+        }
+        self.models.write().insert(name.to_owned(), Arc::new(ServedModel { config, versions: next }));
+        tracing::info!(model = name, versions = ?served, "model loaded");
+        match errors.into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(served),
+        }
+    }
+
+    /// Stops serving a model. Requests in flight finish on the versions they hold.
+    pub async fn unload(&self, name: &str) -> Result<(), ModelError> {
+        let _one_at_a_time = self.changes.lock().await;
+        match self.models.write().remove(name) {
+            Some(_) => {
+                tracing::info!(model = name, "model unloaded");
+                Ok(())
+            }
+            None => Err(ModelError::ModelNotFound(name.to_owned())),
+        }
+    }
+
+    /// The served model called `name`.
+    pub fn model(&self, name: &str) -> Result<Arc<ServedModel>, ModelError> {
+        self.models.read().get(name).cloned().ok_or_else(|| ModelError::ModelNotFound(name.to_owned()))
+    }
+
+    /// All served models.
+    pub fn models(&self) -> Vec<Arc<ServedModel>> {
+        self.models.read().values().cloned().collect()
+    }
+
+    /// The version to call: the one asked for, or the newest ready one.
+    pub fn get(&self, name: &str, version: Option<u64>) -> Result<Arc<VersionHandle>, ModelError> {
+        let m = self.model(name)?;
+        match version {
+            None => m.newest().cloned().ok_or_else(|| ModelError::NotReady(name.to_owned())),
+            Some(v) => m
+                .versions
+                .get(&v)
+                .filter(|h| h.is_ready())
+                .cloned()
+                .ok_or_else(|| ModelError::VersionNotFound { model: name.to_owned(), version: v.to_string() }),
+        }
+    }
+
+    /// Every model directory and version: served ones as READY, failed ones as
+    /// UNAVAILABLE with the reason, the rest of the repository as UNAVAILABLE.
+    pub fn index(&self) -> Vec<IndexEntry> {
+        let mut out = Vec::new();
+        let models = self.models.read().clone();
+        let failures = self.failures.lock().clone();
+        for name in self.model_names().unwrap_or_default() {
+            let served = models.get(&name);
+            let dir = self.root.join(&name);
+            for v in versions_on_disk(&dir).unwrap_or_default() {
+                let (state, reason) = match served.and_then(|m| m.versions.get(&v)) {
+                    Some(h) if h.is_ready() => ("READY", String::new()),
+                    Some(_) => ("LOADING", String::new()),
+                    None => match failures.get(&(name.clone(), v)) {
+                        Some(r) => ("UNAVAILABLE", r.clone()),
+                        None => ("UNAVAILABLE", "not loaded".to_owned()),
+                    },
+                };
+                out.push(IndexEntry { model: name.clone(), version: v, state, reason });
+            }
+        }
+        out
+    }
+
+    fn model_dir(&self, name: &str) -> Result<PathBuf, ModelError> {
+        // Names are directory names: no separators, no parent references.
+        if name.is_empty() || name.contains(['/', '\\']) || name == "." || name == ".." {
+            return Err(ModelError::ModelNotFound(name.to_owned()));
+        }
+        let dir = self.root.join(name);
+        if !dir.join("model.toml").is_file() {
+            return Err(ModelError::ModelNotFound(name.to_owned()));
+        }
+        Ok(dir)
+    }
+
+    async fn load_version(&self, config: Arc<ModelConfig>, dir: &Path, version: u64) -> Result<VersionHandle, ModelError> {
+        let vdir = dir.join(version.to_string());
+        let cfg = config.clone();
+        let factory = tokio::task::spawn_blocking(move || build_factory(&cfg, &vdir))
+            .await
+            .map_err(|e| ModelError::Load { model: config.name.clone(), version, msg: e.to_string() })?
+            .map_err(|msg| ModelError::Load { model: config.name.clone(), version, msg })?;
+        let handle = VersionHandle::spawn(&self.system, config.clone(), version, factory)?;
+        warmup(&handle).await.map_err(|e| ModelError::Load {
+            model: config.name.clone(),
+            version,
+            msg: format!("warmup failed: {e}"),
+        })?;
+        handle.mark_ready();
+        Ok(handle)
+    }
+}
+
+/// Runs the configured warmup batches (zeros) through the whole batching path.
+pub async fn warmup(handle: &VersionHandle) -> Result<(), ModelError> {
+    let cfg = &handle.config;
+    let rows = cfg.warmup.batch_size.clamp(1, cfg.batching.max_batch_size.get());
+    let cols = cfg.input().row_width();
+    for _ in 0..cfg.warmup.batches {
+        let batch = Batch { rows, cols, data: vec![0.0; rows * cols] };
+        handle.infer(batch, Some(Instant::now() + Duration::from_secs(30))).await?;
+    }
+    Ok(())
+}
+
+/// Loads the weights of one version and returns a factory of model instances.
+pub fn build_factory(config: &ModelConfig, version_dir: &Path) -> Result<ModelFactory, String> {
+    match config.kind {
+        ModelKind::Mlp => {
+            let mlp_cfg = config.mlp.as_ref().ok_or("kind = \"mlp\" needs an [mlp] table")?;
+            let device = open_device(parse_device(&config.device)?)?;
+            let mlp = Mlp::load(
+                &version_dir.join(&mlp_cfg.weights),
+                mlp_cfg,
+                config.dtype,
+                &device,
+                config.input().row_width(),
+                config.output().row_width(),
+            )?;
+            Ok(Arc::new(move || Box::new(mlp.clone()) as Box<dyn Model>))
+        }
+    }
+}
+
+/// Numeric subdirectories of a model directory.
+pub fn versions_on_disk(dir: &Path) -> Result<Vec<u64>, ModelError> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| ModelError::io(dir, e))? {
+        let entry = entry.map_err(|e| ModelError::io(dir, e))?;
+        if entry.path().is_dir() {
+            if let Ok(v) = entry.file_name().to_string_lossy().parse::<u64>() {
+                out.push(v);
+            }
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}

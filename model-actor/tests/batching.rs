@@ -1,0 +1,152 @@
+//! The batching actors with a fake model (no candle): admission, batch formation,
+//! deadlines and cancelled callers.
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mesh_model_actor::{ActorSystem, Batch, Forward, Model, ModelConfig, ModelError, VersionHandle};
+use parking_lot::Mutex;
+
+/// Sums each row; sleeps `delay` per batch; records every batch it sees.
+struct Fake {
+    delay: Duration,
+    seen: Arc<Mutex<Vec<Vec<f32>>>>,
+}
+
+impl Model for Fake {
+    fn input_width(&self) -> usize {
+        2
+    }
+    fn output_width(&self) -> usize {
+        1
+    }
+    fn forward(&mut self, b: &Batch) -> Result<Forward, ModelError> {
+        std::thread::sleep(self.delay);
+        self.seen.lock().push(b.data.clone());
+        Ok(Forward { data: b.data.chunks(2).map(|r| r[0] + r[1]).collect(), cols: 1, ..Default::default() })
+    }
+}
+
+fn config(max_batch: usize, delay_us: u64, capacity: usize, runners: usize) -> Arc<ModelConfig> {
+    let text = format!(
+        r#"
+        kind = "mlp"
+        [[inputs]]
+        name = "x"
+        datatype = "FP32"
+        dims = [2]
+        [[outputs]]
+        name = "y"
+        datatype = "FP32"
+        dims = [1]
+        [mlp]
+        activations = []
+        output_activation = "none"
+        [batching]
+        max_batch_size = {max_batch}
+        max_queue_delay_us = {delay_us}
+        queue_capacity = {capacity}
+        runner_instances = {runners}
+        default_timeout_ms = 5000
+        "#
+    );
+    Arc::new(ModelConfig::parse(&text, "fake").unwrap())
+}
+
+fn start(cfg: Arc<ModelConfig>, delay: Duration) -> (Arc<VersionHandle>, Arc<Mutex<Vec<Vec<f32>>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let factory = Arc::new(move || Box::new(Fake { delay, seen: s.clone() }) as Box<dyn Model>);
+    let h = VersionHandle::spawn(&ActorSystem::start().unwrap(), cfg, 1, factory).unwrap();
+    h.mark_ready();
+    (Arc::new(h), seen)
+}
+
+fn row(a: f32) -> Batch {
+    Batch { rows: 1, cols: 2, data: vec![a, 1.0] }
+}
+
+fn in_secs(s: u64) -> Option<Instant> {
+    Some(Instant::now() + Duration::from_secs(s))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_delay_gathers_separate_callers_into_one_batch() {
+    let (h, seen) = start(config(8, 50_000, 64, 1), Duration::ZERO);
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let h = h.clone();
+            tokio::spawn(async move { h.infer(row(i as f32), in_secs(5)).await })
+        })
+        .collect();
+    for (i, t) in tasks.into_iter().enumerate() {
+        let out = t.await.unwrap().unwrap();
+        // Each caller gets its own row back, not a neighbour's.
+        assert_eq!(out.data, vec![i as f32 + 1.0]);
+    }
+    let batches = seen.lock();
+    let biggest = batches.iter().map(|b| b.len() / 2).max().unwrap();
+    assert!(biggest > 1, "no batch formed: {:?}", batches.iter().map(|b| b.len() / 2).collect::<Vec<_>>());
+    assert!(batches.iter().all(|b| b.len() / 2 <= 8));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_fails_fast_with_overloaded() {
+    let (h, _) = start(config(1, 0, 3, 1), Duration::from_millis(300));
+    let tasks: Vec<_> = (0..10)
+        .map(|i| {
+            let h = h.clone();
+            tokio::spawn(async move {
+                let t = Instant::now();
+                (h.infer(row(i as f32), in_secs(10)).await, t.elapsed())
+            })
+        })
+        .collect();
+    let mut overloaded = 0;
+    let mut ok = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            (Err(ModelError::Overloaded { capacity: 3, .. }), took) => {
+                overloaded += 1;
+                // Rejected at admission, not after waiting behind the 300 ms batches.
+                assert!(took < Duration::from_millis(250), "overload took {took:?}");
+            }
+            (Ok(_), _) => ok += 1,
+            (other, _) => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(ok, 3);
+    assert_eq!(overloaded, 7);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_answer_after_the_deadline() {
+    let (h, _) = start(config(1, 0, 16, 1), Duration::from_millis(400));
+    let t = Instant::now();
+    let r = h.infer(row(1.0), Some(Instant::now() + Duration::from_millis(50))).await;
+    assert!(matches!(r, Err(ModelError::DeadlineExceeded(_))), "{r:?}");
+    assert!(t.elapsed() < Duration::from_millis(350), "answered after {:?}", t.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_whose_caller_left_are_not_computed() {
+    let (h, seen) = start(config(1, 0, 16, 1), Duration::from_millis(150));
+    // The first request occupies the only runner (and a second fills the ready slot).
+    let h1 = h.clone();
+    let first = tokio::spawn(async move { h1.infer(row(1.0), in_secs(5)).await });
+    let h2 = h.clone();
+    let second = tokio::spawn(async move { h2.infer(row(2.0), in_secs(5)).await });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // This one waits in the queue; its caller gives up before a runner is free.
+    let h3 = h.clone();
+    let gone = tokio::spawn(async move { h3.infer(row(77.0), in_secs(5)).await });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    gone.abort();
+    let h4 = h.clone();
+    let last = tokio::spawn(async move { h4.infer(row(4.0), in_secs(5)).await });
+    for t in [first, second, last] {
+        t.await.unwrap().unwrap();
+    }
+    let computed: Vec<f32> = seen.lock().iter().map(|b| b[0]).collect();
+    assert!(!computed.contains(&77.0), "a cancelled request was computed: {computed:?}");
+    assert!(computed.contains(&4.0));
+}

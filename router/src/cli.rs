@@ -1,0 +1,122 @@
+//! The `mesh` command line: argument types and the commands they run.
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::MeshConfig;
+use crate::error::RouterError;
+use crate::telemetry::LogFormat;
+
+#[derive(Debug, Parser)]
+#[command(name = "mesh", version, about = "inference-mesh: low-latency model serving for fraud and risk decisions")]
+pub struct Cli {
+    /// Log format.
+    #[arg(long, global = true, env = "MESH_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the models of a repository over gRPC (OIP v2) and HTTP.
+    Serve(ServeArgs),
+    /// Start the mesh on loopback, drive traffic at it and print what happened.
+    Demo(crate::demo::DemoArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Configuration file (mesh.toml); flags and MESH_* variables override it.
+    #[arg(long, env = "MESH_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Model repository directory.
+    #[arg(long, env = "MESH_MODELS")]
+    pub models: Option<PathBuf>,
+    /// Address to bind.
+    #[arg(long, env = "MESH_HOST")]
+    pub host: Option<IpAddr>,
+    /// gRPC port (0 = any free port).
+    #[arg(long, env = "MESH_GRPC_PORT")]
+    pub grpc_port: Option<u16>,
+    /// HTTP port (0 = any free port).
+    #[arg(long, env = "MESH_HTTP_PORT")]
+    pub http_port: Option<u16>,
+    /// Largest request message in bytes.
+    #[arg(long, env = "MESH_MAX_MESSAGE_BYTES")]
+    pub max_message_bytes: Option<usize>,
+    /// Threads one forward pass may use.
+    #[arg(long, env = "MESH_COMPUTE_THREADS")]
+    pub compute_threads: Option<usize>,
+}
+
+impl ServeArgs {
+    /// Defaults, then the file, then flags/environment.
+    pub fn resolve(&self) -> Result<MeshConfig, RouterError> {
+        let mut c = match &self.config {
+            Some(p) => MeshConfig::from_file(p).map_err(RouterError::InvalidArgument)?,
+            None => MeshConfig::default(),
+        };
+        let s = &mut c.server;
+        if let Some(v) = &self.models {
+            s.models = v.clone();
+        }
+        if let Some(v) = self.host {
+            s.host = v;
+        }
+        if let Some(v) = self.grpc_port {
+            s.grpc_port = v;
+        }
+        if let Some(v) = self.http_port {
+            s.http_port = v;
+        }
+        if let Some(v) = self.max_message_bytes {
+            s.max_message_bytes = v;
+        }
+        if let Some(v) = self.compute_threads {
+            s.compute_threads = v.max(1);
+        }
+        Ok(c)
+    }
+}
+
+/// Sets the thread count of candle's CPU matmul pool. Must run before any model
+/// is loaded: candle reads it per call from the environment, like rayon.
+pub fn set_compute_threads(n: usize) {
+    std::env::set_var("RAYON_NUM_THREADS", n.max(1).to_string());
+}
+
+/// `mesh serve`: runs until Ctrl-C or SIGTERM, then drains and stops.
+pub async fn serve(config: MeshConfig) -> Result<(), RouterError> {
+    let mut running = crate::server::start(&config.server).await?;
+    println!("mesh serving: grpc={} http={}", running.grpc_addr, running.http_addr);
+    let stop = running.stopper();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutdown signal received; draining");
+        let _ = stop.send(true);
+    });
+    running.wait().await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

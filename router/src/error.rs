@@ -1,0 +1,93 @@
+//! The router's error type and its one mapping to gRPC status and HTTP status.
+use mesh_model_actor::ModelError;
+use tonic::{Code, Status};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RouterError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    ResourceExhausted(String),
+    /// A request message over the configured size limit.
+    #[error("{0}")]
+    TooLarge(String),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl RouterError {
+    pub fn invalid(msg: impl Into<String>) -> Self {
+        Self::InvalidArgument(msg.into())
+    }
+
+    /// The gRPC code of this error: overloaded -> RESOURCE_EXHAUSTED, bad input ->
+    /// INVALID_ARGUMENT, unknown model/version -> NOT_FOUND, deadline ->
+    /// DEADLINE_EXCEEDED, nothing to serve -> UNAVAILABLE, model fault -> INTERNAL.
+    pub fn code(&self) -> Code {
+        match self {
+            Self::InvalidArgument(_) => Code::InvalidArgument,
+            Self::NotFound(_) => Code::NotFound,
+            Self::ResourceExhausted(_) | Self::TooLarge(_) => Code::ResourceExhausted,
+            Self::Unavailable(_) => Code::Unavailable,
+            Self::Internal(_) => Code::Internal,
+            Self::Model(e) => match e {
+                ModelError::ModelNotFound(_) | ModelError::VersionNotFound { .. } => Code::NotFound,
+                ModelError::NotReady(_) | ModelError::Unavailable { .. } => Code::Unavailable,
+                ModelError::InvalidInput(_) => Code::InvalidArgument,
+                ModelError::Overloaded { .. } => Code::ResourceExhausted,
+                ModelError::DeadlineExceeded(_) => Code::DeadlineExceeded,
+                ModelError::Config { .. } | ModelError::Load { .. } | ModelError::Compute(_) | ModelError::Io { .. } => {
+                    Code::Internal
+                }
+            },
+        }
+    }
+
+    /// The HTTP status of the same error, for the REST mirror.
+    pub fn http_status(&self) -> http::StatusCode {
+        use http::StatusCode as S;
+        if let Self::TooLarge(_) = self {
+            return S::PAYLOAD_TOO_LARGE;
+        }
+        match self.code() {
+            Code::InvalidArgument | Code::OutOfRange => S::BAD_REQUEST,
+            Code::NotFound => S::NOT_FOUND,
+            Code::ResourceExhausted => S::TOO_MANY_REQUESTS,
+            Code::DeadlineExceeded => S::GATEWAY_TIMEOUT,
+            Code::Unavailable => S::SERVICE_UNAVAILABLE,
+            _ => S::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// Low-cardinality label for metrics.
+    pub fn code_label(&self) -> &'static str {
+        code_label(self.code())
+    }
+}
+
+/// The metric label of a gRPC code (`ok`, `invalid_argument`, ...).
+pub fn code_label(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "ok",
+        Code::InvalidArgument => "invalid_argument",
+        Code::NotFound => "not_found",
+        Code::ResourceExhausted => "resource_exhausted",
+        Code::DeadlineExceeded => "deadline_exceeded",
+        Code::Unavailable => "unavailable",
+        Code::Cancelled => "cancelled",
+        Code::OutOfRange => "out_of_range",
+        _ => "internal",
+    }
+}
+
+impl From<RouterError> for Status {
+    fn from(e: RouterError) -> Self {
+        Status::new(e.code(), e.to_string())
+    }
+}

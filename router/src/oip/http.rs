@@ -1,0 +1,309 @@
+//! The REST mirror of the Open Inference Protocol (`/v2/...`), plus `/metrics`,
+//! `/healthz` and `/readyz`. Errors are `{"error": "..."}` with a 4xx/5xx status.
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use mesh_model_actor::DataType;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::codec::{check_outputs, parse_datatype, to_batch, Elements, InputTensor};
+use super::grpc::{statistics, EXTENSIONS};
+use super::{parse_version, Core};
+use crate::error::RouterError;
+
+/// State of the HTTP server.
+#[derive(Clone)]
+pub struct HttpState {
+    pub core: Core,
+    /// Renders the Prometheus text of the process.
+    pub metrics: std::sync::Arc<dyn Fn() -> String + Send + Sync>,
+}
+
+impl IntoResponse for RouterError {
+    fn into_response(self) -> Response {
+        (self.http_status(), Json(json!({ "error": self.to_string() }))).into_response()
+    }
+}
+
+type HttpResult = Result<Response, RouterError>;
+
+pub fn router(state: HttpState) -> Router {
+    let limit = state.core.limits.max_message_bytes;
+    Router::new()
+        .route("/v2", get(server_metadata))
+        .route("/v2/health/live", get(|| async { StatusCode::OK }))
+        .route("/v2/health/ready", get(ready))
+        .route("/v2/models/{model}", get(model_metadata))
+        .route("/v2/models/{model}/versions/{version}", get(model_metadata_v))
+        .route("/v2/models/{model}/ready", get(model_ready))
+        .route("/v2/models/{model}/versions/{version}/ready", get(model_ready_v))
+        .route("/v2/models/{model}/infer", post(infer))
+        .route("/v2/models/{model}/versions/{version}/infer", post(infer_v))
+        .route("/v2/models/{model}/config", get(config))
+        .route("/v2/models/{model}/stats", get(stats))
+        .route("/v2/models/stats", get(stats_all))
+        .route("/v2/repository/index", post(index))
+        .route("/v2/repository/models/{model}/load", post(load))
+        .route("/v2/repository/models/{model}/unload", post(unload))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(ready))
+        .fallback(|| async { RouterError::NotFound("no such path".into()) })
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+async fn server_metadata() -> Json<Value> {
+    Json(json!({ "name": "inference-mesh", "version": env!("CARGO_PKG_VERSION"), "extensions": EXTENSIONS }))
+}
+
+async fn ready(State(s): State<HttpState>) -> Response {
+    if s.core.ready() {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        RouterError::Unavailable("no model has a ready version".into()).into_response()
+    }
+}
+
+async fn metrics(State(s): State<HttpState>) -> Response {
+    ([(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], (s.metrics)()).into_response()
+}
+
+fn tensor_json(name: &str, dt: &str, dims: &[usize]) -> Value {
+    let shape: Vec<i64> = std::iter::once(-1).chain(dims.iter().map(|&d| d as i64)).collect();
+    json!({ "name": name, "datatype": dt, "shape": shape })
+}
+
+async fn model_metadata(s: State<HttpState>, Path(model): Path<String>) -> HttpResult {
+    metadata(s, model, String::new()).await
+}
+async fn model_metadata_v(s: State<HttpState>, Path((model, version)): Path<(String, String)>) -> HttpResult {
+    metadata(s, model, version).await
+}
+async fn metadata(State(s): State<HttpState>, model: String, version: String) -> HttpResult {
+    let h = s.core.repo.get(&model, parse_version(&model, &version)?)?;
+    let m = s.core.repo.model(&model)?;
+    let c = &h.config;
+    Ok(Json(json!({
+        "name": c.name,
+        "versions": m.versions.keys().map(|v| v.to_string()).collect::<Vec<_>>(),
+        "platform": c.platform,
+        "inputs": c.inputs.iter().map(|t| tensor_json(&t.name, t.datatype.as_str(), &t.dims)).collect::<Vec<_>>(),
+        "outputs": c.outputs.iter().map(|t| tensor_json(&t.name, t.datatype.as_str(), &t.dims)).collect::<Vec<_>>(),
+    }))
+    .into_response())
+}
+
+async fn model_ready(s: State<HttpState>, Path(model): Path<String>) -> HttpResult {
+    readiness(s, model, String::new()).await
+}
+async fn model_ready_v(s: State<HttpState>, Path((model, version)): Path<(String, String)>) -> HttpResult {
+    readiness(s, model, version).await
+}
+async fn readiness(State(s): State<HttpState>, model: String, version: String) -> HttpResult {
+    s.core.repo.get(&model, parse_version(&model, &version)?)?;
+    Ok(StatusCode::OK.into_response())
+}
+
+#[derive(Deserialize)]
+struct InferRequestJson {
+    #[serde(default)]
+    id: Option<String>,
+    inputs: Vec<InputJson>,
+    #[serde(default)]
+    outputs: Vec<OutputJson>,
+}
+
+#[derive(Deserialize)]
+struct InputJson {
+    name: String,
+    shape: Vec<i64>,
+    datatype: String,
+    data: Value,
+}
+
+#[derive(Deserialize)]
+struct OutputJson {
+    name: String,
+}
+
+/// Flattens (possibly nested) JSON arrays of numbers, row-major.
+fn flatten_numbers(v: &Value, out: &mut Vec<Value>) {
+    match v {
+        Value::Array(a) => a.iter().for_each(|x| flatten_numbers(x, out)),
+        other => out.push(other.clone()),
+    }
+}
+
+fn json_elements(name: &str, dt: DataType, data: &Value) -> Result<Elements, RouterError> {
+    let mut flat = Vec::new();
+    flatten_numbers(data, &mut flat);
+    let bad = |i: usize| RouterError::invalid(format!("input '{name}' element {i} is not a {} number", dt.as_str()));
+    Ok(match dt {
+        DataType::Fp32 => Elements::Fp32(
+            flat.iter().enumerate().map(|(i, v)| v.as_f64().map(|x| x as f32).ok_or_else(|| bad(i))).collect::<Result<_, _>>()?,
+        ),
+        DataType::Fp64 => {
+            Elements::Fp64(flat.iter().enumerate().map(|(i, v)| v.as_f64().ok_or_else(|| bad(i))).collect::<Result<_, _>>()?)
+        }
+        DataType::Int32 => Elements::Int32(
+            flat.iter()
+                .enumerate()
+                .map(|(i, v)| v.as_i64().and_then(|x| i32::try_from(x).ok()).ok_or_else(|| bad(i)))
+                .collect::<Result<_, _>>()?,
+        ),
+        DataType::Int64 => {
+            Elements::Int64(flat.iter().enumerate().map(|(i, v)| v.as_i64().ok_or_else(|| bad(i))).collect::<Result<_, _>>()?)
+        }
+    })
+}
+
+type Body = Result<Bytes, BytesRejection>;
+
+async fn infer(s: State<HttpState>, Path(model): Path<String>, headers: HeaderMap, body: Body) -> HttpResult {
+    do_infer(s, model, String::new(), headers, body).await
+}
+async fn infer_v(
+    s: State<HttpState>,
+    Path((model, version)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> HttpResult {
+    do_infer(s, model, version, headers, body).await
+}
+
+async fn do_infer(State(s): State<HttpState>, model: String, version: String, headers: HeaderMap, body: Body) -> HttpResult {
+    let body = body.map_err(|e| match e.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => RouterError::TooLarge(format!(
+            "request body is larger than the limit of {} bytes (max_message_bytes)",
+            s.core.limits.max_message_bytes
+        )),
+        _ => RouterError::invalid(format!("request body: {e}")),
+    })?;
+    let req: InferRequestJson =
+        serde_json::from_slice(&body).map_err(|e| RouterError::invalid(format!("request body is not a valid inference request: {e}")))?;
+    // Optional per-request timeout in milliseconds, the REST analogue of grpc-timeout.
+    let timeout = headers
+        .get("x-mesh-timeout-ms")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_millis);
+    let v = parse_version(&model, &version)?;
+    let (h, out) = s
+        .core
+        .infer(
+            "http",
+            &model,
+            v,
+            |h| {
+                check_outputs(&h.config, req.outputs.iter().map(|o| o.name.as_str()))?;
+                let want = h.config.input().datatype;
+                let inputs = req
+                    .inputs
+                    .iter()
+                    .map(|t| {
+                        let dt = parse_datatype(&t.name, &t.datatype, want)?;
+                        Ok(InputTensor {
+                            name: t.name.clone(),
+                            datatype: t.datatype.clone(),
+                            shape: t.shape.clone(),
+                            data: json_elements(&t.name, dt, &t.data)?,
+                        })
+                    })
+                    .collect::<Result<Vec<_>, RouterError>>()?;
+                to_batch(&h.config, inputs)
+            },
+            timeout,
+        )
+        .await?;
+    let spec = h.config.output();
+    let shape: Vec<i64> = std::iter::once(out.rows as i64).chain(spec.dims.iter().map(|&d| d as i64)).collect();
+    let mut body = json!({
+        "model_name": h.config.name,
+        "model_version": out.version.to_string(),
+        "outputs": [{ "name": spec.name, "datatype": "FP32", "shape": shape, "data": out.data }],
+    });
+    if let Some(id) = req.id {
+        body["id"] = Value::String(id);
+    }
+    Ok(Json(body).into_response())
+}
+
+async fn config(State(s): State<HttpState>, Path(model): Path<String>) -> HttpResult {
+    let h = s.core.repo.get(&model, None)?;
+    let c = &h.config;
+    Ok(Json(json!({
+        "name": c.name,
+        "platform": c.platform,
+        "backend": "candle",
+        "max_batch_size": c.batching.max_batch_size.get(),
+        "input": c.inputs.iter().map(|t| json!({"name": t.name, "data_type": format!("TYPE_{}", t.datatype.as_str()), "dims": t.dims})).collect::<Vec<_>>(),
+        "output": c.outputs.iter().map(|t| json!({"name": t.name, "data_type": format!("TYPE_{}", t.datatype.as_str()), "dims": t.dims})).collect::<Vec<_>>(),
+        "dynamic_batching": { "max_queue_delay_microseconds": c.batching.max_queue_delay_us },
+        "instance_group": [{ "count": c.batching.runner_instances.get(), "kind": if c.device == "cpu" { "KIND_CPU" } else { "KIND_GPU" } }],
+    }))
+    .into_response())
+}
+
+fn stats_json(s: &HttpState, model: &str) -> HttpResult {
+    let stats = statistics(&s.core, model, "")?;
+    let d = |x: &Option<mesh_proto::inference::StatisticDuration>| {
+        let x = x.clone().unwrap_or_default();
+        json!({ "count": x.count, "ns": x.ns })
+    };
+    let list: Vec<Value> = stats
+        .iter()
+        .map(|m| {
+            let i = m.inference_stats.clone().unwrap_or_default();
+            json!({
+                "name": m.name, "version": m.version, "last_inference": m.last_inference,
+                "inference_count": m.inference_count, "execution_count": m.execution_count,
+                "inference_stats": {
+                    "success": d(&i.success), "fail": d(&i.fail), "queue": d(&i.queue),
+                    "compute_input": d(&i.compute_input), "compute_infer": d(&i.compute_infer),
+                    "compute_output": d(&i.compute_output),
+                },
+                "batch_stats": m.batch_stats.iter().map(|b| json!({
+                    "batch_size": b.batch_size, "compute_input": d(&b.compute_input),
+                    "compute_infer": d(&b.compute_infer), "compute_output": d(&b.compute_output),
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "model_stats": list })).into_response())
+}
+
+async fn stats(State(s): State<HttpState>, Path(model): Path<String>) -> HttpResult {
+    stats_json(&s, &model)
+}
+async fn stats_all(State(s): State<HttpState>) -> HttpResult {
+    stats_json(&s, "")
+}
+
+async fn index(State(s): State<HttpState>) -> Json<Value> {
+    Json(Value::Array(
+        s.core
+            .repo
+            .index()
+            .into_iter()
+            .map(|e| json!({ "name": e.model, "version": e.version.to_string(), "state": e.state, "reason": e.reason }))
+            .collect(),
+    ))
+}
+
+async fn load(State(s): State<HttpState>, Path(model): Path<String>) -> HttpResult {
+    s.core.repo.load(&model).await?;
+    Ok(StatusCode::OK.into_response())
+}
+
+async fn unload(State(s): State<HttpState>, Path(model): Path<String>) -> HttpResult {
+    s.core.repo.unload(&model).await?;
+    Ok(StatusCode::OK.into_response())
+}

@@ -1,0 +1,131 @@
+//! The Open Inference Protocol v2 front end: the gRPC service (with Triton's
+//! extensions), its REST mirror, and the inference core both share.
+pub mod codec;
+pub mod grpc;
+pub mod http;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mesh_model_actor::{Batch, ModelRepository, Output, VersionHandle};
+use metrics::{counter, histogram};
+
+use crate::error::RouterError;
+
+/// Metric names of the serving front end.
+pub mod names {
+    /// Counter: finished requests by `model`, `version`, `protocol`, `code`.
+    pub const REQUESTS: &str = "mesh_router_requests_total";
+    /// Histogram: time from request decoded to answer ready, by `model`, `protocol`.
+    pub const REQUEST_DURATION: &str = "mesh_router_request_duration_seconds";
+}
+
+/// Limits on what one request may carry.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Largest request message, bytes (gRPC message or HTTP body).
+    pub max_message_bytes: usize,
+    /// Upper bound on any request's deadline.
+    pub max_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_message_bytes: 16 << 20, max_timeout: Duration::from_secs(30) }
+    }
+}
+
+/// What both protocols serve from.
+#[derive(Clone)]
+pub struct Core {
+    pub repo: Arc<ModelRepository>,
+    pub limits: Limits,
+}
+
+/// `""` means "newest ready"; anything else must be a version number.
+pub fn parse_version(model: &str, v: &str) -> Result<Option<u64>, RouterError> {
+    if v.is_empty() {
+        return Ok(None);
+    }
+    v.parse::<u64>()
+        .map(Some)
+        .map_err(|_| RouterError::NotFound(format!("model '{model}' has no version '{v}' (versions are numbers)")))
+}
+
+impl Core {
+    /// Resolves the version and runs the batch through its actors, recording the
+    /// request metrics. `timeout` is the caller's (already capped by `max_timeout`).
+    pub async fn infer(
+        &self,
+        protocol: &'static str,
+        model: &str,
+        version: Option<u64>,
+        make_batch: impl FnOnce(&VersionHandle) -> Result<Batch, RouterError>,
+        timeout: Option<Duration>,
+    ) -> Result<(Arc<VersionHandle>, Output), RouterError> {
+        let started = Instant::now();
+        let result = async {
+            let handle = self.repo.get(model, version)?;
+            let batch = make_batch(&handle)?;
+            let timeout = timeout
+                .unwrap_or_else(|| handle.config.batching.default_timeout())
+                .min(self.limits.max_timeout);
+            let out = handle.infer(batch, Some(started + timeout)).await?;
+            Ok::<_, RouterError>((handle, out))
+        }
+        .await;
+        let (version_label, code) = match &result {
+            Ok((h, _)) => (h.version.to_string(), "ok"),
+            Err(e) => (version.map(|v| v.to_string()).unwrap_or_default(), e.code_label()),
+        };
+        // Unknown model names are client input: keep them out of label values.
+        let model_label = if self.repo.model(model).is_ok() { model.to_owned() } else { "unknown".to_owned() };
+        counter!(names::REQUESTS, "model" => model_label.clone(), "version" => version_label, "protocol" => protocol, "code" => code)
+            .increment(1);
+        histogram!(names::REQUEST_DURATION, "model" => model_label, "protocol" => protocol)
+            .record(started.elapsed().as_secs_f64());
+        result
+    }
+
+    /// Whether every loaded model has a ready version (and there is at least one).
+    pub fn ready(&self) -> bool {
+        let models = self.repo.models();
+        !models.is_empty() && models.iter().all(|m| m.newest().is_some())
+    }
+}
+
+/// Parses a `grpc-timeout` header value (`<digits><H|M|S|m|u|n>`).
+pub fn parse_grpc_timeout(v: &str) -> Option<Duration> {
+    let (num, unit) = v.split_at(v.len().checked_sub(1)?);
+    let n: u64 = num.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.checked_mul(3600)?),
+        "M" => Duration::from_secs(n.checked_mul(60)?),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeout_units() {
+        assert_eq!(parse_grpc_timeout("100m"), Some(Duration::from_millis(100)));
+        assert_eq!(parse_grpc_timeout("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_grpc_timeout("5u"), Some(Duration::from_micros(5)));
+        assert_eq!(parse_grpc_timeout("x"), None);
+        assert_eq!(parse_grpc_timeout(""), None);
+    }
+
+    #[test]
+    fn versions_are_numbers() {
+        assert_eq!(parse_version("m", "").unwrap(), None);
+        assert_eq!(parse_version("m", "3").unwrap(), Some(3));
+        assert!(matches!(parse_version("m", "latest"), Err(RouterError::NotFound(_))));
+    }
+}

@@ -1,0 +1,75 @@
+"""Fixtures for end-to-end tests: a real `mesh serve` process on free ports."""
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARED = ROOT.parent / "shared" / "reference" / "fraud-mlp"
+
+
+def mesh_binary() -> str:
+    path = os.environ.get("MESH_BIN") or str(ROOT / "target" / "debug" / "mesh")
+    if not Path(path).exists():
+        raise RuntimeError(f"mesh binary not found at {path}; build it or set MESH_BIN")
+    return path
+
+
+class Mesh:
+    def __init__(self, models: Path, *extra: str):
+        self.proc = subprocess.Popen(
+            [mesh_binary(), "serve", "--models", str(models), "--grpc-port", "0", "--http-port", "0", *extra],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        deadline = time.time() + 60
+        self.lines = []
+        while time.time() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.lines.append(line)
+            m = re.search(r"mesh serving: grpc=(\S+) http=(\S+)", line)
+            if m:
+                self.grpc, self.http = m.group(1), m.group(2)
+                return
+        self.proc.kill()
+        raise RuntimeError("mesh serve did not start:\n" + "".join(self.lines))
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+
+def copy_repo(dst: Path) -> Path:
+    src = ROOT / "examples" / "models" / "fraud_mlp"
+    (dst / "fraud_mlp" / "1").mkdir(parents=True)
+    shutil.copy(src / "model.toml", dst / "fraud_mlp" / "model.toml")
+    shutil.copy(SHARED / "fraud_mlp.safetensors", dst / "fraud_mlp" / "1" / "model.safetensors")
+    return dst
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    m = Mesh(ROOT / "examples" / "models", "--max-message-bytes", str(1 << 20))
+    yield m
+    m.stop()
+
+
+@pytest.fixture(scope="module")
+def samples():
+    import numpy as np
+
+    data = np.loadtxt(SHARED / "samples.csv", delimiter=",", skiprows=1, dtype=np.float64)
+    x = data[:, 1:33].astype(np.float32)
+    p = data[:, 34].astype(np.float32)
+    return x, p
