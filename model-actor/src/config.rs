@@ -26,6 +26,7 @@
 //! max_queue_delay_us = 200     # wait at most this long (from the oldest request) to fill a batch
 //! queue_capacity = 2048        # requests admitted (waiting or running) before RESOURCE_EXHAUSTED
 //! runner_instances = 2         # SyncArbiter threads that own a copy of the model
+//! replicas = 1                 # independent actor groups (batcher + runners) per version
 //! default_timeout_ms = 1000    # deadline for requests that bring none
 //!
 //! [version_policy]
@@ -156,6 +157,9 @@ pub struct BatchingConfig {
     pub max_queue_delay_us: u64,
     pub queue_capacity: NonZeroUsize,
     pub runner_instances: NonZeroUsize,
+    /// Independent actor groups (batcher + runners) per version; the router
+    /// balances over them and trips a breaker per group.
+    pub replicas: NonZeroUsize,
     pub default_timeout_ms: u64,
 }
 
@@ -166,6 +170,7 @@ impl Default for BatchingConfig {
             max_queue_delay_us: 0,
             queue_capacity: NonZeroUsize::new(2048).unwrap_or(NonZeroUsize::MIN),
             runner_instances: NonZeroUsize::new(2).unwrap_or(NonZeroUsize::MIN),
+            replicas: NonZeroUsize::MIN,
             default_timeout_ms: 1000,
         }
     }

@@ -22,6 +22,8 @@ use crate::system::ActorSystem;
 pub struct VersionHandle {
     pub config: Arc<ModelConfig>,
     pub version: u64,
+    /// Which actor group of the version this is (0-based).
+    pub replica: usize,
     batcher: Addr<Batcher>,
     permits: Arc<Semaphore>,
     capacity: usize,
@@ -43,6 +45,7 @@ impl VersionHandle {
         system: &ActorSystem,
         config: Arc<ModelConfig>,
         version: u64,
+        replica: usize,
         factory: ModelFactory,
     ) -> Result<Self, ModelError> {
         let b = &config.batching;
@@ -54,7 +57,7 @@ impl VersionHandle {
             compute_reserve: Duration::from_micros(50),
         };
         let cols = config.input().row_width();
-        let labels = Labels::new(Arc::from(config.name.as_str()), version);
+        let labels = Labels::new(Arc::from(config.name.as_str()), version, replica);
         let stats = Arc::new(VersionStats::default());
         let (st, lb, lb2) = (stats.clone(), labels.clone(), labels.clone());
         let batcher = system
@@ -67,6 +70,7 @@ impl VersionHandle {
         Ok(Self {
             config,
             version,
+            replica,
             batcher,
             permits: Arc::new(Semaphore::new(capacity)),
             capacity,

@@ -20,13 +20,29 @@ use crate::system::ActorSystem;
 #[derive(Debug)]
 pub struct ServedModel {
     pub config: Arc<ModelConfig>,
+    /// Replica 0 of each version (what metadata and statistics describe).
     pub versions: BTreeMap<u64, Arc<VersionHandle>>,
+    /// Every replica (actor group) of each version.
+    pub replicas: BTreeMap<u64, Vec<Arc<VersionHandle>>>,
+    next: std::sync::atomic::AtomicUsize,
 }
 
 impl ServedModel {
+    fn new(config: Arc<ModelConfig>, replicas: BTreeMap<u64, Vec<Arc<VersionHandle>>>) -> Self {
+        let versions = replicas.iter().filter_map(|(v, r)| Some((*v, r.first()?.clone()))).collect();
+        Self { config, versions, replicas, next: std::sync::atomic::AtomicUsize::new(0) }
+    }
+
     /// The newest ready version.
     pub fn newest(&self) -> Option<&Arc<VersionHandle>> {
         self.versions.values().rev().find(|v| v.is_ready())
+    }
+
+    /// A replica of `version`, round-robin (direct calls that bypass the router's balancer).
+    pub fn pick(&self, version: u64) -> Option<&Arc<VersionHandle>> {
+        let r = self.replicas.get(&version)?;
+        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        r.get(i % r.len().max(1))
     }
 }
 
@@ -110,14 +126,14 @@ impl ModelRepository {
         let mut next = BTreeMap::new();
         let mut errors = Vec::new();
         for v in &wanted {
-            if let Some(h) = current.as_ref().and_then(|m| m.versions.get(v)) {
+            if let Some(h) = current.as_ref().and_then(|m| m.replicas.get(v)) {
                 next.insert(*v, h.clone());
                 continue;
             }
             match self.load_version(config.clone(), &dir, *v).await {
                 Ok(h) => {
                     self.failures.lock().remove(&(name.to_owned(), *v));
-                    next.insert(*v, Arc::new(h));
+                    next.insert(*v, h);
                 }
                 Err(e) => {
                     tracing::error!(model = name, version = v, error = %e, "version failed to load");
@@ -136,7 +152,7 @@ impl ModelRepository {
                 tracing::info!(model = name, version = v, "unloading version (requests in flight finish on it)");
             }
         }
-        self.models.write().insert(name.to_owned(), Arc::new(ServedModel { config, versions: next }));
+        self.models.write().insert(name.to_owned(), Arc::new(ServedModel::new(config, next)));
         tracing::info!(model = name, versions = ?served, "model loaded");
         match errors.into_iter().next() {
             Some(e) => Err(e),
@@ -166,18 +182,18 @@ impl ModelRepository {
         self.models.read().values().cloned().collect()
     }
 
-    /// The version to call: the one asked for, or the newest ready one.
+    /// The version to call: the one asked for, or the newest ready one (a replica
+    /// of it, round-robin).
     pub fn get(&self, name: &str, version: Option<u64>) -> Result<Arc<VersionHandle>, ModelError> {
         let m = self.model(name)?;
-        match version {
-            None => m.newest().cloned().ok_or_else(|| ModelError::NotReady(name.to_owned())),
-            Some(v) => m
-                .versions
-                .get(&v)
-                .filter(|h| h.is_ready())
-                .cloned()
-                .ok_or_else(|| ModelError::VersionNotFound { model: name.to_owned(), version: v.to_string() }),
-        }
+        let v = match version {
+            None => m.newest().map(|h| h.version).ok_or_else(|| ModelError::NotReady(name.to_owned()))?,
+            Some(v) => v,
+        };
+        m.pick(v)
+            .filter(|h| h.is_ready())
+            .cloned()
+            .ok_or_else(|| ModelError::VersionNotFound { model: name.to_owned(), version: v.to_string() })
     }
 
     /// Every model directory and version: served ones as READY, failed ones as
@@ -216,21 +232,31 @@ impl ModelRepository {
         Ok(dir)
     }
 
-    async fn load_version(&self, config: Arc<ModelConfig>, dir: &Path, version: u64) -> Result<VersionHandle, ModelError> {
+    /// Loads the weights once and starts `replicas` warmed-up actor groups on them.
+    async fn load_version(
+        &self,
+        config: Arc<ModelConfig>,
+        dir: &Path,
+        version: u64,
+    ) -> Result<Vec<Arc<VersionHandle>>, ModelError> {
         let vdir = dir.join(version.to_string());
         let cfg = config.clone();
         let factory = tokio::task::spawn_blocking(move || build_factory(&cfg, &vdir))
             .await
             .map_err(|e| ModelError::Load { model: config.name.clone(), version, msg: e.to_string() })?
             .map_err(|msg| ModelError::Load { model: config.name.clone(), version, msg })?;
-        let handle = VersionHandle::spawn(&self.system, config.clone(), version, factory)?;
-        warmup(&handle).await.map_err(|e| ModelError::Load {
-            model: config.name.clone(),
-            version,
-            msg: format!("warmup failed: {e}"),
-        })?;
-        handle.mark_ready();
-        Ok(handle)
+        let mut out = Vec::new();
+        for replica in 0..config.batching.replicas.get() {
+            let handle = VersionHandle::spawn(&self.system, config.clone(), version, replica, factory.clone())?;
+            warmup(&handle).await.map_err(|e| ModelError::Load {
+                model: config.name.clone(),
+                version,
+                msg: format!("warmup failed: {e}"),
+            })?;
+            handle.mark_ready();
+            out.push(Arc::new(handle));
+        }
+        Ok(out)
     }
 }
 

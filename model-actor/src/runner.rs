@@ -47,14 +47,19 @@ pub(crate) struct Labels {
     pub model: Arc<str>,
     pub version: u64,
     version_label: String,
+    replica_label: String,
 }
 
 impl Labels {
-    pub fn new(model: Arc<str>, version: u64) -> Self {
-        Self { model, version, version_label: version.to_string() }
+    pub fn new(model: Arc<str>, version: u64, replica: usize) -> Self {
+        Self { model, version, version_label: version.to_string(), replica_label: replica.to_string() }
     }
-    pub fn pairs(&self) -> [(&'static str, String); 2] {
-        [("model", self.model.to_string()), ("version", self.version_label.clone())]
+    pub fn pairs(&self) -> [(&'static str, String); 3] {
+        [
+            ("model", self.model.to_string()),
+            ("version", self.version_label.clone()),
+            ("replica", self.replica_label.clone()),
+        ]
     }
 }
 

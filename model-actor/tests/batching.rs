@@ -56,7 +56,7 @@ fn start(cfg: Arc<ModelConfig>, delay: Duration) -> (Arc<VersionHandle>, Arc<Mut
     let seen = Arc::new(Mutex::new(Vec::new()));
     let s = seen.clone();
     let factory = Arc::new(move || Box::new(Fake { delay, seen: s.clone() }) as Box<dyn Model>);
-    let h = VersionHandle::spawn(&ActorSystem::start().unwrap(), cfg, 1, factory).unwrap();
+    let h = VersionHandle::spawn(&ActorSystem::start().unwrap(), cfg, 1, 0, factory).unwrap();
     h.mark_ready();
     (Arc::new(h), seen)
 }

@@ -49,6 +49,15 @@ pub struct ServeArgs {
     /// Threads one forward pass may use.
     #[arg(long, env = "MESH_COMPUTE_THREADS")]
     pub compute_threads: Option<usize>,
+    /// What this process serves.
+    #[arg(long, env = "MESH_ROLE", value_enum)]
+    pub role: Option<crate::config::Role>,
+    /// Feature store directory (sled).
+    #[arg(long, env = "MESH_FEATURES")]
+    pub features: Option<PathBuf>,
+    /// Feature views file.
+    #[arg(long, env = "MESH_VIEWS")]
+    pub views: Option<PathBuf>,
 }
 
 impl ServeArgs {
@@ -77,6 +86,15 @@ impl ServeArgs {
         if let Some(v) = self.compute_threads {
             s.compute_threads = v.max(1);
         }
+        if let Some(v) = self.role {
+            s.role = v;
+        }
+        if let Some(v) = &self.features {
+            c.features.path = Some(v.clone());
+        }
+        if let Some(v) = &self.views {
+            c.features.views = Some(v.clone());
+        }
         Ok(c)
     }
 }
@@ -89,7 +107,7 @@ pub fn set_compute_threads(n: usize) {
 
 /// `mesh serve`: runs until Ctrl-C or SIGTERM, then drains and stops.
 pub async fn serve(config: MeshConfig) -> Result<(), RouterError> {
-    let mut running = crate::server::start(&config.server).await?;
+    let mut running = crate::server::start_mesh(&config).await?;
     println!("mesh serving: grpc={} http={}", running.grpc_addr, running.http_addr);
     let stop = running.stopper();
     tokio::spawn(async move {

@@ -13,12 +13,46 @@ use crate::telemetry::LogFormat;
 pub struct MeshConfig {
     pub server: ServerConfig,
     pub log: LogConfig,
+    pub features: FeaturesConfig,
+    pub decisions: crate::decide::config::DecisionsConfig,
 }
 
 impl Default for MeshConfig {
     fn default() -> Self {
-        Self { server: ServerConfig::default(), log: LogConfig::default() }
+        Self {
+            server: ServerConfig::default(),
+            log: LogConfig::default(),
+            features: FeaturesConfig::default(),
+            decisions: Default::default(),
+        }
     }
+}
+
+/// What `mesh serve` runs in this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Everything: decisions, OIP model serving, the feature store.
+    #[default]
+    All,
+    /// Decisions and OIP, with the models of this process (plus remote replicas).
+    Router,
+    /// OIP model serving only (a remote replica for routers elsewhere).
+    Model,
+    /// The feature store service only.
+    Features,
+}
+
+/// `[features]`: the online feature store of this process.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct FeaturesConfig {
+    /// The sled database directory; no store when unset.
+    pub path: Option<PathBuf>,
+    /// The views file (TOML) the store validates and records.
+    pub views: Option<PathBuf>,
+    /// Most entity rows in one lookup.
+    pub max_keys_per_lookup: Option<usize>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -39,6 +73,7 @@ pub struct ServerConfig {
     /// Threads each forward pass may use (candle's matmul pool). 1 keeps a
     /// small-batch pass in a few µs; more helps only large batches.
     pub compute_threads: usize,
+    pub role: Role,
 }
 
 impl Default for ServerConfig {
@@ -51,6 +86,7 @@ impl Default for ServerConfig {
             max_message_bytes: 16 << 20,
             max_timeout_ms: 30_000,
             compute_threads: 1,
+            role: Role::All,
         }
     }
 }

@@ -147,7 +147,8 @@ pub async fn run(args: DemoArgs) -> Result<(), RouterError> {
     );
     println!("status      {:?}", g.codes);
     println!("\n== server side (fraud_mlp)");
-    for m in crate::oip::grpc::statistics(&server.core, "fraud_mlp", "")? {
+    let core = server.core.as_ref().ok_or_else(|| RouterError::Internal("no model core".into()))?;
+    for m in crate::oip::grpc::statistics(core, "fraud_mlp", "")? {
         let i = m.inference_stats.unwrap_or_default();
         let avg = |d: Option<pb::StatisticDuration>| {
             let d = d.unwrap_or_default();

@@ -6,6 +6,8 @@ use tonic::{Code, Status};
 pub enum RouterError {
     #[error(transparent)]
     Model(#[from] ModelError),
+    #[error(transparent)]
+    Stack(#[from] mesh_stack::StackError),
     #[error("{0}")]
     InvalidArgument(String),
     #[error("{0}")]
@@ -36,6 +38,12 @@ impl RouterError {
             Self::ResourceExhausted(_) | Self::TooLarge(_) => Code::ResourceExhausted,
             Self::Unavailable(_) => Code::Unavailable,
             Self::Internal(_) => Code::Internal,
+            Self::Stack(e) => match e.kind() {
+                mesh_stack::ErrorKind::Overloaded => Code::ResourceExhausted,
+                mesh_stack::ErrorKind::DeadlineExceeded => Code::DeadlineExceeded,
+                mesh_stack::ErrorKind::Unavailable => Code::Unavailable,
+                mesh_stack::ErrorKind::Internal => Code::Internal,
+            },
             Self::Model(e) => match e {
                 ModelError::ModelNotFound(_) | ModelError::VersionNotFound { .. } => Code::NotFound,
                 ModelError::NotReady(_) | ModelError::Unavailable { .. } => Code::Unavailable,

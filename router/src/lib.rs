@@ -2,6 +2,7 @@
 //! over gRPC and HTTP), configuration, telemetry, and the `mesh` command line.
 pub mod cli;
 pub mod config;
+pub mod decide;
 pub mod demo;
 pub mod error;
 pub mod oip;

@@ -11,7 +11,13 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 
-use crate::config::ServerConfig;
+use mesh_feature_store::service::FeatureStoreService;
+use mesh_feature_store::{FeatureStore, Limits as FsLimits, ViewsConfig};
+use mesh_proto::mesh::v1::decisions_server::DecisionsServer;
+
+use crate::config::{FeaturesConfig, MeshConfig, Role, ServerConfig};
+use crate::decide::service::DecisionService;
+use crate::decide::Engine;
 use crate::error::RouterError;
 use crate::oip::grpc::OipGrpc;
 use crate::oip::http::{router, HttpState};
@@ -21,7 +27,10 @@ use crate::oip::{Core, Limits};
 pub struct Running {
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
-    pub core: Core,
+    /// The model-serving core (absent for `--role features`).
+    pub core: Option<Core>,
+    pub engine: Option<Arc<Engine>>,
+    pub store: Option<Arc<FeatureStore>>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     system: ActorSystem,
@@ -33,6 +42,11 @@ impl Running {
         let _ = self.stop.send(true);
         for t in self.tasks {
             let _ = t.await;
+        }
+        if let Some(store) = &self.store {
+            if let Err(e) = store.flush() {
+                tracing::error!(error = %e, "flushing the feature store at shutdown");
+            }
         }
         self.system.stop();
     }
@@ -67,15 +81,50 @@ fn too_large_is_resource_exhausted<B>(mut res: http::Response<B>) -> http::Respo
     res
 }
 
-/// Loads the repository and starts both servers on `cfg`'s ports (0 = any free port).
+/// Model serving only, with defaults for the rest (what most tests start).
 pub async fn start(cfg: &ServerConfig) -> Result<Running, RouterError> {
+    start_mesh(&MeshConfig { server: cfg.clone(), ..MeshConfig::default() }).await
+}
+
+/// Opens the feature store of `[features]`, if configured. A database sled cannot
+/// open fails the start with the store's own explanation.
+pub async fn open_store(cfg: &FeaturesConfig) -> Result<Option<Arc<FeatureStore>>, RouterError> {
+    let Some(path) = cfg.path.clone() else { return Ok(None) };
+    let views_path = cfg.views.clone().ok_or_else(|| {
+        RouterError::InvalidArgument("[features] path is set but views (the views file) is not".into())
+    })?;
+    let store = tokio::task::spawn_blocking(move || {
+        let views = ViewsConfig::from_path(&views_path)?;
+        FeatureStore::open(&path, &views)
+    })
+    .await
+    .map_err(|e| startup("opening the feature store", e))?
+    .map_err(|e| RouterError::Unavailable(format!("feature store: {e}")))?;
+    Ok(Some(Arc::new(store)))
+}
+
+/// Starts what `cfg.server.role` asks for on its ports (0 = any free port).
+pub async fn start_mesh(mesh: &MeshConfig) -> Result<Running, RouterError> {
+    let cfg = &mesh.server;
     let metrics = crate::telemetry::metrics();
     let system = ActorSystem::start().map_err(|e| startup("starting the actor system", e))?;
-    let repo = Arc::new(ModelRepository::new(&cfg.models, system.clone())?);
-    repo.load_all().await?;
-    let core = Core {
-        repo,
-        limits: Limits { max_message_bytes: cfg.max_message_bytes, max_timeout: cfg.max_timeout() },
+    let serves_models = cfg.role != Role::Features;
+    let store = match cfg.role {
+        Role::Model => None,
+        _ => open_store(&mesh.features).await?,
+    };
+    let core = if serves_models {
+        let repo = Arc::new(ModelRepository::new(&cfg.models, system.clone())?);
+        repo.load_all().await?;
+        Some(Core { repo, limits: Limits { max_message_bytes: cfg.max_message_bytes, max_timeout: cfg.max_timeout() } })
+    } else {
+        None
+    };
+    let engine = match (&core, cfg.role) {
+        (Some(core), Role::All | Role::Router) => {
+            Some(Engine::new(core.repo.clone(), store.clone(), mesh.decisions.clone(), None)?)
+        }
+        _ => None,
     };
 
     let grpc_listener = TcpListener::bind((cfg.host, cfg.grpc_port)).await.map_err(|e| startup("binding the gRPC port", e))?;
@@ -93,14 +142,34 @@ pub async fn start(cfg: &ServerConfig) -> Result<Running, RouterError> {
     let reflection_v1 = reflection().build_v1().map_err(|e| startup("gRPC reflection", e))?;
     let reflection_v1alpha = reflection().build_v1alpha().map_err(|e| startup("gRPC reflection", e))?;
     let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<GrpcInferenceServiceServer<OipGrpc>>().await;
-    let oip = GrpcInferenceServiceServer::new(OipGrpc::new(core.clone()))
-        .max_decoding_message_size(cfg.max_message_bytes)
-        .max_encoding_message_size(usize::MAX);
+    let oip = core.as_ref().map(|core| {
+        GrpcInferenceServiceServer::new(OipGrpc::new(core.clone()))
+            .max_decoding_message_size(cfg.max_message_bytes)
+            .max_encoding_message_size(usize::MAX)
+    });
+    if oip.is_some() {
+        health.set_serving::<GrpcInferenceServiceServer<OipGrpc>>().await;
+    }
+    let decisions = engine.as_ref().map(|e| DecisionsServer::new(DecisionService::new(e.clone())));
+    if decisions.is_some() {
+        health.set_serving::<DecisionsServer<DecisionService>>().await;
+    }
+    let features = store.as_ref().map(|s| {
+        let mut limits = FsLimits::default();
+        if let Some(n) = mesh.features.max_keys_per_lookup {
+            limits.max_keys_per_lookup = n;
+        }
+        FeatureStoreService::new(s.clone(), limits).into_server()
+    });
+    if features.is_some() {
+        health.set_serving::<mesh_proto::mesh::v1::feature_store_server::FeatureStoreServer<FeatureStoreService>>().await;
+    }
     let mut rx = stopped.clone();
     let grpc = tonic::transport::Server::builder()
         .layer(tower::util::MapResponseLayer::new(too_large_is_resource_exhausted))
-        .add_service(oip)
+        .add_optional_service(oip)
+        .add_optional_service(decisions)
+        .add_optional_service(features)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(health_service)
@@ -113,7 +182,7 @@ pub async fn start(cfg: &ServerConfig) -> Result<Running, RouterError> {
         }
     });
 
-    let http_state = HttpState { core: core.clone(), metrics: Arc::new(move || metrics.render()) };
+    let http_state = HttpState { core: core.clone(), engine: engine.clone(), metrics: Arc::new(move || metrics.render()) };
     let mut rx = stopped;
     let http_task = tokio::spawn(async move {
         let app = router(http_state);
@@ -126,6 +195,7 @@ pub async fn start(cfg: &ServerConfig) -> Result<Running, RouterError> {
             tracing::error!(error = %e, "HTTP server stopped");
         }
     });
-    tracing::info!(%grpc_addr, %http_addr, models = ?core.repo.models().iter().map(|m| m.config.name.clone()).collect::<Vec<_>>(), "mesh serving");
-    Ok(Running { grpc_addr, http_addr, core, stop, tasks: vec![grpc_task, http_task], system })
+    let models: Vec<String> = core.iter().flat_map(|c| c.repo.models()).map(|m| m.config.name.clone()).collect();
+    tracing::info!(%grpc_addr, %http_addr, role = ?cfg.role, ?models, feature_store = store.is_some(), "mesh serving");
+    Ok(Running { grpc_addr, http_addr, core, engine, store, stop, tasks: vec![grpc_task, http_task], system })
 }

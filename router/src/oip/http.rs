@@ -21,7 +21,10 @@ use crate::error::RouterError;
 /// State of the HTTP server.
 #[derive(Clone)]
 pub struct HttpState {
-    pub core: Core,
+    /// Model serving (absent for `--role features`).
+    pub core: Option<Core>,
+    /// The decision engine, for the fault-injection admin endpoints.
+    pub engine: Option<std::sync::Arc<crate::decide::Engine>>,
     /// Renders the Prometheus text of the process.
     pub metrics: std::sync::Arc<dyn Fn() -> String + Send + Sync>,
 }
@@ -34,8 +37,24 @@ impl IntoResponse for RouterError {
 
 type HttpResult = Result<Response, RouterError>;
 
+/// The HTTP server: the OIP REST mirror (when this process serves models), the
+/// admin endpoints, `/metrics`, `/healthz`, `/readyz`.
 pub fn router(state: HttpState) -> Router {
-    let limit = state.core.limits.max_message_bytes;
+    let ops = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(ready))
+        .route("/admin/replicas", get(replicas))
+        .route("/admin/faults", post(set_fault))
+        .fallback(|| async { RouterError::NotFound("no such path".into()) });
+    let Some(core) = state.core.clone() else {
+        return ops.with_state(state);
+    };
+    let limit = core.limits.max_message_bytes;
+    ops.merge(oip_routes(limit)).with_state(state)
+}
+
+fn oip_routes(limit: usize) -> Router<HttpState> {
     Router::new()
         .route("/v2", get(server_metadata))
         .route("/v2/health/live", get(|| async { StatusCode::OK }))
@@ -52,12 +71,47 @@ pub fn router(state: HttpState) -> Router {
         .route("/v2/repository/index", post(index))
         .route("/v2/repository/models/{model}/load", post(load))
         .route("/v2/repository/models/{model}/unload", post(unload))
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(ready))
-        .fallback(|| async { RouterError::NotFound("no such path".into()) })
         .layer(DefaultBodyLimit::max(limit))
-        .with_state(state)
+}
+
+/// The core of a state that serves models (routes that need one exist only then).
+fn core(s: &HttpState) -> Result<&Core, RouterError> {
+    s.core.as_ref().ok_or_else(|| RouterError::NotFound("this process does not serve models".into()))
+}
+
+async fn replicas(State(s): State<HttpState>) -> HttpResult {
+    let engine = s.engine.as_ref().ok_or_else(|| RouterError::NotFound("no decision engine in this process".into()))?;
+    let list: Vec<Value> = engine
+        .replicas()
+        .into_iter()
+        .map(|id| {
+            let (delay, fail) = engine.fault(&id).map(|f| f.get()).unwrap_or_default();
+            json!({ "replica": id, "delay_ms": delay.as_millis() as u64, "fail": fail })
+        })
+        .collect();
+    Ok(Json(json!({ "replicas": list })).into_response())
+}
+
+#[derive(Deserialize)]
+struct FaultJson {
+    replica: String,
+    #[serde(default)]
+    delay_ms: u64,
+    #[serde(default)]
+    fail: bool,
+}
+
+/// Injects (or clears, with zeros) trouble into one replica: for drills and demos.
+async fn set_fault(State(s): State<HttpState>, body: Body) -> HttpResult {
+    let engine = s.engine.as_ref().ok_or_else(|| RouterError::NotFound("no decision engine in this process".into()))?;
+    let body = body.map_err(|e| RouterError::invalid(format!("request body: {e}")))?;
+    let f: FaultJson = serde_json::from_slice(&body).map_err(|e| RouterError::invalid(format!("fault: {e}")))?;
+    let fault = engine
+        .fault(&f.replica)
+        .ok_or_else(|| RouterError::NotFound(format!("no replica '{}' (see GET /admin/replicas)", f.replica)))?;
+    fault.set(Duration::from_millis(f.delay_ms), f.fail);
+    tracing::warn!(replica = %f.replica, delay_ms = f.delay_ms, fail = f.fail, "fault injected");
+    Ok(StatusCode::OK.into_response())
 }
 
 async fn server_metadata() -> Json<Value> {
@@ -65,7 +119,7 @@ async fn server_metadata() -> Json<Value> {
 }
 
 async fn ready(State(s): State<HttpState>) -> Response {
-    if s.core.ready() {
+    if s.core.as_ref().is_none_or(|c| c.ready()) {
         (StatusCode::OK, "ready").into_response()
     } else {
         RouterError::Unavailable("no model has a ready version".into()).into_response()
@@ -88,8 +142,8 @@ async fn model_metadata_v(s: State<HttpState>, Path((model, version)): Path<(Str
     metadata(s, model, version).await
 }
 async fn metadata(State(s): State<HttpState>, model: String, version: String) -> HttpResult {
-    let h = s.core.repo.get(&model, parse_version(&model, &version)?)?;
-    let m = s.core.repo.model(&model)?;
+    let h = core(&s)?.repo.get(&model, parse_version(&model, &version)?)?;
+    let m = core(&s)?.repo.model(&model)?;
     let c = &h.config;
     Ok(Json(json!({
         "name": c.name,
@@ -108,7 +162,7 @@ async fn model_ready_v(s: State<HttpState>, Path((model, version)): Path<(String
     readiness(s, model, version).await
 }
 async fn readiness(State(s): State<HttpState>, model: String, version: String) -> HttpResult {
-    s.core.repo.get(&model, parse_version(&model, &version)?)?;
+    core(&s)?.repo.get(&model, parse_version(&model, &version)?)?;
     Ok(StatusCode::OK.into_response())
 }
 
@@ -183,7 +237,7 @@ async fn do_infer(State(s): State<HttpState>, model: String, version: String, he
     let body = body.map_err(|e| match e.status() {
         StatusCode::PAYLOAD_TOO_LARGE => RouterError::TooLarge(format!(
             "request body is larger than the limit of {} bytes (max_message_bytes)",
-            s.core.limits.max_message_bytes
+            s.core.as_ref().map_or(0, |c| c.limits.max_message_bytes)
         )),
         _ => RouterError::invalid(format!("request body: {e}")),
     })?;
@@ -196,8 +250,7 @@ async fn do_infer(State(s): State<HttpState>, model: String, version: String, he
         .and_then(|v| v.parse::<u64>().ok())
         .map(Duration::from_millis);
     let v = parse_version(&model, &version)?;
-    let (h, out) = s
-        .core
+    let (h, out) = core(&s)?
         .infer(
             "http",
             &model,
@@ -237,7 +290,7 @@ async fn do_infer(State(s): State<HttpState>, model: String, version: String, he
 }
 
 async fn config(State(s): State<HttpState>, Path(model): Path<String>) -> HttpResult {
-    let h = s.core.repo.get(&model, None)?;
+    let h = core(&s)?.repo.get(&model, None)?;
     let c = &h.config;
     Ok(Json(json!({
         "name": c.name,
@@ -253,7 +306,7 @@ async fn config(State(s): State<HttpState>, Path(model): Path<String>) -> HttpRe
 }
 
 fn stats_json(s: &HttpState, model: &str) -> HttpResult {
-    let stats = statistics(&s.core, model, "")?;
+    let stats = statistics(core(s)?, model, "")?;
     let d = |x: &Option<mesh_proto::inference::StatisticDuration>| {
         let x = x.clone().unwrap_or_default();
         json!({ "count": x.count, "ns": x.ns })
@@ -287,23 +340,24 @@ async fn stats_all(State(s): State<HttpState>) -> HttpResult {
     stats_json(&s, "")
 }
 
-async fn index(State(s): State<HttpState>) -> Json<Value> {
-    Json(Value::Array(
-        s.core
+async fn index(State(s): State<HttpState>) -> HttpResult {
+    Ok(Json(Value::Array(
+        core(&s)?
             .repo
             .index()
             .into_iter()
             .map(|e| json!({ "name": e.model, "version": e.version.to_string(), "state": e.state, "reason": e.reason }))
             .collect(),
     ))
+    .into_response())
 }
 
 async fn load(State(s): State<HttpState>, Path(model): Path<String>) -> HttpResult {
-    s.core.repo.load(&model).await?;
+    core(&s)?.repo.load(&model).await?;
     Ok(StatusCode::OK.into_response())
 }
 
 async fn unload(State(s): State<HttpState>, Path(model): Path<String>) -> HttpResult {
-    s.core.repo.unload(&model).await?;
+    core(&s)?.repo.unload(&model).await?;
     Ok(StatusCode::OK.into_response())
 }

@@ -1,0 +1,41 @@
+//! `mesh.v1.Decisions` over gRPC.
+use std::sync::Arc;
+use std::time::Duration;
+
+use mesh_proto::mesh::v1 as pb;
+use pb::decisions_server::Decisions;
+use tonic::{Request, Response, Status};
+
+use super::Engine;
+
+pub struct DecisionService {
+    engine: Arc<Engine>,
+}
+
+impl DecisionService {
+    pub fn new(engine: Arc<Engine>) -> Self {
+        Self { engine }
+    }
+}
+
+fn timeout_of<T>(req: &Request<T>) -> Option<Duration> {
+    req.metadata().get("grpc-timeout").and_then(|v| v.to_str().ok()).and_then(crate::oip::parse_grpc_timeout)
+}
+
+#[tonic::async_trait]
+impl Decisions for DecisionService {
+    async fn decide(&self, req: Request<pb::DecideRequest>) -> Result<Response<pb::DecideResponse>, Status> {
+        let timeout = timeout_of(&req);
+        let r = req.into_inner();
+        let mut out = self.engine.decide_batch(std::slice::from_ref(&r), timeout).await?;
+        let o = out.pop().ok_or_else(|| Status::internal("no outcome"))?;
+        Ok(Response::new(o.to_proto()))
+    }
+
+    async fn decide_batch(&self, req: Request<pb::DecideBatchRequest>) -> Result<Response<pb::DecideBatchResponse>, Status> {
+        let timeout = timeout_of(&req);
+        let r = req.into_inner();
+        let out = self.engine.decide_batch(&r.requests, timeout).await?;
+        Ok(Response::new(pb::DecideBatchResponse { responses: out.iter().map(|o| o.to_proto()).collect() }))
+    }
+}
