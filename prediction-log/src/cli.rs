@@ -1,0 +1,148 @@
+//! `mesh logs join` and `mesh logs tail`: clap arguments and the functions the `mesh`
+//! binary calls.
+
+use crate::error::{LogError, Result};
+use crate::join::{join, JoinOptions};
+use crate::reader::Tailer;
+use crate::record::{date_of_us, PredictionRecord};
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// `mesh logs join`: per model version and role, how the predictions did against labels.
+#[derive(Debug, Clone, clap::Args)]
+pub struct JoinArgs {
+    /// Prediction log directory (the writer's `dir`).
+    #[arg(long)]
+    pub logs: PathBuf,
+    /// Labels file: CSV with a header row, or Parquet (by the `.parquet` extension).
+    #[arg(long)]
+    pub labels: PathBuf,
+    /// Join key: `request_id`, or an entity key name; the labels file has a column of that name.
+    #[arg(long, default_value = "request_id")]
+    pub key: String,
+    /// Label column: 1/0, true/false, yes/no.
+    #[arg(long, default_value = "label")]
+    pub label: String,
+    /// Also report precision/recall when flagging `score >= T` (repeatable).
+    #[arg(long = "threshold", value_name = "T")]
+    pub thresholds: Vec<f64>,
+    /// Include records of the open segment (wal files), not only closed Parquet segments.
+    #[arg(long)]
+    pub include_wal: bool,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs the join and prints the report to `out`.
+pub fn run_join(args: &JoinArgs, out: &mut dyn Write) -> Result<()> {
+    let opts = JoinOptions {
+        key: args.key.clone(),
+        label: args.label.clone(),
+        score_thresholds: args.thresholds.clone(),
+        include_wal: args.include_wal,
+    };
+    let report = join(&args.logs, &args.labels, &opts)?;
+    let io = |e| LogError::io("<output>", e);
+    if args.json {
+        serde_json::to_writer_pretty(&mut *out, &report)?;
+        writeln!(out).map_err(io)?;
+    } else {
+        write!(out, "{report}").map_err(io)?;
+    }
+    out.flush().map_err(io)
+}
+
+/// `mesh logs tail`: the newest records, then new ones as they are written.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TailArgs {
+    /// Prediction log directory (the writer's `dir`).
+    #[arg(long)]
+    pub logs: PathBuf,
+    /// How many existing records to show first.
+    #[arg(short = 'n', long, default_value_t = 10)]
+    pub lines: usize,
+    /// Print the existing records and exit instead of following.
+    #[arg(long)]
+    pub no_follow: bool,
+    /// Poll interval in milliseconds while following.
+    #[arg(long, default_value_t = 250)]
+    pub interval_ms: u64,
+    /// One JSON object per line instead of a summary line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Follows the log until `stop()` returns true (checked every poll) or the output closes
+/// (e.g. piped into `head`). The binary passes `|| false` and lets Ctrl-C end the process.
+pub fn run_tail(args: &TailArgs, out: &mut dyn Write, stop: &dyn Fn() -> bool) -> Result<()> {
+    let (mut tailer, backlog) = Tailer::start(&args.logs, args.lines)?;
+    if !print_records(&backlog, args.json, out)? || args.no_follow {
+        return Ok(());
+    }
+    while !stop() {
+        std::thread::sleep(Duration::from_millis(args.interval_ms.max(10)));
+        let recs = tailer.poll()?;
+        if !print_records(&recs, args.json, out)? {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// Prints records; false when the output has gone away.
+fn print_records(recs: &[PredictionRecord], json: bool, out: &mut dyn Write) -> Result<bool> {
+    let mut write = || -> std::io::Result<()> {
+        for r in recs {
+            if json {
+                serde_json::to_writer(&mut *out, r)?;
+                writeln!(out)?;
+            } else {
+                writeln!(out, "{}", summary_line(r))?;
+            }
+        }
+        out.flush()
+    };
+    match write() {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(LogError::io("<output>", e)),
+    }
+}
+
+/// `2024-05-01T12:00:00.123456Z req-1 fraud v3 primary score=0.9100 decision=decline source=MODEL total=512us`
+pub fn summary_line(r: &PredictionRecord) -> String {
+    let score = r.score.map_or_else(|| "-".to_string(), |s| format!("{s:.4}"));
+    format!(
+        "{} {} {} v{} {} score={} decision={} source={} total={}us",
+        format_ts(r.ts_us),
+        r.request_id,
+        r.model,
+        r.version,
+        r.role,
+        score,
+        r.decision.as_deref().unwrap_or("-"),
+        r.source,
+        r.stages.total
+    )
+}
+
+/// RFC 3339 UTC with microseconds.
+pub fn format_ts(ts_us: i64) -> String {
+    let in_day = ts_us.rem_euclid(86_400_000_000);
+    let (h, m) = (in_day / 3_600_000_000, (in_day / 60_000_000) % 60);
+    let (s, us) = ((in_day / 1_000_000) % 60, in_day % 1_000_000);
+    format!("{}T{h:02}:{m:02}:{s:02}.{us:06}Z", date_of_us(ts_us))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps() {
+        assert_eq!(format_ts(0), "1970-01-01T00:00:00.000000Z");
+        assert_eq!(format_ts(1_709_208_000_000_001), "2024-02-29T12:00:00.000001Z");
+    }
+}

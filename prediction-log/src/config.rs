@@ -1,0 +1,63 @@
+//! Writer configuration.
+
+use crate::error::{LogError, Result};
+use crate::record::FeatureLogging;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How the prediction log writes. `LogConfig::new(dir)` gives the defaults below.
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    /// Root directory of the log (`date=YYYY-MM-DD/` partitions and `_wal/` under it).
+    /// One writer per directory.
+    pub dir: PathBuf,
+    /// Records that may wait for the writer; past this, `record` drops and counts.
+    /// Default 65 536 (about 1 s of traffic at 65k predictions/s).
+    pub channel_capacity: usize,
+    /// Roll the open segment when its wal reaches this many bytes. Default 64 MiB.
+    /// (The Parquet file is several times smaller; the writer holds the open segment's
+    /// records in memory until it rolls, so this also bounds that memory.)
+    pub segment_max_bytes: u64,
+    /// Roll the open segment when it is this old. Default 5 minutes.
+    pub segment_max_age: Duration,
+    /// How often buffered wal frames are handed to the OS. This is the loss window of a
+    /// process crash. Default 200 ms.
+    pub flush_interval: Duration,
+    /// Also fsync the wal at every flush, so records survive a power loss / kernel crash,
+    /// not only a process crash. Default false.
+    pub fsync: bool,
+    /// Which features are logged. Default all.
+    pub features: FeatureLogging,
+}
+
+impl LogConfig {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            channel_capacity: 65_536,
+            segment_max_bytes: 64 << 20,
+            segment_max_age: Duration::from_secs(300),
+            flush_interval: Duration::from_millis(200),
+            fsync: false,
+            features: FeatureLogging::All,
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.channel_capacity == 0 {
+            return Err(LogError::Config("channel_capacity must be at least 1".into()));
+        }
+        if self.segment_max_bytes == 0 {
+            return Err(LogError::Config("segment_max_bytes must be at least 1".into()));
+        }
+        if self.segment_max_age.is_zero() || self.flush_interval.is_zero() {
+            return Err(LogError::Config("segment_max_age and flush_interval must be positive".into()));
+        }
+        if let FeatureLogging::Sample(r) = self.features {
+            if !(0.0..=1.0).contains(&r) {
+                return Err(LogError::Config(format!("feature sample rate {r} is not in [0, 1]")));
+            }
+        }
+        Ok(())
+    }
+}

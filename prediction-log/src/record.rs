@@ -1,0 +1,266 @@
+//! The record written for every prediction. Plain data, no heavy dependencies, so the
+//! router can build one cheaply on every request.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// Where the answer came from (`PredictionRecord::source`). Free-form on purpose (the router
+/// owns the fallback chain); these are the values the mesh writes.
+pub mod source {
+    pub const MODEL: &str = "MODEL";
+    pub const PREVIOUS_VERSION: &str = "PREVIOUS_VERSION";
+    pub const BATCH_SCORE: &str = "BATCH_SCORE";
+    pub const RULES: &str = "RULES";
+    pub const DEFAULT: &str = "DEFAULT";
+}
+
+/// Deployment role of the model version that produced the prediction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Primary,
+    Canary,
+    Shadow,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Primary => "primary",
+            Role::Canary => "canary",
+            Role::Shadow => "shadow",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Role {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "primary" => Ok(Role::Primary),
+            "canary" => Ok(Role::Canary),
+            "shadow" => Ok(Role::Shadow),
+            other => Err(format!("unknown role {other:?} (primary, canary, shadow)")),
+        }
+    }
+}
+
+/// One feature value the prediction used, as the feature store returned it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FeatureUsed {
+    pub name: String,
+    /// `None` when the store had no usable value (the model then used its default).
+    pub value: Option<f64>,
+    /// PRESENT | NOT_FOUND | OUTSIDE_MAX_AGE | NULL (free-form).
+    pub status: String,
+    /// Event time of the value, microseconds since the Unix epoch.
+    pub event_time_us: Option<i64>,
+}
+
+/// Microseconds spent in each stage of the request. `total` is measured end to end, so the
+/// stages add up to no more than it (the remainder is routing, logging, serialization).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageMicros {
+    pub validate: u64,
+    pub features: u64,
+    pub preprocess: u64,
+    pub queue: u64,
+    pub compute: u64,
+    pub postprocess: u64,
+    pub total: u64,
+}
+
+impl StageMicros {
+    /// Stage names in column order (`<name>_us` in Parquet).
+    pub const NAMES: [&'static str; 7] =
+        ["validate", "features", "preprocess", "queue", "compute", "postprocess", "total"];
+
+    pub fn as_array(&self) -> [u64; 7] {
+        [
+            self.validate,
+            self.features,
+            self.preprocess,
+            self.queue,
+            self.compute,
+            self.postprocess,
+            self.total,
+        ]
+    }
+
+    pub fn from_array(a: [u64; 7]) -> Self {
+        Self {
+            validate: a[0],
+            features: a[1],
+            preprocess: a[2],
+            queue: a[3],
+            compute: a[4],
+            postprocess: a[5],
+            total: a[6],
+        }
+    }
+
+    /// Sum of the stages other than `total`.
+    pub fn sum_of_stages(&self) -> u64 {
+        self.as_array()[..6].iter().sum()
+    }
+}
+
+/// One prediction, from any path (Decide, DecideBatch, OIP ModelInfer, shadow, canary).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PredictionRecord {
+    pub request_id: String,
+    /// Time of the prediction, microseconds since the Unix epoch (UTC).
+    pub ts_us: i64,
+    pub model: String,
+    pub version: String,
+    pub role: Role,
+    /// Entity keys of the request, e.g. `("card_id", "c-123")`, in request order.
+    pub entity_keys: Vec<(String, String)>,
+    /// Features used. `None` when feature logging is off or the record was not sampled
+    /// (the handle applies `FeatureLogging`); `Some(vec![])` when the path used none (OIP).
+    pub features: Option<Vec<FeatureUsed>>,
+    pub score: Option<f64>,
+    /// approve / review / decline; `None` on paths without a decision (OIP).
+    pub decision: Option<String>,
+    /// Which source answered, see [`source`].
+    pub source: String,
+    pub stages: StageMicros,
+}
+
+impl PredictionRecord {
+    /// A record with the given identity, stamped now, everything else empty.
+    pub fn new(request_id: impl Into<String>, model: impl Into<String>, version: impl Into<String>, role: Role) -> Self {
+        Self {
+            request_id: request_id.into(),
+            ts_us: now_us(),
+            model: model.into(),
+            version: version.into(),
+            role,
+            entity_keys: Vec::new(),
+            features: None,
+            score: None,
+            decision: None,
+            source: source::MODEL.to_string(),
+            stages: StageMicros::default(),
+        }
+    }
+}
+
+/// Which features go into the log.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FeatureLogging {
+    All,
+    None,
+    /// Keep the features of this fraction (0..=1) of records, chosen by a hash of the
+    /// request id so the choice is reproducible and a request's shadow/canary records agree.
+    Sample(f64),
+}
+
+impl FeatureLogging {
+    /// Whether the features of a record with this request id are kept.
+    pub fn keeps(&self, request_id: &str) -> bool {
+        match *self {
+            FeatureLogging::All => true,
+            FeatureLogging::None => false,
+            FeatureLogging::Sample(rate) => {
+                if rate >= 1.0 {
+                    return true;
+                }
+                if rate <= 0.0 || rate.is_nan() {
+                    return false;
+                }
+                // FNV-1a, then the splitmix64 finalizer (FNV alone mixes the last bytes of
+                // ids like "req-00000042" poorly), mapped onto [0, 1).
+                let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+                for b in request_id.as_bytes() {
+                    h ^= u64::from(*b);
+                    h = h.wrapping_mul(0x0000_0100_0000_01b3);
+                }
+                h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                h ^= h >> 31;
+                ((h >> 11) as f64 / (1u64 << 53) as f64) < rate
+            }
+        }
+    }
+}
+
+impl FromStr for FeatureLogging {
+    type Err = String;
+    /// `all`, `none`, or a sample rate such as `0.05`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "all" => Ok(Self::All),
+            "none" => Ok(Self::None),
+            other => match other.parse::<f64>() {
+                Ok(r) if (0.0..=1.0).contains(&r) => Ok(Self::Sample(r)),
+                _ => Err(format!("feature logging must be all, none or a rate in [0, 1], got {other:?}")),
+            },
+        }
+    }
+}
+
+/// Microseconds since the Unix epoch, now.
+pub fn now_us() -> i64 {
+    match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_micros()).unwrap_or(i64::MAX),
+        Err(_) => 0,
+    }
+}
+
+/// UTC calendar date (`YYYY-MM-DD`) of a timestamp in microseconds since the epoch.
+pub fn date_of_us(ts_us: i64) -> String {
+    let days = ts_us.div_euclid(86_400_000_000);
+    let (y, m, d) = civil_from_days(days);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// Howard Hinnant's days-to-civil algorithm (proleptic Gregorian).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates() {
+        assert_eq!(date_of_us(0), "1970-01-01");
+        assert_eq!(date_of_us(-1), "1969-12-31");
+        // 2024-02-29T12:00:00Z
+        assert_eq!(date_of_us(1_709_208_000_000_000), "2024-02-29");
+        // 2000-03-01T00:00:00Z
+        assert_eq!(date_of_us(951_868_800_000_000), "2000-03-01");
+    }
+
+    #[test]
+    fn sampling_rate_is_roughly_right_and_stable() {
+        let s = FeatureLogging::Sample(0.25);
+        for fmt in [|i: u32| format!("req-{i}"), |i: u32| format!("req-{i:08}"), |i: u32| format!("{i:x}")] {
+            let kept = (0..20_000).filter(|i| s.keeps(&fmt(*i))).count();
+            assert!((4_500..5_500).contains(&kept), "kept {kept}");
+        }
+        assert_eq!(s.keeps("abc"), s.keeps("abc"));
+        assert!(!FeatureLogging::None.keeps("x"));
+        assert!(FeatureLogging::All.keeps("x"));
+        assert_eq!("0.5".parse::<FeatureLogging>(), Ok(FeatureLogging::Sample(0.5)));
+        assert!("1.5".parse::<FeatureLogging>().is_err());
+    }
+}

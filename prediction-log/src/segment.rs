@@ -1,0 +1,172 @@
+//! Files on disk: names, partitions, wal -> Parquet conversion and crash recovery.
+//!
+//! ```text
+//! <dir>/_wal/seg-<id>.wal                         the open segment (and, after a crash, leftovers)
+//! <dir>/date=YYYY-MM-DD/part-<id>.parquet         closed segments, one date each
+//! <dir>/date=YYYY-MM-DD/.part-<id>.parquet.tmp    a conversion in progress
+//! ```
+//! `<id>` is `<open time µs, 16 digits>-<pid>-<sequence>`, so names sort by time and never
+//! collide between restarts. A wal and the Parquet file made from it share the id, which
+//! makes conversion idempotent: if the Parquet file exists, the wal is already converted.
+//! Readers that skip names starting with `_` or `.` (Spark, Hive, DuckDB globs on
+//! `*.parquet`) never see anything but closed segments.
+
+use crate::error::{LogError, Result};
+use crate::parquet_io::write_parquet;
+use crate::record::{date_of_us, PredictionRecord};
+use crate::wal::read_wal_from;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+pub(crate) const WAL_DIR: &str = "_wal";
+
+pub(crate) fn wal_dir(dir: &Path) -> PathBuf {
+    dir.join(WAL_DIR)
+}
+
+pub(crate) fn segment_id(open_us: i64, seq: u64) -> String {
+    format!("{:016}-{}-{:06}", open_us.max(0), std::process::id(), seq)
+}
+
+pub(crate) fn wal_path(dir: &Path, id: &str) -> PathBuf {
+    wal_dir(dir).join(format!("seg-{id}.wal"))
+}
+
+/// Id of a wal file name `seg-<id>.wal`.
+pub(crate) fn id_of_wal(path: &Path) -> Option<String> {
+    let name = path.file_name()?.to_str()?;
+    Some(name.strip_prefix("seg-")?.strip_suffix(".wal")?.to_string())
+}
+
+pub(crate) fn parquet_path(dir: &Path, date: &str, id: &str) -> PathBuf {
+    dir.join(format!("date={date}")).join(format!("part-{id}.parquet"))
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    let d = fs::File::open(dir).map_err(|e| LogError::io(dir, e))?;
+    d.sync_all().map_err(|e| LogError::io(dir, e))
+}
+
+/// Writes the records of segment `id` as its Parquet file (temp name, fsync, atomic rename,
+/// fsync of the directory). Returns the final path, or `None` for an empty segment.
+pub(crate) fn write_segment(dir: &Path, id: &str, records: &[PredictionRecord]) -> Result<Option<PathBuf>> {
+    let Some(first) = records.first() else { return Ok(None) };
+    let date = date_of_us(first.ts_us);
+    let final_path = parquet_path(dir, &date, id);
+    let part_dir = final_path.parent().map(Path::to_path_buf).unwrap_or_else(|| dir.to_path_buf());
+    fs::create_dir_all(&part_dir).map_err(|e| LogError::io(&part_dir, e))?;
+    let tmp = part_dir.join(format!(".part-{id}.parquet.tmp"));
+    write_parquet(&tmp, records)?;
+    fs::rename(&tmp, &final_path).map_err(|e| LogError::io(&final_path, e))?;
+    sync_dir(&part_dir)?;
+    Ok(Some(final_path))
+}
+
+/// What [`recover`] did.
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RecoveryReport {
+    /// Leftover wal files found.
+    pub wal_files: usize,
+    /// Records converted into Parquet segments.
+    pub records: usize,
+    /// Bytes dropped from torn wal tails (a frame half-written when the process died).
+    pub torn_bytes: u64,
+    /// Wal files whose Parquet segment already existed (crash between rename and delete).
+    pub already_converted: usize,
+    /// Half-written `.parquet.tmp` files removed.
+    pub temp_files_removed: usize,
+}
+
+/// Converts every leftover wal file of `dir` into a Parquet segment and removes half-written
+/// temp files. Run at start (by `PredictionLog::start`) while no other writer uses `dir`.
+pub fn recover(dir: &Path) -> Result<RecoveryReport> {
+    let mut report = RecoveryReport::default();
+    let wdir = wal_dir(dir);
+    if wdir.is_dir() {
+        let mut wals: Vec<PathBuf> = fs::read_dir(&wdir)
+            .map_err(|e| LogError::io(&wdir, e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "wal"))
+            .collect();
+        wals.sort();
+        for wal in wals {
+            let Some(id) = id_of_wal(&wal) else { continue };
+            report.wal_files += 1;
+            let contents = read_wal_from(&wal, 0)?;
+            report.torn_bytes += contents.trailing_bytes;
+            if let Some(first) = contents.records.first() {
+                let target = parquet_path(dir, &date_of_us(first.ts_us), &id);
+                if target.exists() {
+                    report.already_converted += 1;
+                } else {
+                    write_segment(dir, &id, &contents.records)?;
+                    report.records += contents.records.len();
+                }
+            }
+            fs::remove_file(&wal).map_err(|e| LogError::io(&wal, e))?;
+        }
+    }
+    for part_dir in partition_dirs(dir)? {
+        for entry in fs::read_dir(&part_dir).map_err(|e| LogError::io(&part_dir, e))? {
+            let Ok(entry) = entry else { continue };
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with(".part-") && name.ends_with(".parquet.tmp") {
+                let p = entry.path();
+                fs::remove_file(&p).map_err(|e| LogError::io(&p, e))?;
+                report.temp_files_removed += 1;
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// The `date=...` directories of `dir`, sorted.
+pub(crate) fn partition_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
+    if !dir.is_dir() {
+        return Ok(Vec::new());
+    }
+    let mut out: Vec<PathBuf> = fs::read_dir(dir)
+        .map_err(|e| LogError::io(dir, e))?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("date=") && e.path().is_dir())
+        .map(|e| e.path())
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+/// Every closed segment of `dir`, oldest first (by partition, then by name = open time).
+pub fn parquet_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for part_dir in partition_dirs(dir)? {
+        let mut files: Vec<PathBuf> = fs::read_dir(&part_dir)
+            .map_err(|e| LogError::io(&part_dir, e))?
+            .filter_map(|e| e.ok())
+            .filter(|e| {
+                let n = e.file_name();
+                let n = n.to_string_lossy();
+                n.starts_with("part-") && n.ends_with(".parquet")
+            })
+            .map(|e| e.path())
+            .collect();
+        files.sort();
+        out.extend(files);
+    }
+    Ok(out)
+}
+
+/// Wal files of `dir` (open or left over), oldest first.
+pub fn wal_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let wdir = wal_dir(dir);
+    if !wdir.is_dir() {
+        return Ok(Vec::new());
+    }
+    let mut out: Vec<PathBuf> = fs::read_dir(&wdir)
+        .map_err(|e| LogError::io(&wdir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "wal"))
+        .collect();
+    out.sort();
+    Ok(out)
+}

@@ -1,0 +1,276 @@
+#![allow(clippy::unwrap_used)]
+//! Writer and readers: round trip, drops, rolls, recovery, partitions, tail.
+
+mod common;
+
+use common::record;
+use mesh_prediction_log::{
+    parquet_files, read_all, read_parquet, recover, wal_files, FeatureLogging, LogConfig, PredictionLog,
+    ReadOptions, Role, Tailer,
+};
+use std::collections::HashSet;
+use std::time::Duration;
+
+fn cfg(dir: &std::path::Path) -> LogConfig {
+    let mut c = LogConfig::new(dir);
+    c.flush_interval = Duration::from_millis(20);
+    c
+}
+
+#[tokio::test]
+async fn round_trip_every_record_comes_back_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, writer) = PredictionLog::start(cfg(dir.path())).unwrap();
+    let n = 2_000u64;
+    let sent: Vec<_> = (0..n)
+        .map(|i| record(i, if i % 4 == 0 { "4" } else { "3" }, if i % 4 == 0 { Role::Canary } else { Role::Primary }))
+        .collect();
+    for r in &sent {
+        log.record_wait(r.clone()).await.unwrap();
+    }
+    let stats = log.shutdown().await.unwrap();
+    writer.join().unwrap();
+    assert_eq!(stats.accepted, n);
+    assert_eq!(stats.written, n);
+    assert_eq!(stats.flushed, n);
+    assert_eq!(stats.dropped, 0);
+    assert!(wal_files(dir.path()).unwrap().is_empty(), "shutdown leaves no wal");
+    let files = parquet_files(dir.path()).unwrap();
+    assert_eq!(files.len(), 1);
+    assert!(files[0].parent().unwrap().file_name().unwrap().to_string_lossy().starts_with("date="));
+    let back = read_all(dir.path(), ReadOptions::default()).unwrap();
+    assert_eq!(back, sent);
+    // Library-level version of "N predictions served -> N records, right versions, stages
+    // that add up to no more than the total".
+    assert_eq!(back.iter().filter(|r| r.version == "4" && r.role == Role::Canary).count(), 500);
+    assert!(back.iter().all(|r| r.stages.sum_of_stages() <= r.stages.total));
+}
+
+#[test]
+fn full_channel_drops_and_counts_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(dir.path());
+    c.channel_capacity = 8;
+    let (log, writer) = PredictionLog::start(c).unwrap();
+    let n = 50_000u64;
+    let mut accepted = HashSet::new();
+    let start = std::time::Instant::now();
+    for i in 0..n {
+        if log.record(record(i, "1", Role::Primary)) {
+            accepted.insert(format!("req-{i:08}"));
+        }
+    }
+    let elapsed = start.elapsed();
+    let stats = log.shutdown_blocking();
+    writer.join().unwrap();
+    assert!(stats.dropped > 0, "a burst into a channel of 8 must drop: {stats:?}");
+    assert_eq!(stats.accepted + stats.dropped, n);
+    assert_eq!(stats.accepted as usize, accepted.len());
+    let back = read_all(dir.path(), ReadOptions::default()).unwrap();
+    assert_eq!(back.len(), accepted.len());
+    assert!(back.iter().all(|r| accepted.contains(&r.request_id)));
+    // Not a timing assertion on the hot path, just a sanity bound: 50k try_sends never wait
+    // on the disk, so they cannot take anywhere near 50k * flush_interval.
+    assert!(elapsed < Duration::from_secs(30));
+    // After shutdown, records are dropped and counted, not queued forever.
+    assert!(!log.record(record(0, "1", Role::Primary)));
+    assert_eq!(log.stats().dropped, stats.dropped + 1);
+}
+
+#[tokio::test]
+async fn rolls_by_size_keeping_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(dir.path());
+    c.segment_max_bytes = 20_000;
+    let (log, writer) = PredictionLog::start(c).unwrap();
+    let sent: Vec<_> = (0..1_000).map(|i| record(i, "1", Role::Primary)).collect();
+    for r in &sent {
+        log.record_wait(r.clone()).await.unwrap();
+    }
+    let stats = log.shutdown().await.unwrap();
+    writer.join().unwrap();
+    let files = parquet_files(dir.path()).unwrap();
+    assert!(files.len() >= 10, "{} files", files.len());
+    assert_eq!(stats.segments as usize, files.len());
+    for f in &files {
+        assert!(!read_parquet(f).unwrap().is_empty());
+    }
+    assert_eq!(read_all(dir.path(), ReadOptions::default()).unwrap(), sent);
+}
+
+#[tokio::test]
+async fn rolls_by_age_while_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(dir.path());
+    c.segment_max_age = Duration::from_millis(100);
+    let (log, writer) = PredictionLog::start(c).unwrap();
+    for burst in 0..3u64 {
+        for i in 0..10 {
+            log.record_wait(record(burst * 10 + i, "1", Role::Primary)).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    // Still running: the first bursts were closed by age, not by shutdown.
+    let while_running = parquet_files(dir.path()).unwrap().len();
+    assert!(while_running >= 3, "{while_running} segments closed by age");
+    log.shutdown().await.unwrap();
+    writer.join().unwrap();
+    assert_eq!(read_all(dir.path(), ReadOptions::default()).unwrap().len(), 30);
+}
+
+#[tokio::test]
+async fn partitions_by_date_of_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, writer) = PredictionLog::start(cfg(dir.path())).unwrap();
+    let day = 86_400_000_000i64;
+    let base = 1_709_164_800_000_000i64; // 2024-02-29T00:00:00Z
+    for (i, ts) in [base + 10, base + 20, base + day + 5, base + day + 6, base + 2 * day].iter().enumerate() {
+        let mut r = record(i as u64, "1", Role::Primary);
+        r.ts_us = *ts;
+        log.record_wait(r).await.unwrap();
+    }
+    log.shutdown().await.unwrap();
+    writer.join().unwrap();
+    let parts: Vec<String> = parquet_files(dir.path())
+        .unwrap()
+        .iter()
+        .map(|p| p.parent().unwrap().file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(parts, ["date=2024-02-29", "date=2024-03-01", "date=2024-03-02"]);
+}
+
+#[tokio::test]
+async fn feature_logging_modes() {
+    for (mode, expect_some) in [(FeatureLogging::All, Some(100)), (FeatureLogging::None, Some(0)), (FeatureLogging::Sample(0.3), None)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = cfg(dir.path());
+        c.features = mode;
+        let (log, writer) = PredictionLog::start(c).unwrap();
+        for i in 0..100 {
+            log.record_wait(record(i, "1", Role::Primary)).await.unwrap();
+        }
+        log.shutdown().await.unwrap();
+        writer.join().unwrap();
+        let back = read_all(dir.path(), ReadOptions::default()).unwrap();
+        let with = back.iter().filter(|r| r.features.is_some()).count();
+        match expect_some {
+            Some(n) => assert_eq!(with, n, "{mode:?}"),
+            None => assert!((10..60).contains(&with), "{mode:?}: {with}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn recovery_drops_torn_tail_and_is_idempotent() {
+    let live = tempfile::tempdir().unwrap();
+    let (log, writer) = PredictionLog::start(cfg(live.path())).unwrap();
+    let sent: Vec<_> = (0..100).map(|i| record(i, "1", Role::Primary)).collect();
+    for r in &sent {
+        log.record_wait(r.clone()).await.unwrap();
+    }
+    assert_eq!(log.flush().await.unwrap(), 100);
+    // Snapshot the open wal as a crash would leave it, with the last frame torn.
+    let wals = wal_files(live.path()).unwrap();
+    assert_eq!(wals.len(), 1);
+    let mut bytes = std::fs::read(&wals[0]).unwrap();
+    bytes.truncate(bytes.len() - 7);
+    log.shutdown().await.unwrap();
+    writer.join().unwrap();
+
+    let crashed = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(crashed.path().join("_wal")).unwrap();
+    let wal_copy = crashed.path().join("_wal").join(wals[0].file_name().unwrap());
+    std::fs::write(&wal_copy, &bytes).unwrap();
+    // A conversion that was in progress when the process died.
+    let part = crashed.path().join("date=2024-01-01");
+    std::fs::create_dir_all(&part).unwrap();
+    std::fs::write(part.join(".part-0000000000000001-1-000000.parquet.tmp"), b"PAR1 half written").unwrap();
+
+    let (log2, writer2) = PredictionLog::start(cfg(crashed.path())).unwrap();
+    assert_eq!(writer2.recovered.wal_files, 1);
+    assert_eq!(writer2.recovered.records, 99);
+    assert!(writer2.recovered.torn_bytes > 0);
+    assert_eq!(writer2.recovered.temp_files_removed, 1);
+    log2.shutdown().await.unwrap();
+    writer2.join().unwrap();
+    let back = read_all(crashed.path(), ReadOptions::default()).unwrap();
+    assert_eq!(back, sent[..99]);
+
+    // Crash between rename and wal removal: the wal comes back, recovery must not duplicate.
+    std::fs::write(&wal_copy, &bytes).unwrap();
+    let report = recover(crashed.path()).unwrap();
+    assert_eq!((report.wal_files, report.already_converted, report.records), (1, 1, 0));
+    assert_eq!(read_all(crashed.path(), ReadOptions::default()).unwrap().len(), 99);
+    assert!(wal_files(crashed.path()).unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn tail_follows_across_rolls_without_gaps_or_duplicates() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(dir.path());
+    c.segment_max_bytes = 8_000;
+    let (log, writer) = PredictionLog::start(c).unwrap();
+    for i in 0..50 {
+        log.record_wait(record(i, "1", Role::Primary)).await.unwrap();
+    }
+    log.flush().await.unwrap();
+    let (mut tailer, backlog) = Tailer::start(dir.path(), 5).unwrap();
+    let ids: Vec<&str> = backlog.iter().map(|r| r.request_id.as_str()).collect();
+    assert_eq!(ids, ["req-00000045", "req-00000046", "req-00000047", "req-00000048", "req-00000049"]);
+    let mut seen = Vec::new();
+    for i in 50..400 {
+        log.record_wait(record(i, "1", Role::Primary)).await.unwrap();
+        if i % 37 == 0 {
+            log.flush().await.unwrap();
+            seen.extend(tailer.poll().unwrap());
+        }
+    }
+    log.shutdown().await.unwrap();
+    writer.join().unwrap();
+    seen.extend(tailer.poll().unwrap());
+    let got: Vec<String> = seen.into_iter().map(|r| r.request_id).collect();
+    let want: Vec<String> = (50..400).map(|i| format!("req-{i:08}")).collect();
+    assert_eq!(got, want);
+}
+
+#[tokio::test]
+async fn cli_tail_prints_the_newest_records() {
+    use mesh_prediction_log::cli::{run_tail, TailArgs};
+    let dir = tempfile::tempdir().unwrap();
+    let (log, writer) = PredictionLog::start(cfg(dir.path())).unwrap();
+    for i in 0..20 {
+        log.record_wait(record(i, "9", Role::Shadow)).await.unwrap();
+    }
+    log.flush().await.unwrap(); // still open: tail reads the wal
+    let mut args = TailArgs { logs: dir.path().to_path_buf(), lines: 3, no_follow: true, interval_ms: 10, json: false };
+    let mut out = Vec::new();
+    run_tail(&args, &mut out, &|| true).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(lines[2].contains(" req-00000019 fraud v9 shadow "), "{text}");
+    log.shutdown().await.unwrap();
+    writer.join().unwrap();
+    args.json = true;
+    let mut out = Vec::new();
+    run_tail(&args, &mut out, &|| true).unwrap(); // now from the closed Parquet segment
+    let last: mesh_prediction_log::PredictionRecord =
+        serde_json::from_str(String::from_utf8(out).unwrap().lines().last().unwrap()).unwrap();
+    assert_eq!(last, record(19, "9", Role::Shadow).clone_with_ts(last.ts_us));
+}
+
+trait WithTs {
+    fn clone_with_ts(self, ts: i64) -> Self;
+}
+
+impl WithTs for mesh_prediction_log::PredictionRecord {
+    fn clone_with_ts(mut self, ts: i64) -> Self {
+        // `record()` stamps now; features' event times are relative to it.
+        let shift = ts - self.ts_us;
+        self.ts_us = ts;
+        for f in self.features.iter_mut().flatten() {
+            f.event_time_us = f.event_time_us.map(|t| t + shift);
+        }
+        self
+    }
+}
