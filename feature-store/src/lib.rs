@@ -1,1 +1,32 @@
-//! placeholder
+//! Online feature store of inference-mesh, on sled.
+//!
+//! - [`ViewsConfig`]: entities and feature views from a TOML file.
+//! - [`FeatureStore`]: opens the sled database, records the views, answers batched
+//!   lookups ([`FeatureStore::get_online_features`]) with a status per value and
+//!   freshness enforced, and takes writes ([`FeatureStore::push`]) under the
+//!   event-time rule with a per-call [`Durability`].
+//! - [`ingest_file`]: materialises a view from CSV or Parquet.
+//! - [`service::FeatureStoreService`]: the `mesh.v1.FeatureStore` gRPC service.
+//!
+//! Data model, key layout, encoding, durability and rebuilding: see README.md.
+
+pub mod config;
+mod demo;
+pub mod encoding;
+pub mod error;
+pub mod ingest;
+mod lookup;
+pub mod metrics;
+mod registry;
+pub mod service;
+mod store;
+mod types;
+
+pub use config::{parse_duration, EntityConfig, FeatureConfig, ViewConfig, ViewsConfig};
+pub use demo::{demo_merchant_key, generate_demo_features, DemoReport};
+pub use error::{FeatureStoreError, OpenFailure, Result};
+pub use ingest::{ingest_file, ingest_file_observed, BatchCommitted, IngestOptions, IngestReport};
+pub use lookup::{ColumnValues, FeatureColumn, KeyColumn, LookupRequest, LookupResponse};
+pub use registry::{FeatureInfo, ViewInfo};
+pub use store::{FeatureStore, FetchStrategy, Limits, StoreOptions, WriteReport, MAX_STRING_KEY_BYTES};
+pub use types::{now_micros, Durability, EntityKey, FeatureStatus, FeatureType, KeyType, Micros, Row, Value};

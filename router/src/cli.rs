@@ -24,6 +24,76 @@ pub enum Command {
     Serve(ServeArgs),
     /// Start the mesh on loopback, drive traffic at it and print what happened.
     Demo(crate::demo::DemoArgs),
+    /// Feature store operations.
+    #[command(subcommand)]
+    Features(FeaturesCommand),
+    /// Score every entity of a Parquet file offline and write the scores into a feature view.
+    BatchScore(crate::batch_score::BatchScoreArgs),
+    /// The prediction log: label joins and a live tail.
+    #[command(subcommand)]
+    Logs(LogsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LogsCommand {
+    /// Per model version and role: AUC, precision/recall, Brier, fallbacks, stage latencies.
+    Join(mesh_prediction_log::cli::JoinArgs),
+    /// Show the newest records as they are written.
+    Tail(mesh_prediction_log::cli::TailArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FeaturesCommand {
+    /// Materialize a view from a Parquet or CSV file (atomic batches, newest event time wins).
+    Ingest(IngestArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct IngestArgs {
+    /// The view to write.
+    #[arg(long)]
+    pub view: String,
+    /// Feature store directory (sled).
+    #[arg(long, env = "MESH_FEATURES")]
+    pub store: PathBuf,
+    /// Views file.
+    #[arg(long, env = "MESH_VIEWS")]
+    pub views: PathBuf,
+    /// Rows per atomic batch.
+    #[arg(long, default_value_t = 10_000)]
+    pub batch_rows: usize,
+    /// fsync after every batch instead of once at the end.
+    #[arg(long)]
+    pub sync_each_batch: bool,
+    /// Accept a file that lacks some of the view's features (written as null).
+    #[arg(long)]
+    pub allow_missing_columns: bool,
+    /// Parquet (.parquet) or CSV (.csv) file.
+    pub file: PathBuf,
+}
+
+/// `mesh features ingest`.
+pub fn ingest(args: IngestArgs) -> Result<(), RouterError> {
+    let views = mesh_feature_store::ViewsConfig::from_path(&args.views).map_err(|e| RouterError::InvalidArgument(e.to_string()))?;
+    let store = mesh_feature_store::FeatureStore::open(&args.store, &views).map_err(|e| RouterError::Unavailable(e.to_string()))?;
+    let opts = mesh_feature_store::IngestOptions {
+        batch_rows: args.batch_rows,
+        sync_each_batch: args.sync_each_batch,
+        progress: true,
+        allow_missing_columns: args.allow_missing_columns,
+    };
+    let r = mesh_feature_store::ingest_file(&store, &args.view, &args.file, &opts).map_err(|e| RouterError::InvalidArgument(e.to_string()))?;
+    println!(
+        "ingested {} rows into '{}' ({} written, {} skipped as older, {} batches) in {:.1} s = {:.0} rows/s",
+        r.rows_read,
+        r.view,
+        r.rows_written,
+        r.rows_skipped_older,
+        r.batches,
+        r.elapsed.as_secs_f64(),
+        r.rows_per_sec
+    );
+    Ok(())
 }
 
 #[derive(Debug, Args)]
@@ -116,6 +186,7 @@ pub async fn serve(config: MeshConfig) -> Result<(), RouterError> {
         let _ = stop.send(true);
     });
     running.wait().await;
+    running.shutdown().await;
     Ok(())
 }
 

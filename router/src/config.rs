@@ -15,6 +15,8 @@ pub struct MeshConfig {
     pub log: LogConfig,
     pub features: FeaturesConfig,
     pub decisions: crate::decide::config::DecisionsConfig,
+    /// Where every prediction is logged; off when absent.
+    pub prediction_log: Option<crate::plog::PredictionLogConfig>,
 }
 
 impl Default for MeshConfig {
@@ -24,6 +26,7 @@ impl Default for MeshConfig {
             log: LogConfig::default(),
             features: FeaturesConfig::default(),
             decisions: Default::default(),
+            prediction_log: None,
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The `mesh` binary: parses the command line and runs the command.
 use clap::Parser;
-use mesh_router::cli::{self, Cli, Command};
+use mesh_router::cli::{self, Cli, Command, FeaturesCommand, LogsCommand};
 
 fn main() -> anyhow::Result<()> {
     let args = Cli::parse();
@@ -18,6 +18,22 @@ fn main() -> anyhow::Result<()> {
             cli::set_compute_threads(1);
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             rt.block_on(mesh_router::demo::run(demo))?;
+        }
+        Command::Features(FeaturesCommand::Ingest(a)) => {
+            mesh_router::telemetry::init_logs(args.log_format.unwrap_or_default());
+            cli::ingest(a)?;
+        }
+        Command::Logs(LogsCommand::Join(a)) => {
+            mesh_prediction_log::cli::run_join(&a, &mut std::io::stdout().lock())?;
+        }
+        Command::Logs(LogsCommand::Tail(a)) => {
+            mesh_prediction_log::cli::run_tail(&a, &mut std::io::stdout().lock(), &|| false)?;
+        }
+        Command::BatchScore(a) => {
+            mesh_router::telemetry::init_logs(args.log_format.unwrap_or_default());
+            cli::set_compute_threads(1);
+            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            rt.block_on(mesh_router::batch_score::run(a))?;
         }
     }
     Ok(())

@@ -31,6 +31,8 @@ pub struct Running {
     pub core: Option<Core>,
     pub engine: Option<Arc<Engine>>,
     pub store: Option<Arc<FeatureStore>>,
+    /// The prediction log writer, drained at shutdown.
+    pub log: Option<(mesh_prediction_log::PredictionLogHandle, mesh_prediction_log::WriterTask)>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     system: ActorSystem,
@@ -48,12 +50,19 @@ impl Running {
                 tracing::error!(error = %e, "flushing the feature store at shutdown");
             }
         }
+        if let Some((handle, writer)) = self.log {
+            match handle.shutdown().await {
+                Ok(stats) => tracing::info!(?stats, "prediction log closed"),
+                Err(e) => tracing::error!(error = %e, "closing the prediction log"),
+            }
+            let _ = tokio::task::spawn_blocking(move || writer.join()).await;
+        }
         self.system.stop();
     }
 
     /// Resolves when the servers have stopped (after a shutdown or a fatal error).
     pub async fn wait(&mut self) {
-        for t in &mut self.tasks {
+        for t in self.tasks.drain(..) {
             let _ = t.await;
         }
     }
@@ -113,16 +122,26 @@ pub async fn start_mesh(mesh: &MeshConfig) -> Result<Running, RouterError> {
         Role::Model => None,
         _ => open_store(&mesh.features).await?,
     };
+    let log = match (&mesh.prediction_log, serves_models) {
+        (Some(c), true) => Some(crate::plog::start(c)?),
+        _ => None,
+    };
+    let log_handle = log.as_ref().map(|(h, _)| h.clone());
     let core = if serves_models {
         let repo = Arc::new(ModelRepository::new(&cfg.models, system.clone())?);
         repo.load_all().await?;
-        Some(Core { repo, limits: Limits { max_message_bytes: cfg.max_message_bytes, max_timeout: cfg.max_timeout() } })
+        Some(Core {
+            repo,
+            limits: Limits { max_message_bytes: cfg.max_message_bytes, max_timeout: cfg.max_timeout() },
+            log: log_handle.clone(),
+        })
     } else {
         None
     };
     let engine = match (&core, cfg.role) {
         (Some(core), Role::All | Role::Router) => {
-            Some(Engine::new(core.repo.clone(), store.clone(), mesh.decisions.clone(), None)?)
+            let sink = log_handle.map(|h| Arc::new(crate::plog::LogSink(h)) as Arc<dyn crate::decide::OutcomeSink>);
+            Some(Engine::new(core.repo.clone(), store.clone(), mesh.decisions.clone(), sink)?)
         }
         _ => None,
     };
@@ -197,5 +216,5 @@ pub async fn start_mesh(mesh: &MeshConfig) -> Result<Running, RouterError> {
     });
     let models: Vec<String> = core.iter().flat_map(|c| c.repo.models()).map(|m| m.config.name.clone()).collect();
     tracing::info!(%grpc_addr, %http_addr, role = ?cfg.role, ?models, feature_store = store.is_some(), "mesh serving");
-    Ok(Running { grpc_addr, http_addr, core, engine, store, stop, tasks: vec![grpc_task, http_task], system })
+    Ok(Running { grpc_addr, http_addr, core, engine, store, log, stop, tasks: vec![grpc_task, http_task], system })
 }

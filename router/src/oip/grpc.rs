@@ -272,6 +272,7 @@ impl GrpcInferenceService for OipGrpc {
                 "grpc",
                 &model,
                 version,
+                &r.id.clone(),
                 |h| {
                     check_outputs(&h.config, requested.iter().map(String::as_str))?;
                     let inputs = decode_inputs(&mut r, h.config.input().datatype)?;

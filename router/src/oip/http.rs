@@ -255,6 +255,7 @@ async fn do_infer(State(s): State<HttpState>, model: String, version: String, he
             "http",
             &model,
             v,
+            req.id.as_deref().unwrap_or(""),
             |h| {
                 check_outputs(&h.config, req.outputs.iter().map(|o| o.name.as_str()))?;
                 let want = h.config.input().datatype;

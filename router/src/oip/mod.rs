@@ -40,6 +40,20 @@ impl Default for Limits {
 pub struct Core {
     pub repo: Arc<ModelRepository>,
     pub limits: Limits,
+    /// Where OIP predictions are logged (one record per row).
+    pub log: Option<mesh_prediction_log::PredictionLogHandle>,
+}
+
+/// An id for requests that bring none: process start time and a counter.
+fn next_request_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static START: OnceLock<u128> = OnceLock::new();
+    static N: AtomicU64 = AtomicU64::new(0);
+    let start = START.get_or_init(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros()).unwrap_or(0)
+    });
+    format!("oip-{start:x}-{}", N.fetch_add(1, Ordering::Relaxed))
 }
 
 /// `""` means "newest ready"; anything else must be a version number.
@@ -60,13 +74,16 @@ impl Core {
         protocol: &'static str,
         model: &str,
         version: Option<u64>,
+        request_id: &str,
         make_batch: impl FnOnce(&VersionHandle) -> Result<Batch, RouterError>,
         timeout: Option<Duration>,
     ) -> Result<(Arc<VersionHandle>, Output), RouterError> {
         let started = Instant::now();
+        let mut validate = Duration::ZERO;
         let result = async {
             let handle = self.repo.get(model, version)?;
             let batch = make_batch(&handle)?;
+            validate = started.elapsed();
             let timeout = timeout
                 .unwrap_or_else(|| handle.config.batching.default_timeout())
                 .min(self.limits.max_timeout);
@@ -84,6 +101,18 @@ impl Core {
             .increment(1);
         histogram!(names::REQUEST_DURATION, "model" => model_label, "protocol" => protocol)
             .record(started.elapsed().as_secs_f64());
+        if let (Some(log), Ok((h, out))) = (&self.log, &result) {
+            let id = if request_id.is_empty() { next_request_id() } else { request_id.to_owned() };
+            let us = |d: Duration| d.as_micros() as u64;
+            let stages = mesh_prediction_log::StageMicros {
+                validate: us(validate),
+                queue: us(out.queue),
+                compute: us(out.compute),
+                total: us(started.elapsed()),
+                ..Default::default()
+            };
+            crate::plog::record_oip(log, &id, h.name(), out.version, &out.data, out.cols, stages);
+        }
         result
     }
 

@@ -1,0 +1,240 @@
+//! Materialisation: loading a view's rows from a CSV or Parquet file.
+//!
+//! The file has a column named after the view's join key, one named after its
+//! timestamp field, and one per feature (matched by name; other columns are
+//! ignored and reported). Rows are written in atomic batches of
+//! `IngestOptions::batch_rows` through the same path as pushes, so the event-time
+//! rule holds (an older row never overwrites a newer one) and re-running an ingest
+//! is harmless. A bad row stops the ingest with its line/row number; the batches
+//! before it stay written. The store is flushed (fsync) at the end.
+//!
+//! A NaN float in a file is read as null (data frames write missing values so).
+//! Timestamps: RFC 3339 text (`2024-05-01T12:00:00Z`, offsets and fractions
+//! allowed), or numbers of Unix seconds (fractions allowed); in Parquet also any
+//! `Timestamp` column (unit honoured, time zone ignored: Arrow stores UTC).
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::error::{FeatureStoreError, Result};
+use crate::registry::ViewInfo;
+use crate::store::{FeatureStore, WritePath};
+use crate::types::{Durability, Row, Value};
+
+mod csv_file;
+mod parquet_file;
+pub(crate) mod time;
+
+pub use time::parse_timestamp;
+
+/// How to ingest a file.
+#[derive(Debug, Clone)]
+pub struct IngestOptions {
+    /// Rows per atomic batch.
+    pub batch_rows: usize,
+    /// fsync after every batch (each committed batch survives a crash) instead of
+    /// only at the end (a crash loses the batches of the last flush interval, but
+    /// never leaves part of a batch).
+    pub sync_each_batch: bool,
+    /// Draw a progress bar on stderr.
+    pub progress: bool,
+    /// Accept a file that lacks some feature columns (those features are written as
+    /// null). Off by default: a missing column usually means the wrong file, and a
+    /// row replaces the whole stored row.
+    pub allow_missing_columns: bool,
+}
+
+impl Default for IngestOptions {
+    fn default() -> Self {
+        IngestOptions { batch_rows: 10_000, sync_each_batch: false, progress: false, allow_missing_columns: false }
+    }
+}
+
+/// What an ingest did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IngestReport {
+    pub view: String,
+    pub rows_read: u64,
+    pub rows_written: u64,
+    /// Rows not written because the store (or a later row of the same batch) held
+    /// a newer event time for the key.
+    pub rows_skipped_older: u64,
+    pub batches: u64,
+    pub elapsed: Duration,
+    /// rows_read / elapsed.
+    pub rows_per_sec: f64,
+    /// File columns that are not the key, the timestamp or a feature of the view.
+    pub ignored_columns: Vec<String>,
+    /// Features of the view the file lacks (written as null).
+    pub missing_columns: Vec<String>,
+}
+
+/// A batch that has been committed to the store (and fsynced if `synced`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchCommitted {
+    pub batch_index: u64,
+    pub rows_in_batch: usize,
+    pub rows_read_total: u64,
+    pub synced: bool,
+}
+
+/// Where each view column is in the file.
+pub(crate) struct ColumnMap {
+    pub key: usize,
+    pub timestamp: usize,
+    /// Per live feature of the view, in view order: its file column, if any.
+    pub features: Vec<Option<usize>>,
+    pub ignored: Vec<String>,
+    pub missing: Vec<String>,
+}
+
+impl ColumnMap {
+    pub(crate) fn new(v: &ViewInfo, names: &[String], opts: &IngestOptions, path: &Path) -> Result<Self> {
+        let find = |n: &str| names.iter().position(|c| c == n);
+        let err = |what: String| FeatureStoreError::Ingest { path: path.to_path_buf(), what };
+        let key = find(&v.join_key).ok_or_else(|| err(format!("no {:?} column (the join key of view {:?})", v.join_key, v.name)))?;
+        let timestamp = find(&v.timestamp_field)
+            .ok_or_else(|| err(format!("no {:?} column (the timestamp field of view {:?})", v.timestamp_field, v.name)))?;
+        let features: Vec<Option<usize>> = v.features.iter().map(|f| find(&f.name)).collect();
+        let missing: Vec<String> =
+            v.features.iter().zip(&features).filter(|(_, c)| c.is_none()).map(|(f, _)| f.name.clone()).collect();
+        if !missing.is_empty() && !opts.allow_missing_columns {
+            return Err(err(format!(
+                "no column for feature(s) {missing:?} of view {:?}; pass allow_missing_columns to write them as null",
+                v.name
+            )));
+        }
+        let ignored = names
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != key && *i != timestamp && !features.contains(&Some(*i)))
+            .map(|(_, n)| n.clone())
+            .collect();
+        Ok(ColumnMap { key, timestamp, features, ignored, missing })
+    }
+}
+
+/// Ingests `path` (`.csv`, or `.parquet`/`.pq`) into `view`. Blocking.
+pub fn ingest_file(store: &FeatureStore, view: &str, path: impl AsRef<Path>, opts: &IngestOptions) -> Result<IngestReport> {
+    ingest_file_observed(store, view, path, opts, |_| {})
+}
+
+/// [`ingest_file`], calling `on_batch` after each batch is committed.
+pub fn ingest_file_observed(
+    store: &FeatureStore,
+    view: &str,
+    path: impl AsRef<Path>,
+    opts: &IngestOptions,
+    mut on_batch: impl FnMut(&BatchCommitted),
+) -> Result<IngestReport> {
+    let path = path.as_ref();
+    let v = store.view(view)?.clone();
+    if opts.batch_rows == 0 {
+        return Err(FeatureStoreError::InvalidArgument("batch_rows must be > 0".into()));
+    }
+    let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+    let start = Instant::now();
+    let mut sink = Sink {
+        store,
+        view: &v,
+        opts,
+        report: IngestReport {
+            view: v.name.clone(),
+            rows_read: 0,
+            rows_written: 0,
+            rows_skipped_older: 0,
+            batches: 0,
+            elapsed: Duration::ZERO,
+            rows_per_sec: 0.0,
+            ignored_columns: Vec::new(),
+            missing_columns: Vec::new(),
+        },
+        on_batch: &mut on_batch,
+        bar: ProgressBar::hidden(),
+    };
+    match ext.as_deref() {
+        Some("csv") => csv_file::read(path, &v, opts, &mut sink)?,
+        Some("parquet") | Some("pq") => parquet_file::read(path, &v, opts, &mut sink)?,
+        _ => {
+            return Err(FeatureStoreError::Ingest {
+                path: path.to_path_buf(),
+                what: "unknown file type: expected a .csv, .parquet or .pq file".into(),
+            })
+        }
+    }
+    // Whatever the per-batch setting, the ingest ends with everything on disk.
+    store.flush()?;
+    sink.bar.finish_and_clear();
+    let mut report = sink.report;
+    report.elapsed = start.elapsed();
+    report.rows_per_sec = report.rows_read as f64 / report.elapsed.as_secs_f64().max(1e-9);
+    tracing::info!(
+        view = %report.view, rows = report.rows_read, written = report.rows_written,
+        skipped_older = report.rows_skipped_older, rows_per_sec = report.rows_per_sec as u64,
+        "ingest finished"
+    );
+    Ok(report)
+}
+
+/// Receives batches from a file reader and writes them.
+pub(crate) struct Sink<'a> {
+    store: &'a FeatureStore,
+    view: &'a ViewInfo,
+    opts: &'a IngestOptions,
+    report: IngestReport,
+    on_batch: &'a mut dyn FnMut(&BatchCommitted),
+    bar: ProgressBar,
+}
+
+impl Sink<'_> {
+    /// Starts the progress bar once the reader knows its total (bytes or rows).
+    pub(crate) fn start(&mut self, total: u64, unit: &str, map: &ColumnMap) {
+        self.report.ignored_columns = map.ignored.clone();
+        self.report.missing_columns = map.missing.clone();
+        if !map.ignored.is_empty() {
+            tracing::warn!(columns = ?map.ignored, "ingest ignores columns that are not in the view");
+        }
+        if self.opts.progress {
+            let bar = ProgressBar::new(total);
+            let template = match unit {
+                "bytes" => "{spinner} {msg} [{bar:40}] {bytes}/{total_bytes} ({eta})",
+                _ => "{spinner} {msg} [{bar:40}] {pos}/{len} rows ({eta})",
+            };
+            if let Ok(style) = ProgressStyle::with_template(template) {
+                bar.set_style(style.progress_chars("=> "));
+            }
+            bar.set_message(format!("ingest {}", self.view.name));
+            self.bar = bar;
+        }
+    }
+
+    pub(crate) fn write(&mut self, mut rows: Vec<Row>, position: u64) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        // Data frames write missing floats as NaN: in a file, NaN means null.
+        for row in &mut rows {
+            for v in &mut row.values {
+                if matches!(v, Some(Value::F32(x)) if x.is_nan()) || matches!(v, Some(Value::F64(x)) if x.is_nan()) {
+                    *v = None;
+                }
+            }
+        }
+        let durability = if self.opts.sync_each_batch { Durability::Sync } else { Durability::Buffered };
+        let w = self.store.write_rows_from(&self.view.name, &rows, durability, WritePath::Ingest)?;
+        self.report.rows_read += rows.len() as u64;
+        self.report.rows_written += w.rows_written;
+        self.report.rows_skipped_older += w.rows_skipped_older;
+        let committed = BatchCommitted {
+            batch_index: self.report.batches,
+            rows_in_batch: rows.len(),
+            rows_read_total: self.report.rows_read,
+            synced: w.synced,
+        };
+        self.report.batches += 1;
+        self.bar.set_position(position);
+        (self.on_batch)(&committed);
+        Ok(())
+    }
+}

@@ -1,0 +1,420 @@
+//! Batched online lookups: many entity rows, one or more views, one answer column
+//! per requested feature, every value with a status and its event time.
+//!
+//! Freshness is enforced here, at read time: a row whose event time is older than
+//! its view's `max_age` is reported as `OutsideMaxAge` (with its values, for
+//! diagnosis), never as `Present`.
+use std::time::Instant;
+
+use crate::encoding::{self, FieldRef};
+use crate::error::{FeatureStoreError, Result};
+use crate::metrics as m;
+use crate::registry::ViewInfo;
+use crate::store::{validate_key, FeatureStore, FetchStrategy, Inner, Limits};
+use crate::types::{now_micros, EntityKey, FeatureStatus, FeatureType, Micros};
+
+/// One column of entity keys.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KeyColumn {
+    Int64(Vec<i64>),
+    String(Vec<String>),
+}
+
+impl KeyColumn {
+    pub fn len(&self) -> usize {
+        match self {
+            KeyColumn::Int64(v) => v.len(),
+            KeyColumn::String(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn key(&self, i: usize) -> EntityKey {
+        match self {
+            KeyColumn::Int64(v) => EntityKey::Int64(v[i]),
+            KeyColumn::String(v) => EntityKey::String(v[i].clone()),
+        }
+    }
+
+    /// Encodes key `i` without cloning it (the hot path of every lookup).
+    fn encode(&self, view_id: u32, i: usize, out: &mut Vec<u8>) {
+        match self {
+            KeyColumn::Int64(v) => encoding::encode_key(view_id, &EntityKey::Int64(v[i]), out),
+            KeyColumn::String(v) => encoding::encode_string_key(view_id, &v[i], out),
+        }
+    }
+}
+
+/// A lookup: feature references and the entity rows to answer them for.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct LookupRequest {
+    /// `"view:feature"`, or `"view:*"` for all live features of a view.
+    pub features: Vec<String>,
+    /// `(join key, keys)`: one column per join key the requested views need, all of
+    /// the same length (the number of rows). Columns no view needs are ignored.
+    pub entities: Vec<(String, KeyColumn)>,
+}
+
+impl LookupRequest {
+    pub fn new(features: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        LookupRequest { features: features.into_iter().map(Into::into).collect(), entities: Vec::new() }
+    }
+
+    pub fn with_keys(mut self, join_key: impl Into<String>, keys: KeyColumn) -> Self {
+        self.entities.push((join_key.into(), keys));
+        self
+    }
+}
+
+/// Values of one column; slots that are not `Present`/`OutsideMaxAge` hold the
+/// type's default.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ColumnValues {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    I64(Vec<i64>),
+    Bool(Vec<bool>),
+    String(Vec<String>),
+    F32Vector(Vec<Vec<f32>>),
+}
+
+impl ColumnValues {
+    fn defaults(dtype: FeatureType, n: usize) -> Self {
+        match dtype {
+            FeatureType::F32 => ColumnValues::F32(vec![0.0; n]),
+            FeatureType::F64 => ColumnValues::F64(vec![0.0; n]),
+            FeatureType::I64 => ColumnValues::I64(vec![0; n]),
+            FeatureType::Bool => ColumnValues::Bool(vec![false; n]),
+            FeatureType::String => ColumnValues::String(vec![String::new(); n]),
+            FeatureType::F32Vector => ColumnValues::F32Vector(vec![Vec::new(); n]),
+        }
+    }
+
+    /// Sets slot `i`; false if the stored field's type does not match the column.
+    fn set(&mut self, i: usize, f: FieldRef<'_>) -> bool {
+        match (self, f) {
+            (ColumnValues::F32(v), FieldRef::F32(x)) => v[i] = x,
+            (ColumnValues::F64(v), FieldRef::F64(x)) => v[i] = x,
+            (ColumnValues::I64(v), FieldRef::I64(x)) => v[i] = x,
+            (ColumnValues::Bool(v), FieldRef::Bool(x)) => v[i] = x,
+            (ColumnValues::String(v), FieldRef::String(s)) => v[i] = s.to_owned(),
+            (ColumnValues::F32Vector(v), FieldRef::F32Vector(b)) => v[i] = encoding::f32s(b),
+            _ => return false,
+        }
+        true
+    }
+
+    fn append(&mut self, other: ColumnValues) {
+        match (self, other) {
+            (ColumnValues::F32(a), ColumnValues::F32(b)) => a.extend(b),
+            (ColumnValues::F64(a), ColumnValues::F64(b)) => a.extend(b),
+            (ColumnValues::I64(a), ColumnValues::I64(b)) => a.extend(b),
+            (ColumnValues::Bool(a), ColumnValues::Bool(b)) => a.extend(b),
+            (ColumnValues::String(a), ColumnValues::String(b)) => a.extend(b),
+            (ColumnValues::F32Vector(a), ColumnValues::F32Vector(b)) => a.extend(b),
+            // Chunks of one plan always have the same column types.
+            _ => {}
+        }
+    }
+}
+
+/// The answer for one requested feature, aligned to the request's rows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FeatureColumn {
+    /// `"view:feature"`
+    pub name: String,
+    pub dtype: FeatureType,
+    pub statuses: Vec<FeatureStatus>,
+    /// Event time of the stored row (Unix µs); 0 where `NotFound`.
+    pub event_times: Vec<Micros>,
+    pub values: ColumnValues,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LookupResponse {
+    pub rows: usize,
+    pub columns: Vec<FeatureColumn>,
+}
+
+impl LookupResponse {
+    pub fn column(&self, name: &str) -> Option<&FeatureColumn> {
+        self.columns.iter().find(|c| c.name == name)
+    }
+}
+
+/// The validated form of a request: which sled reads answer which columns.
+struct Plan {
+    rows: usize,
+    columns: Vec<(String, FeatureType)>,
+    groups: Vec<Group>,
+}
+
+struct Group {
+    view: usize,
+    /// Index into the request's entity columns.
+    key_column: usize,
+    /// Output column per stored feature id (`None`: not requested).
+    column_by_id: Vec<Option<usize>>,
+    /// Output columns this view fills.
+    columns: Vec<usize>,
+}
+
+impl FeatureStore {
+    /// Answers a lookup without blocking the async runtime: sled reads run on
+    /// tokio's blocking pool (one task, or several with `FetchStrategy::Parallel`).
+    pub async fn get_online_features(&self, req: LookupRequest) -> Result<LookupResponse> {
+        let limits = self.inner.options.limits;
+        self.get_online_features_with_limits(req, &limits).await
+    }
+
+    /// [`Self::get_online_features`] under other limits than the store's (the gRPC
+    /// service has its own).
+    pub async fn get_online_features_with_limits(&self, req: LookupRequest, limits: &Limits) -> Result<LookupResponse> {
+        let start = Instant::now();
+        let plan = plan(&self.inner, &req, limits)?;
+        let keys = plan.rows * plan.groups.len();
+        let now = now_micros();
+        let chunks = match self.inner.options.fetch {
+            FetchStrategy::Parallel { tasks, min_keys } if keys >= min_keys && plan.rows > 1 => {
+                tasks.get().min(plan.rows)
+            }
+            _ => 1,
+        };
+        let req = std::sync::Arc::new(req);
+        let plan = std::sync::Arc::new(plan);
+        let resp = if chunks == 1 {
+            let (inner, req2, plan2) = (self.inner.clone(), req.clone(), plan.clone());
+            tokio::task::spawn_blocking(move || fetch(&inner, &req2, &plan2, 0..plan2.rows, now))
+                .await
+                .map_err(|e| FeatureStoreError::Internal(format!("lookup task failed: {e}")))??
+        } else {
+            let per = plan.rows.div_ceil(chunks);
+            let mut tasks = Vec::with_capacity(chunks);
+            for c in 0..chunks {
+                let range = (c * per)..((c + 1) * per).min(plan.rows);
+                let (inner, req2, plan2) = (self.inner.clone(), req.clone(), plan.clone());
+                tasks.push(tokio::task::spawn_blocking(move || fetch(&inner, &req2, &plan2, range, now)));
+            }
+            let mut parts = Vec::with_capacity(chunks);
+            for t in tasks {
+                parts.push(t.await.map_err(|e| FeatureStoreError::Internal(format!("lookup task failed: {e}")))??);
+            }
+            concat(parts)
+        };
+        finish(&self.inner, &plan, &resp, start.elapsed(), keys);
+        Ok(resp)
+    }
+
+    /// The same lookup on the calling thread (for callers already off the async
+    /// runtime, and benchmarks). `now` is the time freshness is judged against.
+    pub fn get_online_features_blocking(&self, req: &LookupRequest, now: Micros) -> Result<LookupResponse> {
+        let start = Instant::now();
+        let plan = plan(&self.inner, req, &self.inner.options.limits)?;
+        let resp = fetch(&self.inner, req, &plan, 0..plan.rows, now)?;
+        finish(&self.inner, &plan, &resp, start.elapsed(), plan.rows * plan.groups.len());
+        Ok(resp)
+    }
+
+}
+
+fn finish(inner: &Inner, plan: &Plan, resp: &LookupResponse, elapsed: std::time::Duration, keys: usize) {
+    m::record_lookup(elapsed, keys);
+    for g in &plan.groups {
+        let mut counts = [0u64; 4];
+        for &c in &g.columns {
+            for s in &resp.columns[c].statuses {
+                counts[s.index()] += 1;
+            }
+        }
+        m::record_values(&inner.views[g.view].name, &counts);
+    }
+}
+
+fn plan(inner: &Inner, req: &LookupRequest, limits: &Limits) -> Result<Plan> {
+    let invalid = |s: String| Err(FeatureStoreError::InvalidArgument(s));
+    if req.features.is_empty() {
+        return invalid("lookup names no features".into());
+    }
+    let mut columns: Vec<(String, FeatureType)> = Vec::new();
+    let mut groups: Vec<Group> = Vec::new();
+    for r in &req.features {
+        let Some((view, feature)) = r.split_once(':') else {
+            return invalid(format!("feature reference {r:?} is not \"view:feature\""));
+        };
+        let vi = inner.view_index(view)?;
+        let v = &inner.views[vi];
+        let gi = match groups.iter().position(|g| g.view == vi) {
+            Some(gi) => gi,
+            None => {
+                let Some(key_column) = req.entities.iter().position(|(jk, _)| *jk == v.join_key) else {
+                    return invalid(format!("lookup lacks the {:?} key column that view {view:?} needs", v.join_key));
+                };
+                let max_id = v.features.iter().map(|f| f.id as usize).max().unwrap_or(0);
+                groups.push(Group { view: vi, key_column, column_by_id: vec![None; max_id + 1], columns: Vec::new() });
+                groups.len() - 1
+            }
+        };
+        let mut add = |f: &crate::registry::FeatureInfo, columns: &mut Vec<(String, FeatureType)>| {
+            let g = &mut groups[gi];
+            // A feature asked for twice is answered once per ask; the later column
+            // is filled from the same read.
+            let c = columns.len();
+            columns.push((format!("{}:{}", v.name, f.name), f.dtype));
+            if g.column_by_id[f.id as usize].is_none() {
+                g.column_by_id[f.id as usize] = Some(c);
+            }
+            g.columns.push(c);
+        };
+        if feature == "*" {
+            for f in &v.features {
+                add(f, &mut columns);
+            }
+        } else {
+            let f = v.feature_index(feature).map(|i| &v.features[i]).ok_or_else(|| {
+                FeatureStoreError::UnknownFeature { view: view.to_owned(), feature: feature.to_owned() }
+            })?;
+            add(f, &mut columns);
+        }
+    }
+    let rows = req.entities.first().map(|(_, k)| k.len()).unwrap_or(0);
+    for (jk, keys) in &req.entities {
+        if keys.len() != rows {
+            return invalid(format!("key column {jk:?} has {} keys, {:?} has {rows}", keys.len(), req.entities[0].0));
+        }
+    }
+    if rows == 0 {
+        return invalid("lookup has no entity keys".into());
+    }
+    let total = rows * groups.len();
+    if total > limits.max_keys_per_lookup {
+        return Err(FeatureStoreError::LimitExceeded {
+            what: "entity keys in one lookup (rows x views)",
+            got: total,
+            limit: limits.max_keys_per_lookup,
+            setting: "max_keys_per_lookup",
+        });
+    }
+    for g in &groups {
+        let v = &inner.views[g.view];
+        let (jk, keys) = &req.entities[g.key_column];
+        let bad = |i: usize, e: String| FeatureStoreError::InvalidArgument(format!("{jk}[{i}]: {e}"));
+        match (v.key_type, keys) {
+            // Int64 keys of an int64 view are always valid: skip the per-key check.
+            (crate::types::KeyType::Int64, KeyColumn::Int64(_)) => {}
+            (_, KeyColumn::Int64(_)) => return Err(bad(0, validate_key(v, &keys.key(0)).err().unwrap_or_default())),
+            (_, KeyColumn::String(ks)) => {
+                for (i, k) in ks.iter().enumerate() {
+                    if k.is_empty() || k.len() > crate::store::MAX_STRING_KEY_BYTES || v.key_type != crate::types::KeyType::String {
+                        return Err(bad(i, validate_key(v, &keys.key(i)).err().unwrap_or_default()));
+                    }
+                }
+            }
+        }
+    }
+    // Duplicate asks of one feature share a read: fill them after the fetch.
+    Ok(Plan { rows, columns, groups })
+}
+
+/// Reads rows `range` of the plan and answers them (columns of `range.len()`).
+fn fetch(inner: &Inner, req: &LookupRequest, plan: &Plan, range: std::ops::Range<usize>, now: Micros) -> Result<LookupResponse> {
+    let n = range.len();
+    let mut cols: Vec<FeatureColumn> = plan
+        .columns
+        .iter()
+        .map(|(name, dtype)| FeatureColumn {
+            name: name.clone(),
+            dtype: *dtype,
+            statuses: vec![FeatureStatus::NotFound; n],
+            event_times: vec![0; n],
+            values: ColumnValues::defaults(*dtype, n),
+        })
+        .collect();
+    let mut keybuf: Vec<u8> = Vec::with_capacity(n * 16);
+    let mut offsets: Vec<(usize, usize)> = Vec::with_capacity(n);
+    let mut scratch = Vec::with_capacity(32);
+    for g in &plan.groups {
+        let v: &ViewInfo = &inner.views[g.view];
+        let keys = &req.entities[g.key_column].1;
+        keybuf.clear();
+        offsets.clear();
+        for i in range.clone() {
+            keys.encode(v.id, i, &mut scratch);
+            offsets.push((keybuf.len(), scratch.len()));
+            keybuf.extend_from_slice(&scratch);
+        }
+        // Key order: neighbouring keys share sled nodes, so sorted reads touch each
+        // node once while it is hot.
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_unstable_by(|&a, &b| {
+            let (oa, la) = offsets[a];
+            let (ob, lb) = offsets[b];
+            keybuf[oa..oa + la].cmp(&keybuf[ob..ob + lb])
+        });
+        let max_age = v.max_age_micros();
+        for &i in &order {
+            let (o, l) = offsets[i];
+            let Some(bytes) = inner.rows.get(&keybuf[o..o + l])? else { continue };
+            let event_time = encoding::decode_event_time(&bytes)
+                .map_err(|what| FeatureStoreError::Decode { view: v.name.clone(), what })?;
+            let stale = now.saturating_sub(event_time) > max_age;
+            for &c in &g.columns {
+                cols[c].statuses[i] = FeatureStatus::Null;
+                cols[c].event_times[i] = event_time;
+            }
+            let status = if stale { FeatureStatus::OutsideMaxAge } else { FeatureStatus::Present };
+            let mut mismatch = None;
+            encoding::decode_value(&bytes, |id, field| {
+                if let Some(Some(c)) = g.column_by_id.get(id as usize) {
+                    if cols[*c].values.set(i, field) {
+                        cols[*c].statuses[i] = status;
+                    } else {
+                        mismatch = Some((id, field.feature_type()));
+                    }
+                }
+            })
+            .map_err(|what| FeatureStoreError::Decode { view: v.name.clone(), what })?;
+            if let Some((id, t)) = mismatch {
+                return Err(FeatureStoreError::Decode {
+                    view: v.name.clone(),
+                    what: format!("feature id {id} stored as {t}, registry says otherwise"),
+                });
+            }
+            // Stale rows: nulls are stale too; nothing in this row is live.
+            if stale {
+                for &c in &g.columns {
+                    cols[c].statuses[i] = FeatureStatus::OutsideMaxAge;
+                }
+            }
+        }
+        // Columns asked for twice: copy from the first column of the same feature.
+        for &c in &g.columns {
+            if let Some(first) = first_column_for(g, &plan.columns, c) {
+                if first != c {
+                    cols[c] = FeatureColumn { name: cols[c].name.clone(), ..cols[first].clone() };
+                }
+            }
+        }
+    }
+    Ok(LookupResponse { rows: n, columns: cols })
+}
+
+fn first_column_for(g: &Group, columns: &[(String, FeatureType)], c: usize) -> Option<usize> {
+    g.column_by_id.iter().flatten().copied().find(|&f| columns[f].0 == columns[c].0)
+}
+
+fn concat(parts: Vec<LookupResponse>) -> LookupResponse {
+    let mut it = parts.into_iter();
+    let Some(mut acc) = it.next() else { return LookupResponse { rows: 0, columns: Vec::new() } };
+    for p in it {
+        acc.rows += p.rows;
+        for (a, b) in acc.columns.iter_mut().zip(p.columns) {
+            a.statuses.extend(b.statuses);
+            a.event_times.extend(b.event_times);
+            a.values.append(b.values);
+        }
+    }
+    acc
+}

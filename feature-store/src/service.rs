@@ -1,0 +1,216 @@
+//! The `mesh.v1.FeatureStore` gRPC service over a [`FeatureStore`].
+//!
+//! Translation only: requests become library calls, answers become protobuf, and
+//! every error leaves as a `tonic::Status` through `From<FeatureStoreError>`
+//! (error.rs). The service has its own [`Limits`], so remote callers can be held
+//! to tighter bounds than in-process ones.
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use mesh_proto::mesh::v1 as pb;
+use pb::feature_store_server::FeatureStoreServer;
+use tonic::{Request, Response, Status};
+
+use crate::error::FeatureStoreError;
+use crate::lookup::{ColumnValues, KeyColumn, LookupRequest, LookupResponse};
+use crate::store::{FeatureStore, Limits};
+use crate::types::{Durability, EntityKey, FeatureStatus, FeatureType, KeyType, Row, Value};
+
+/// gRPC front of a [`FeatureStore`].
+#[derive(Debug, Clone)]
+pub struct FeatureStoreService {
+    store: Arc<FeatureStore>,
+    limits: Limits,
+}
+
+impl FeatureStoreService {
+    pub fn new(store: Arc<FeatureStore>, limits: Limits) -> Self {
+        FeatureStoreService { store, limits }
+    }
+
+    /// The tonic server wrapper, ready for `Server::builder().add_service(..)`.
+    pub fn into_server(self) -> FeatureStoreServer<Self> {
+        FeatureStoreServer::new(self)
+    }
+}
+
+fn invalid(s: impl Into<String>) -> FeatureStoreError {
+    FeatureStoreError::InvalidArgument(s.into())
+}
+
+pub(crate) fn lookup_from_proto(req: pb::GetOnlineFeaturesRequest) -> Result<LookupRequest, FeatureStoreError> {
+    let mut entities: Vec<(String, KeyColumn)> = Vec::with_capacity(req.entities.len());
+    for col in req.entities {
+        if col.join_key.is_empty() {
+            return Err(invalid("an entity key column has no join_key"));
+        }
+        if entities.iter().any(|(jk, _)| *jk == col.join_key) {
+            return Err(invalid(format!("entity key column {:?} is given twice", col.join_key)));
+        }
+        let keys = match (col.int64_keys.is_empty(), col.string_keys.is_empty()) {
+            (false, false) => {
+                return Err(invalid(format!("entity key column {:?} has both int64 and string keys", col.join_key)))
+            }
+            (_, true) => KeyColumn::Int64(col.int64_keys),
+            (true, false) => KeyColumn::String(col.string_keys),
+        };
+        entities.push((col.join_key, keys));
+    }
+    Ok(LookupRequest { features: req.features, entities })
+}
+
+fn type_to_proto(t: FeatureType) -> pb::FeatureType {
+    match t {
+        FeatureType::F32 => pb::FeatureType::F32,
+        FeatureType::F64 => pb::FeatureType::F64,
+        FeatureType::I64 => pb::FeatureType::I64,
+        FeatureType::Bool => pb::FeatureType::Bool,
+        FeatureType::String => pb::FeatureType::String,
+        FeatureType::F32Vector => pb::FeatureType::F32Vector,
+    }
+}
+
+fn status_to_proto(s: FeatureStatus) -> i32 {
+    (match s {
+        FeatureStatus::Present => pb::FeatureStatus::Present,
+        FeatureStatus::NotFound => pb::FeatureStatus::NotFound,
+        FeatureStatus::Null => pb::FeatureStatus::Null,
+        FeatureStatus::OutsideMaxAge => pb::FeatureStatus::OutsideMaxAge,
+    }) as i32
+}
+
+pub(crate) fn lookup_to_proto(resp: LookupResponse) -> pb::GetOnlineFeaturesResponse {
+    let columns = resp
+        .columns
+        .into_iter()
+        .map(|c| {
+            let mut out = pb::FeatureColumn {
+                name: c.name,
+                r#type: type_to_proto(c.dtype) as i32,
+                statuses: c.statuses.into_iter().map(status_to_proto).collect(),
+                event_time_unix_micros: c.event_times,
+                ..Default::default()
+            };
+            match c.values {
+                ColumnValues::F32(v) => out.f32_values = v,
+                ColumnValues::F64(v) => out.f64_values = v,
+                ColumnValues::I64(v) => out.i64_values = v,
+                ColumnValues::Bool(v) => out.bool_values = v,
+                ColumnValues::String(v) => out.string_values = v,
+                ColumnValues::F32Vector(v) => {
+                    out.f32_vector_values = v.into_iter().map(|values| pb::FloatVector { values }).collect()
+                }
+            }
+            out
+        })
+        .collect();
+    pb::GetOnlineFeaturesResponse { columns }
+}
+
+/// Turns a push into rows of `view`, checking names, types and keys; any error
+/// rejects the whole push before anything is written.
+pub(crate) fn push_rows(store: &FeatureStore, req: &pb::PushRequest) -> Result<Vec<Row>, FeatureStoreError> {
+    let v = store.view(&req.view)?;
+    let index: HashMap<&str, usize> = v.features.iter().enumerate().map(|(i, f)| (f.name.as_str(), i)).collect();
+    let mut rows = Vec::with_capacity(req.rows.len());
+    for (r, row) in req.rows.iter().enumerate() {
+        let key = match row.key.as_ref().and_then(|k| k.key.as_ref()) {
+            Some(pb::entity_key::Key::Int64Key(k)) => EntityKey::Int64(*k),
+            Some(pb::entity_key::Key::StringKey(k)) => EntityKey::String(k.clone()),
+            None => return Err(invalid(format!("row {r}: no entity key"))),
+        };
+        if row.event_time_unix_micros <= 0 {
+            return Err(invalid(format!("row {r}: event_time_unix_micros must be set (> 0)")));
+        }
+        let mut values: Vec<Option<Value>> = vec![None; v.features.len()];
+        let mut seen = vec![false; v.features.len()];
+        for nv in &row.values {
+            let i = *index.get(nv.name.as_str()).ok_or_else(|| FeatureStoreError::UnknownFeature {
+                view: v.name.clone(),
+                feature: nv.name.clone(),
+            })?;
+            if std::mem::replace(&mut seen[i], true) {
+                return Err(invalid(format!("row {r}: feature {:?} is given twice", nv.name)));
+            }
+            values[i] = match nv.value.as_ref().and_then(|x| x.value.as_ref()) {
+                None => None,
+                Some(x) => Some(value_from_proto(x)),
+            };
+        }
+        rows.push(Row { key, event_time: row.event_time_unix_micros, values });
+    }
+    Ok(rows)
+}
+
+fn value_from_proto(v: &pb::feature_value::Value) -> Value {
+    use pb::feature_value::Value as P;
+    match v {
+        P::F32Value(x) => Value::F32(*x),
+        P::F64Value(x) => Value::F64(*x),
+        P::I64Value(x) => Value::I64(*x),
+        P::BoolValue(x) => Value::Bool(*x),
+        P::StringValue(x) => Value::String(x.clone()),
+        P::F32VectorValue(x) => Value::F32Vector(x.values.clone()),
+    }
+}
+
+#[tonic::async_trait]
+impl pb::feature_store_server::FeatureStore for FeatureStoreService {
+    async fn get_online_features(
+        &self,
+        request: Request<pb::GetOnlineFeaturesRequest>,
+    ) -> Result<Response<pb::GetOnlineFeaturesResponse>, Status> {
+        let req = lookup_from_proto(request.into_inner())?;
+        let resp = self.store.get_online_features_with_limits(req, &self.limits).await?;
+        Ok(Response::new(lookup_to_proto(resp)))
+    }
+
+    async fn push(&self, request: Request<pb::PushRequest>) -> Result<Response<pb::PushResponse>, Status> {
+        let req = request.into_inner();
+        if req.rows.is_empty() {
+            return Err(invalid("push has no rows").into());
+        }
+        if req.rows.len() > self.limits.max_rows_per_push {
+            return Err(FeatureStoreError::LimitExceeded {
+                what: "rows in one push",
+                got: req.rows.len(),
+                limit: self.limits.max_rows_per_push,
+                setting: "max_rows_per_push",
+            }
+            .into());
+        }
+        let rows = push_rows(&self.store, &req)?;
+        let durability = if req.wait_for_sync { Durability::Sync } else { Durability::Buffered };
+        let w = self.store.push(&req.view, rows, durability).await?;
+        Ok(Response::new(pb::PushResponse {
+            rows_written: w.rows_written,
+            rows_skipped_older: w.rows_skipped_older,
+            synced: w.synced,
+        }))
+    }
+
+    async fn list_views(&self, _request: Request<pb::ListViewsRequest>) -> Result<Response<pb::ListViewsResponse>, Status> {
+        let views = self
+            .store
+            .views()
+            .iter()
+            .map(|v| pb::FeatureViewSpec {
+                name: v.name.clone(),
+                entity: v.entity.clone(),
+                join_key: v.join_key.clone(),
+                key_type: match v.key_type {
+                    KeyType::Int64 => pb::EntityKeyType::Int64,
+                    KeyType::String => pb::EntityKeyType::String,
+                } as i32,
+                features: v
+                    .features
+                    .iter()
+                    .map(|f| pb::FeatureSpec { name: f.name.clone(), r#type: type_to_proto(f.dtype) as i32 })
+                    .collect(),
+                max_age_millis: u64::try_from(v.max_age.as_millis()).unwrap_or(u64::MAX),
+                timestamp_field: v.timestamp_field.clone(),
+            })
+            .collect();
+        Ok(Response::new(pb::ListViewsResponse { views }))
+    }
+}

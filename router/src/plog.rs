@@ -1,0 +1,114 @@
+//! The prediction log in the serving paths: every decision (primary, canary,
+//! shadow) and every OIP prediction becomes one record, handed to the log's
+//! bounded channel without waiting (a full channel drops and counts).
+use std::path::PathBuf;
+use std::time::Duration;
+
+use mesh_prediction_log::{
+    source, FeatureLogging, FeatureUsed, LogConfig, PredictionLog, PredictionLogHandle, PredictionRecord, Role, StageMicros,
+    WriterTask,
+};
+use serde::Deserialize;
+
+use crate::decide::{Outcome, OutcomeSink};
+use crate::error::RouterError;
+
+/// `[prediction_log]` of mesh.toml.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PredictionLogConfig {
+    /// Directory of the Parquet files (partitioned by date).
+    pub dir: PathBuf,
+    /// Which features each record carries: "all", "none" or a sample rate ("0.1").
+    #[serde(default = "default_features")]
+    pub features: String,
+    /// How often the write-ahead file is flushed (the crash loss window), ms.
+    #[serde(default = "default_flush_ms")]
+    pub flush_interval_ms: u64,
+    /// Records that may wait for the writer before new ones are dropped.
+    #[serde(default = "default_capacity")]
+    pub channel_capacity: usize,
+}
+
+fn default_features() -> String {
+    "all".into()
+}
+fn default_flush_ms() -> u64 {
+    200
+}
+fn default_capacity() -> usize {
+    65_536
+}
+
+/// Starts the writer.
+pub fn start(cfg: &PredictionLogConfig) -> Result<(PredictionLogHandle, WriterTask), RouterError> {
+    let mut c = LogConfig::new(&cfg.dir);
+    c.features = cfg
+        .features
+        .parse::<FeatureLogging>()
+        .map_err(|e| RouterError::InvalidArgument(format!("[prediction_log] features: {e}")))?;
+    c.flush_interval = Duration::from_millis(cfg.flush_interval_ms);
+    c.channel_capacity = cfg.channel_capacity;
+    PredictionLog::start(c).map_err(|e| RouterError::Internal(format!("prediction log at {}: {e}", cfg.dir.display())))
+}
+
+/// Sends decision outcomes to the log.
+pub struct LogSink(pub PredictionLogHandle);
+
+fn role(r: &str) -> Role {
+    match r {
+        "canary" => Role::Canary,
+        "shadow" => Role::Shadow,
+        _ => Role::Primary,
+    }
+}
+
+impl OutcomeSink for LogSink {
+    fn record(&self, o: &Outcome) {
+        let mut rec = PredictionRecord::new(&o.request_id, &o.model, o.version.map(|v| v.to_string()).unwrap_or_default(), role(o.role));
+        rec.entity_keys = o.entities.clone();
+        rec.features = Some(
+            o.features
+                .iter()
+                .map(|f| FeatureUsed { name: f.name.clone(), value: f.value, status: f.status.to_owned(), event_time_us: f.event_time_us })
+                .collect(),
+        );
+        rec.score = o.score.map(f64::from);
+        rec.decision = Some(o.decision.as_str().to_owned());
+        rec.source = o.source.as_str().to_owned();
+        let t = &o.timings;
+        rec.stages = StageMicros {
+            validate: t.validate,
+            features: t.features,
+            preprocess: t.preprocess,
+            queue: t.queue,
+            compute: t.compute,
+            postprocess: t.postprocess,
+            total: t.total,
+        };
+        self.0.record(rec);
+    }
+}
+
+/// One record per row of an OIP prediction (first output value as the score).
+#[allow(clippy::too_many_arguments)]
+pub fn record_oip(
+    log: &PredictionLogHandle,
+    request_id: &str,
+    model: &str,
+    version: u64,
+    outputs: &[f32],
+    cols: usize,
+    stages: StageMicros,
+) {
+    let rows = outputs.len() / cols.max(1);
+    for (i, row) in outputs.chunks(cols.max(1)).enumerate() {
+        let id = if rows == 1 { request_id.to_owned() } else { format!("{request_id}#{i}") };
+        let mut rec = PredictionRecord::new(id, model, version.to_string(), Role::Primary);
+        rec.features = Some(Vec::new());
+        rec.score = row.first().map(|x| f64::from(*x));
+        rec.source = source::MODEL.to_owned();
+        rec.stages = stages;
+        log.record(rec);
+    }
+}
