@@ -24,8 +24,8 @@ use arrow_array::{ArrayRef, Float32Array, Int64Array, RecordBatch, TimestampMicr
 use hdrhistogram::Histogram;
 use mesh_feature_store::service::FeatureStoreService;
 use mesh_feature_store::{
-    ingest_file, now_micros, Durability, EntityKey, FeatureStore, FetchStrategy, IngestOptions, KeyColumn, Limits,
-    LookupRequest, Row, StoreOptions, Value, ViewsConfig,
+    ingest_file, now_micros, Durability, EntityKey, FeatureStore, FetchStrategy, IngestOptions,
+    KeyColumn, Limits, LookupRequest, Row, StoreOptions, Value, ViewsConfig,
 };
 use mesh_proto::mesh::v1 as pb;
 use rand::Rng;
@@ -33,7 +33,9 @@ use rand::Rng;
 const FEATURES: usize = 16;
 
 fn views() -> Result<ViewsConfig> {
-    let feats: Vec<String> = (0..FEATURES).map(|i| format!("{{ name = \"f{i}\", type = \"f32\" }}")).collect();
+    let feats: Vec<String> = (0..FEATURES)
+        .map(|i| format!("{{ name = \"f{i}\", type = \"f32\" }}"))
+        .collect();
     let text = format!(
         "[[entities]]\nname = \"entity\"\njoin_key = \"entity_id\"\nkey_type = \"int64\"\n\n\
          [[views]]\nname = \"bench\"\nentity = \"entity\"\nmax_age = \"7d\"\nfeatures = [{}]\n",
@@ -50,11 +52,18 @@ struct Args {
 }
 
 fn args() -> Args {
-    let mut a = Args { entities: 1_000_000, seconds: 5.0, db: None, skip_grpc: false };
+    let mut a = Args {
+        entities: 1_000_000,
+        seconds: 5.0,
+        db: None,
+        skip_grpc: false,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
         match x.as_str() {
-            "--entities" => a.entities = it.next().and_then(|v| v.parse().ok()).unwrap_or(a.entities),
+            "--entities" => {
+                a.entities = it.next().and_then(|v| v.parse().ok()).unwrap_or(a.entities)
+            }
             "--seconds" => a.seconds = it.next().and_then(|v| v.parse().ok()).unwrap_or(a.seconds),
             "--db" => a.db = it.next().map(PathBuf::from),
             "--skip-grpc" => a.skip_grpc = true,
@@ -73,17 +82,32 @@ fn write_parquet(path: &Path, n: i64) -> Result<()> {
     while start < n {
         let end = (start + chunk).min(n);
         let mut cols: Vec<(String, ArrayRef)> = vec![
-            ("entity_id".into(), Arc::new(Int64Array::from_iter_values(start..end))),
-            ("event_timestamp".into(), Arc::new(TimestampMicrosecondArray::from_iter_values((start..end).map(|_| now)))),
+            (
+                "entity_id".into(),
+                Arc::new(Int64Array::from_iter_values(start..end)),
+            ),
+            (
+                "event_timestamp".into(),
+                Arc::new(TimestampMicrosecondArray::from_iter_values(
+                    (start..end).map(|_| now),
+                )),
+            ),
         ];
         for f in 0..FEATURES {
             let vals = (start..end).map(|i| (i % 1000) as f32 + f as f32);
-            cols.push((format!("f{f}"), Arc::new(Float32Array::from_iter_values(vals))));
+            cols.push((
+                format!("f{f}"),
+                Arc::new(Float32Array::from_iter_values(vals)),
+            ));
         }
         let batch = RecordBatch::try_from_iter(cols)?;
         let w = match &mut writer {
             Some(w) => w,
-            None => writer.insert(parquet::arrow::ArrowWriter::try_new(file.try_clone()?, batch.schema(), None)?),
+            None => writer.insert(parquet::arrow::ArrowWriter::try_new(
+                file.try_clone()?,
+                batch.schema(),
+                None,
+            )?),
         };
         w.write(&batch)?;
         start = end;
@@ -116,7 +140,11 @@ fn pct(h: &Histogram<u64>, q: f64) -> String {
 
 /// Pushes `rows_per_sec` rows of random keys, in 10 pushes a second... of 100 rows
 /// every 100 ms, until `stop`.
-fn spawn_writer(store: FeatureStore, entities: i64, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<u64> {
+fn spawn_writer(
+    store: FeatureStore,
+    entities: i64,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<u64> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_millis(10));
         let mut written = 0u64;
@@ -149,7 +177,13 @@ fn features() -> Vec<String> {
     (0..FEATURES).map(|i| format!("bench:f{i}")).collect()
 }
 
-async fn in_process(store: &FeatureStore, label: &str, keys: usize, a: &Args, blocking: bool) -> Result<()> {
+async fn in_process(
+    store: &FeatureStore,
+    label: &str,
+    keys: usize,
+    a: &Args,
+    blocking: bool,
+) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let writer = spawn_writer(store.clone(), a.entities, stop.clone());
     let deadline = Instant::now() + Duration::from_secs_f64(a.seconds);
@@ -160,13 +194,18 @@ async fn in_process(store: &FeatureStore, label: &str, keys: usize, a: &Args, bl
         readers.push(tokio::spawn(async move {
             let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram");
             while Instant::now() < deadline {
-                let req = LookupRequest { features: features(), entities: vec![("entity_id".into(), random_keys(keys, entities))] };
+                let req = LookupRequest {
+                    features: features(),
+                    entities: vec![("entity_id".into(), random_keys(keys, entities))],
+                };
                 let t = Instant::now();
                 let resp = if blocking {
                     let s = store.clone();
                     // Measured around the call only: the runtime hop is what the
                     // blocking variant leaves out.
-                    tokio::task::block_in_place(|| s.get_online_features_blocking(&req, now_micros()))
+                    tokio::task::block_in_place(|| {
+                        s.get_online_features_blocking(&req, now_micros())
+                    })
                 } else {
                     store.get_online_features(req).await
                 };
@@ -203,9 +242,13 @@ async fn grpc(store: &FeatureStore, keys: usize, a: &Args) -> Result<()> {
             .add_service(svc.into_server())
             // TCP_NODELAY on accepted connections: without it, Nagle plus delayed ACKs
             // add ~40 ms to small responses.
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))),
+            .serve_with_incoming(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            ),
     );
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?.connect().await?;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+        .connect()
+        .await?;
     let stop = Arc::new(AtomicBool::new(false));
     let writer = spawn_writer(store.clone(), a.entities, stop.clone());
     let deadline = Instant::now() + Duration::from_secs_f64(a.seconds);
@@ -216,15 +259,24 @@ async fn grpc(store: &FeatureStore, keys: usize, a: &Args) -> Result<()> {
         callers.push(tokio::spawn(async move {
             let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram");
             while Instant::now() < deadline {
-                let KeyColumn::Int64(ks) = random_keys(keys, entities) else { unreachable!() };
+                let KeyColumn::Int64(ks) = random_keys(keys, entities) else {
+                    unreachable!()
+                };
                 let req = pb::GetOnlineFeaturesRequest {
                     features: features(),
-                    entities: vec![pb::EntityKeyColumn { join_key: "entity_id".into(), int64_keys: ks, string_keys: vec![] }],
+                    entities: vec![pb::EntityKeyColumn {
+                        join_key: "entity_id".into(),
+                        int64_keys: ks,
+                        string_keys: vec![],
+                    }],
                 };
                 let t = Instant::now();
                 let r = client.get_online_features(req).await;
                 h.record(t.elapsed().as_nanos() as u64).ok();
-                assert_eq!(r.map(|r| r.into_inner().columns.len()).unwrap_or(0), FEATURES);
+                assert_eq!(
+                    r.map(|r| r.into_inner().columns.len()).unwrap_or(0),
+                    FEATURES
+                );
             }
             h
         }));
@@ -248,13 +300,19 @@ async fn grpc(store: &FeatureStore, keys: usize, a: &Args) -> Result<()> {
 }
 
 fn open(path: &Path, fetch: FetchStrategy) -> Result<FeatureStore> {
-    let options = StoreOptions { fetch, ..Default::default() };
+    let options = StoreOptions {
+        fetch,
+        ..Default::default()
+    };
     // A reopen waits for the previous handle's last clones (aborted server tasks)
     // to drop and release sled's lock.
     let mut tries = 0;
     loop {
         match FeatureStore::open_with(path, &views()?, options.clone()) {
-            Err(mesh_feature_store::FeatureStoreError::Open { kind: mesh_feature_store::OpenFailure::LockHeld, .. }) if tries < 50 => {
+            Err(mesh_feature_store::FeatureStoreError::Open {
+                kind: mesh_feature_store::OpenFailure::LockHeld,
+                ..
+            }) if tries < 50 => {
                 tries += 1;
                 std::thread::sleep(Duration::from_millis(200));
             }
@@ -269,31 +327,59 @@ async fn main() -> Result<()> {
     let tmp = tempfile::tempdir()?;
     let db = a.db.clone().unwrap_or_else(|| tmp.path().join("db"));
     let loaded = db.exists();
-    println!("cores={} entities={} features={FEATURES} x f32, {} s per figure", std::thread::available_parallelism()?, a.entities, a.seconds);
+    println!(
+        "cores={} entities={} features={FEATURES} x f32, {} s per figure",
+        std::thread::available_parallelism()?,
+        a.entities,
+        a.seconds
+    );
     {
         let store = open(&db, FetchStrategy::KeyOrder)?;
         if !loaded {
             let pq = tmp.path().join("bench.parquet");
             write_parquet(&pq, a.entities)?;
-            let r = tokio::task::block_in_place(|| ingest_file(&store, "bench", &pq, &IngestOptions::default()))?;
-            println!("ingest parquet: {} rows in {:.1} s = {:.0} rows/s", r.rows_read, r.elapsed.as_secs_f64(), r.rows_per_sec);
+            let r = tokio::task::block_in_place(|| {
+                ingest_file(&store, "bench", &pq, &IngestOptions::default())
+            })?;
+            println!(
+                "ingest parquet: {} rows in {:.1} s = {:.0} rows/s",
+                r.rows_read,
+                r.elapsed.as_secs_f64(),
+                r.rows_per_sec
+            );
             let csv = tmp.path().join("bench.csv");
             write_csv(&csv, 200_000)?;
-            let r = tokio::task::block_in_place(|| ingest_file(&store, "bench", &csv, &IngestOptions::default()))?;
-            println!("ingest csv:     {} rows in {:.1} s = {:.0} rows/s", r.rows_read, r.elapsed.as_secs_f64(), r.rows_per_sec);
+            let r = tokio::task::block_in_place(|| {
+                ingest_file(&store, "bench", &csv, &IngestOptions::default())
+            })?;
+            println!(
+                "ingest csv:     {} rows in {:.1} s = {:.0} rows/s",
+                r.rows_read,
+                r.elapsed.as_secs_f64(),
+                r.rows_per_sec
+            );
         }
-        println!("store size on disk: {} MB", store.size_on_disk()? / 1_000_000);
+        println!(
+            "store size on disk: {} MB",
+            store.size_on_disk()? / 1_000_000
+        );
         // Warm sled's cache: one pass over the view.
         let t = Instant::now();
         let n = tokio::task::block_in_place(|| store.scan_view("bench").map(|it| it.count()))?;
-        println!("warm-up scan: {n} rows in {:.1} s", t.elapsed().as_secs_f64());
+        println!(
+            "warm-up scan: {n} rows in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
         // Quiet reference: one thread, no writer, no runtime hop: the intrinsic cost.
         for keys in [1, 100] {
             let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
             let deadline = Instant::now() + Duration::from_secs_f64(a.seconds.min(3.0));
             tokio::task::block_in_place(|| {
                 while Instant::now() < deadline {
-                    let req = LookupRequest { features: features(), entities: vec![("entity_id".into(), random_keys(keys, a.entities))] };
+                    let req = LookupRequest {
+                        features: features(),
+                        entities: vec![("entity_id".into(), random_keys(keys, a.entities))],
+                    };
                     let t = Instant::now();
                     let r = store.get_online_features_blocking(&req, now_micros());
                     h.record(t.elapsed().as_nanos() as u64).ok();
@@ -317,7 +403,10 @@ async fn main() -> Result<()> {
             }
         }
     }
-    let par = FetchStrategy::Parallel { tasks: NonZeroUsize::new(2).unwrap_or(NonZeroUsize::MIN), min_keys: 1 };
+    let par = FetchStrategy::Parallel {
+        tasks: NonZeroUsize::new(2).unwrap_or(NonZeroUsize::MIN),
+        min_keys: 1,
+    };
     let store = open(&db, par)?;
     tokio::task::block_in_place(|| store.scan_view("bench").map(|it| it.count()))?;
     for keys in [10, 100, 1000] {

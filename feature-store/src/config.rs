@@ -118,7 +118,10 @@ impl ViewsConfig {
                 features: v.features,
             });
         }
-        let cfg = ViewsConfig { entities: raw.entities, views };
+        let cfg = ViewsConfig {
+            entities: raw.entities,
+            views,
+        };
         cfg.validate()?;
         Ok(cfg)
     }
@@ -147,7 +150,10 @@ impl ViewsConfig {
                 return bad(format!("view {:?} is declared twice", v.name));
             }
             let Some(entity) = self.entity(&v.entity) else {
-                return bad(format!("view {:?} names unknown entity {:?}", v.name, v.entity));
+                return bad(format!(
+                    "view {:?} names unknown entity {:?}",
+                    v.name, v.entity
+                ));
             };
             check_name("timestamp field", &v.timestamp_field)?;
             if v.max_age.is_zero() {
@@ -164,7 +170,10 @@ impl ViewsConfig {
             for f in &v.features {
                 check_name("feature", &f.name)?;
                 if !fnames.insert(f.name.as_str()) {
-                    return bad(format!("view {:?}: feature {:?} is declared twice", v.name, f.name));
+                    return bad(format!(
+                        "view {:?}: feature {:?} is declared twice",
+                        v.name, f.name
+                    ));
                 }
                 // Ingest files carry the join key and timestamp as columns next to the
                 // features; a feature with the same name would be ambiguous.
@@ -198,9 +207,9 @@ pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like \"500ms\", \"90s\", \"30m\", \"1h\", \"7d\""))?;
+    let n: u64 = num.parse().map_err(|_| {
+        format!("{s:?} is not a duration like \"500ms\", \"90s\", \"30m\", \"1h\", \"7d\"")
+    })?;
     let secs = |mult: u64| {
         n.checked_mul(mult)
             .map(Duration::from_secs)
@@ -217,6 +226,7 @@ pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -241,7 +251,9 @@ key_type = "int64"
         let unknown = format!(
             "{base}\n[[views]]\nname = \"v\"\nentity = \"merchant\"\nmax_age = \"1h\"\nfeatures = [{{ name = \"a\", type = \"f32\" }}]\n"
         );
-        let err = ViewsConfig::from_toml_str(&unknown).unwrap_err().to_string();
+        let err = ViewsConfig::from_toml_str(&unknown)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("unknown entity"), "{err}");
         let dup = format!(
             "{base}\n[[views]]\nname = \"v\"\nentity = \"card\"\nmax_age = \"1h\"\nfeatures = [{{ name = \"a\", type = \"f32\" }}, {{ name = \"a\", type = \"i64\" }}]\n"

@@ -26,22 +26,38 @@ pub struct DemoReport {
 /// Writes `n_cards` rows to view `card` and `n_merchants` rows to view `merchant`
 /// (a view that is not declared is skipped), deterministically from `seed` except
 /// for event times, which are relative to now. Blocking; flushes at the end.
-pub fn generate_demo_features(store: &FeatureStore, n_cards: u64, n_merchants: u64, seed: u64) -> Result<DemoReport> {
+pub fn generate_demo_features(
+    store: &FeatureStore,
+    n_cards: u64,
+    n_merchants: u64,
+    seed: u64,
+) -> Result<DemoReport> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut report = DemoReport { cards: 0, merchants: 0 };
+    let mut report = DemoReport {
+        cards: 0,
+        merchants: 0,
+    };
     if let Ok(v) = store.view("card") {
         let v = v.clone();
         report.cards = fill(store, &v, n_cards, &mut rng, |i| EntityKey::Int64(i as i64))?;
     }
     if let Ok(v) = store.view("merchant") {
         let v = v.clone();
-        report.merchants = fill(store, &v, n_merchants, &mut rng, |i| EntityKey::String(demo_merchant_key(i)))?;
+        report.merchants = fill(store, &v, n_merchants, &mut rng, |i| {
+            EntityKey::String(demo_merchant_key(i))
+        })?;
     }
     store.flush()?;
     Ok(report)
 }
 
-fn fill(store: &FeatureStore, v: &ViewInfo, n: u64, rng: &mut StdRng, key: impl Fn(u64) -> EntityKey) -> Result<u64> {
+fn fill(
+    store: &FeatureStore,
+    v: &ViewInfo,
+    n: u64,
+    rng: &mut StdRng,
+    key: impl Fn(u64) -> EntityKey,
+) -> Result<u64> {
     const BATCH: usize = 10_000;
     let now = now_micros();
     let max_age = v.max_age_micros();
@@ -49,13 +65,27 @@ fn fill(store: &FeatureStore, v: &ViewInfo, n: u64, rng: &mut StdRng, key: impl 
     for i in 1..=n {
         let stale = rng.random_bool(0.02);
         // Fresh rows are up to half of max_age old; stale ones 1.5-3x max_age.
-        let age = if stale { rng.random_range(max_age + max_age / 2..=max_age.saturating_mul(3)) } else { rng.random_range(0..=max_age / 2) };
+        let age = if stale {
+            rng.random_range(max_age + max_age / 2..=max_age.saturating_mul(3))
+        } else {
+            rng.random_range(0..=max_age / 2)
+        };
         let values = v
             .features
             .iter()
-            .map(|f| if rng.random_bool(0.01) { None } else { Some(random_value(rng, f.dtype, &f.name)) })
+            .map(|f| {
+                if rng.random_bool(0.01) {
+                    None
+                } else {
+                    Some(random_value(rng, f.dtype, &f.name))
+                }
+            })
             .collect();
-        batch.push(Row { key: key(i), event_time: now - age, values });
+        batch.push(Row {
+            key: key(i),
+            event_time: now - age,
+            values,
+        });
         if batch.len() == BATCH {
             store.write_rows(&v.name, &batch, Durability::Buffered)?;
             batch.clear();
@@ -76,7 +106,11 @@ fn random_value(rng: &mut StdRng, t: FeatureType, name: &str) -> Value {
         FeatureType::I64 if name.contains("tier") => Value::I64(rng.random_range(0..4)),
         FeatureType::I64 => Value::I64(rng.random_range(0..60)),
         FeatureType::Bool => Value::Bool(rng.random_bool(0.1)),
-        FeatureType::String => Value::String(["US", "GB", "DE", "FR", "BR"][rng.random_range(0..5)].to_owned()),
-        FeatureType::F32Vector => Value::F32Vector((0..8).map(|_| rng.random_range(-1.0..1.0)).collect()),
+        FeatureType::String => {
+            Value::String(["US", "GB", "DE", "FR", "BR"][rng.random_range(0..5)].to_owned())
+        }
+        FeatureType::F32Vector => {
+            Value::F32Vector((0..8).map(|_| rng.random_range(-1.0..1.0)).collect())
+        }
     }
 }

@@ -116,7 +116,9 @@ pub fn encode_value<'a>(
 pub fn decode_event_time(bytes: &[u8]) -> Result<Micros, String> {
     check_version(bytes)?;
     let raw = bytes.get(1..9).ok_or("value shorter than its header")?;
-    Ok(i64::from_le_bytes(raw.try_into().map_err(|_| "bad header")?))
+    Ok(i64::from_le_bytes(
+        raw.try_into().map_err(|_| "bad header")?,
+    ))
 }
 
 fn check_version(bytes: &[u8]) -> Result<(), String> {
@@ -234,6 +236,7 @@ fn take<const N: usize>(bytes: &[u8], at: usize) -> Result<[u8; N], String> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -269,12 +272,18 @@ mod tests {
         let mut got = Vec::new();
         let t = decode_value(&bytes, |id, f| got.push((id, f.to_value()))).unwrap();
         assert_eq!(t, 123);
-        let want: Vec<_> = vals.iter().enumerate().map(|(i, v)| (i as u16 * 3, v.clone())).collect();
+        let want: Vec<_> = vals
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (i as u16 * 3, v.clone()))
+            .collect();
         assert_eq!(got, want);
 
         let mut newer = bytes.clone();
         newer[0] = 2;
-        assert!(decode_value(&newer, |_, _| {}).unwrap_err().contains("version 2"));
+        assert!(decode_value(&newer, |_, _| {})
+            .unwrap_err()
+            .contains("version 2"));
         assert!(decode_value(&bytes[..bytes.len() - 2], |_, _| {}).is_err());
     }
 }

@@ -28,7 +28,11 @@ pub enum FeatureStoreError {
     RegistryConflict { what: String },
 
     #[error("{}", open_message(path, *kind, detail))]
-    Open { path: PathBuf, kind: OpenFailure, detail: String },
+    Open {
+        path: PathBuf,
+        kind: OpenFailure,
+        detail: String,
+    },
 
     #[error("unknown feature view {0:?}")]
     UnknownView(String),
@@ -42,7 +46,12 @@ pub enum FeatureStoreError {
 
     /// A request larger than a configured limit; the message names the limit.
     #[error("{what} is {got}, over the limit of {limit} ({setting})")]
-    LimitExceeded { what: &'static str, got: usize, limit: usize, setting: &'static str },
+    LimitExceeded {
+        what: &'static str,
+        got: usize,
+        limit: usize,
+        setting: &'static str,
+    },
 
     /// A stored value this build cannot decode (a newer encoding version, or damage).
     #[error("stored value for view {view:?} cannot be decoded: {what}")]
@@ -55,7 +64,10 @@ pub enum FeatureStoreError {
     Ingest { path: PathBuf, what: String },
 
     #[error("I/O error on {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 
     /// A blocking read task died (panic or runtime shutdown).
     #[error("internal error: {0}")]

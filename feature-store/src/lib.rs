@@ -28,5 +28,9 @@ pub use error::{FeatureStoreError, OpenFailure, Result};
 pub use ingest::{ingest_file, ingest_file_observed, BatchCommitted, IngestOptions, IngestReport};
 pub use lookup::{ColumnValues, FeatureColumn, KeyColumn, LookupRequest, LookupResponse};
 pub use registry::{FeatureInfo, ViewInfo};
-pub use store::{FeatureStore, FetchStrategy, Limits, StoreOptions, WriteReport, MAX_STRING_KEY_BYTES};
-pub use types::{now_micros, Durability, EntityKey, FeatureStatus, FeatureType, KeyType, Micros, Row, Value};
+pub use store::{
+    FeatureStore, FetchStrategy, Limits, StoreOptions, WriteReport, MAX_STRING_KEY_BYTES,
+};
+pub use types::{
+    now_micros, Durability, EntityKey, FeatureStatus, FeatureType, KeyType, Micros, Row, Value,
+};

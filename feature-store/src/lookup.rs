@@ -60,7 +60,10 @@ pub struct LookupRequest {
 
 impl LookupRequest {
     pub fn new(features: impl IntoIterator<Item = impl Into<String>>) -> Self {
-        LookupRequest { features: features.into_iter().map(Into::into).collect(), entities: Vec::new() }
+        LookupRequest {
+            features: features.into_iter().map(Into::into).collect(),
+            entities: Vec::new(),
+        }
     }
 
     pub fn with_keys(mut self, join_key: impl Into<String>, keys: KeyColumn) -> Self {
@@ -172,7 +175,11 @@ impl FeatureStore {
 
     /// [`Self::get_online_features`] under other limits than the store's (the gRPC
     /// service has its own).
-    pub async fn get_online_features_with_limits(&self, req: LookupRequest, limits: &Limits) -> Result<LookupResponse> {
+    pub async fn get_online_features_with_limits(
+        &self,
+        req: LookupRequest,
+        limits: &Limits,
+    ) -> Result<LookupResponse> {
         let start = Instant::now();
         let plan = plan(&self.inner, &req, limits)?;
         let keys = plan.rows * plan.groups.len();
@@ -196,11 +203,15 @@ impl FeatureStore {
             for c in 0..chunks {
                 let range = (c * per)..((c + 1) * per).min(plan.rows);
                 let (inner, req2, plan2) = (self.inner.clone(), req.clone(), plan.clone());
-                tasks.push(tokio::task::spawn_blocking(move || fetch(&inner, &req2, &plan2, range, now)));
+                tasks.push(tokio::task::spawn_blocking(move || {
+                    fetch(&inner, &req2, &plan2, range, now)
+                }));
             }
             let mut parts = Vec::with_capacity(chunks);
             for t in tasks {
-                parts.push(t.await.map_err(|e| FeatureStoreError::Internal(format!("lookup task failed: {e}")))??);
+                parts.push(t.await.map_err(|e| {
+                    FeatureStoreError::Internal(format!("lookup task failed: {e}"))
+                })??);
             }
             concat(parts)
         };
@@ -210,17 +221,32 @@ impl FeatureStore {
 
     /// The same lookup on the calling thread (for callers already off the async
     /// runtime, and benchmarks). `now` is the time freshness is judged against.
-    pub fn get_online_features_blocking(&self, req: &LookupRequest, now: Micros) -> Result<LookupResponse> {
+    pub fn get_online_features_blocking(
+        &self,
+        req: &LookupRequest,
+        now: Micros,
+    ) -> Result<LookupResponse> {
         let start = Instant::now();
         let plan = plan(&self.inner, req, &self.inner.options.limits)?;
         let resp = fetch(&self.inner, req, &plan, 0..plan.rows, now)?;
-        finish(&self.inner, &plan, &resp, start.elapsed(), plan.rows * plan.groups.len());
+        finish(
+            &self.inner,
+            &plan,
+            &resp,
+            start.elapsed(),
+            plan.rows * plan.groups.len(),
+        );
         Ok(resp)
     }
-
 }
 
-fn finish(inner: &Inner, plan: &Plan, resp: &LookupResponse, elapsed: std::time::Duration, keys: usize) {
+fn finish(
+    inner: &Inner,
+    plan: &Plan,
+    resp: &LookupResponse,
+    elapsed: std::time::Duration,
+    keys: usize,
+) {
     m::record_lookup(elapsed, keys);
     for g in &plan.groups {
         let mut counts = [0u64; 4];
@@ -249,15 +275,25 @@ fn plan(inner: &Inner, req: &LookupRequest, limits: &Limits) -> Result<Plan> {
         let gi = match groups.iter().position(|g| g.view == vi) {
             Some(gi) => gi,
             None => {
-                let Some(key_column) = req.entities.iter().position(|(jk, _)| *jk == v.join_key) else {
-                    return invalid(format!("lookup lacks the {:?} key column that view {view:?} needs", v.join_key));
+                let Some(key_column) = req.entities.iter().position(|(jk, _)| *jk == v.join_key)
+                else {
+                    return invalid(format!(
+                        "lookup lacks the {:?} key column that view {view:?} needs",
+                        v.join_key
+                    ));
                 };
                 let max_id = v.features.iter().map(|f| f.id as usize).max().unwrap_or(0);
-                groups.push(Group { view: vi, key_column, column_by_id: vec![None; max_id + 1], columns: Vec::new() });
+                groups.push(Group {
+                    view: vi,
+                    key_column,
+                    column_by_id: vec![None; max_id + 1],
+                    columns: Vec::new(),
+                });
                 groups.len() - 1
             }
         };
-        let mut add = |f: &crate::registry::FeatureInfo, columns: &mut Vec<(String, FeatureType)>| {
+        let mut add = |f: &crate::registry::FeatureInfo,
+                       columns: &mut Vec<(String, FeatureType)>| {
             let g = &mut groups[gi];
             // A feature asked for twice is answered once per ask; the later column
             // is filled from the same read.
@@ -273,16 +309,24 @@ fn plan(inner: &Inner, req: &LookupRequest, limits: &Limits) -> Result<Plan> {
                 add(f, &mut columns);
             }
         } else {
-            let f = v.feature_index(feature).map(|i| &v.features[i]).ok_or_else(|| {
-                FeatureStoreError::UnknownFeature { view: view.to_owned(), feature: feature.to_owned() }
-            })?;
+            let f = v
+                .feature_index(feature)
+                .map(|i| &v.features[i])
+                .ok_or_else(|| FeatureStoreError::UnknownFeature {
+                    view: view.to_owned(),
+                    feature: feature.to_owned(),
+                })?;
             add(f, &mut columns);
         }
     }
     let rows = req.entities.first().map(|(_, k)| k.len()).unwrap_or(0);
     for (jk, keys) in &req.entities {
         if keys.len() != rows {
-            return invalid(format!("key column {jk:?} has {} keys, {:?} has {rows}", keys.len(), req.entities[0].0));
+            return invalid(format!(
+                "key column {jk:?} has {} keys, {:?} has {rows}",
+                keys.len(),
+                req.entities[0].0
+            ));
         }
     }
     if rows == 0 {
@@ -300,26 +344,48 @@ fn plan(inner: &Inner, req: &LookupRequest, limits: &Limits) -> Result<Plan> {
     for g in &groups {
         let v = &inner.views[g.view];
         let (jk, keys) = &req.entities[g.key_column];
-        let bad = |i: usize, e: String| FeatureStoreError::InvalidArgument(format!("{jk}[{i}]: {e}"));
+        let bad =
+            |i: usize, e: String| FeatureStoreError::InvalidArgument(format!("{jk}[{i}]: {e}"));
         match (v.key_type, keys) {
             // Int64 keys of an int64 view are always valid: skip the per-key check.
             (crate::types::KeyType::Int64, KeyColumn::Int64(_)) => {}
-            (_, KeyColumn::Int64(_)) => return Err(bad(0, validate_key(v, &keys.key(0)).err().unwrap_or_default())),
+            (_, KeyColumn::Int64(_)) => {
+                return Err(bad(
+                    0,
+                    validate_key(v, &keys.key(0)).err().unwrap_or_default(),
+                ))
+            }
             (_, KeyColumn::String(ks)) => {
                 for (i, k) in ks.iter().enumerate() {
-                    if k.is_empty() || k.len() > crate::store::MAX_STRING_KEY_BYTES || v.key_type != crate::types::KeyType::String {
-                        return Err(bad(i, validate_key(v, &keys.key(i)).err().unwrap_or_default()));
+                    if k.is_empty()
+                        || k.len() > crate::store::MAX_STRING_KEY_BYTES
+                        || v.key_type != crate::types::KeyType::String
+                    {
+                        return Err(bad(
+                            i,
+                            validate_key(v, &keys.key(i)).err().unwrap_or_default(),
+                        ));
                     }
                 }
             }
         }
     }
     // Duplicate asks of one feature share a read: fill them after the fetch.
-    Ok(Plan { rows, columns, groups })
+    Ok(Plan {
+        rows,
+        columns,
+        groups,
+    })
 }
 
 /// Reads rows `range` of the plan and answers them (columns of `range.len()`).
-fn fetch(inner: &Inner, req: &LookupRequest, plan: &Plan, range: std::ops::Range<usize>, now: Micros) -> Result<LookupResponse> {
+fn fetch(
+    inner: &Inner,
+    req: &LookupRequest,
+    plan: &Plan,
+    range: std::ops::Range<usize>,
+    now: Micros,
+) -> Result<LookupResponse> {
     let n = range.len();
     let mut cols: Vec<FeatureColumn> = plan
         .columns
@@ -356,15 +422,24 @@ fn fetch(inner: &Inner, req: &LookupRequest, plan: &Plan, range: std::ops::Range
         let max_age = v.max_age_micros();
         for &i in &order {
             let (o, l) = offsets[i];
-            let Some(bytes) = inner.rows.get(&keybuf[o..o + l])? else { continue };
-            let event_time = encoding::decode_event_time(&bytes)
-                .map_err(|what| FeatureStoreError::Decode { view: v.name.clone(), what })?;
+            let Some(bytes) = inner.rows.get(&keybuf[o..o + l])? else {
+                continue;
+            };
+            let event_time =
+                encoding::decode_event_time(&bytes).map_err(|what| FeatureStoreError::Decode {
+                    view: v.name.clone(),
+                    what,
+                })?;
             let stale = now.saturating_sub(event_time) > max_age;
             for &c in &g.columns {
                 cols[c].statuses[i] = FeatureStatus::Null;
                 cols[c].event_times[i] = event_time;
             }
-            let status = if stale { FeatureStatus::OutsideMaxAge } else { FeatureStatus::Present };
+            let status = if stale {
+                FeatureStatus::OutsideMaxAge
+            } else {
+                FeatureStatus::Present
+            };
             let mut mismatch = None;
             encoding::decode_value(&bytes, |id, field| {
                 if let Some(Some(c)) = g.column_by_id.get(id as usize) {
@@ -375,7 +450,10 @@ fn fetch(inner: &Inner, req: &LookupRequest, plan: &Plan, range: std::ops::Range
                     }
                 }
             })
-            .map_err(|what| FeatureStoreError::Decode { view: v.name.clone(), what })?;
+            .map_err(|what| FeatureStoreError::Decode {
+                view: v.name.clone(),
+                what,
+            })?;
             if let Some((id, t)) = mismatch {
                 return Err(FeatureStoreError::Decode {
                     view: v.name.clone(),
@@ -393,21 +471,36 @@ fn fetch(inner: &Inner, req: &LookupRequest, plan: &Plan, range: std::ops::Range
         for &c in &g.columns {
             if let Some(first) = first_column_for(g, &plan.columns, c) {
                 if first != c {
-                    cols[c] = FeatureColumn { name: cols[c].name.clone(), ..cols[first].clone() };
+                    cols[c] = FeatureColumn {
+                        name: cols[c].name.clone(),
+                        ..cols[first].clone()
+                    };
                 }
             }
         }
     }
-    Ok(LookupResponse { rows: n, columns: cols })
+    Ok(LookupResponse {
+        rows: n,
+        columns: cols,
+    })
 }
 
 fn first_column_for(g: &Group, columns: &[(String, FeatureType)], c: usize) -> Option<usize> {
-    g.column_by_id.iter().flatten().copied().find(|&f| columns[f].0 == columns[c].0)
+    g.column_by_id
+        .iter()
+        .flatten()
+        .copied()
+        .find(|&f| columns[f].0 == columns[c].0)
 }
 
 fn concat(parts: Vec<LookupResponse>) -> LookupResponse {
     let mut it = parts.into_iter();
-    let Some(mut acc) = it.next() else { return LookupResponse { rows: 0, columns: Vec::new() } };
+    let Some(mut acc) = it.next() else {
+        return LookupResponse {
+            rows: 0,
+            columns: Vec::new(),
+        };
+    };
     for p in it {
         acc.rows += p.rows;
         for (a, b) in acc.columns.iter_mut().zip(p.columns) {

@@ -25,11 +25,14 @@ pub const LOOKUP_SECONDS_BUCKETS: &[f64] = &[
 ];
 /// Keys per lookup: the router sends one to a few per decision, batch callers up
 /// to the limit (4096 by default).
-pub const KEYS_PER_LOOKUP_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 4096.0];
+pub const KEYS_PER_LOOKUP_BUCKETS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 4096.0,
+];
 /// Push latency: buffered pushes cost like a lookup; synced ones add an fsync
 /// (milliseconds).
-pub const PUSH_SECONDS_BUCKETS: &[f64] =
-    &[0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5];
+pub const PUSH_SECONDS_BUCKETS: &[f64] = &[
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,
+];
 
 /// `(metric name, buckets)` for every histogram of this crate, for the exporter.
 pub fn histogram_buckets() -> [(&'static str, &'static [f64]); 3] {
@@ -64,9 +67,11 @@ pub(crate) fn record_push_latency(durability: Durability, elapsed: Duration) {
 }
 
 pub(crate) fn record_rows_written(view: &str, path: &'static str, written: u64, skipped: u64) {
-    metrics::counter!(ROWS_WRITTEN_TOTAL, "view" => view.to_owned(), "path" => path).increment(written);
+    metrics::counter!(ROWS_WRITTEN_TOTAL, "view" => view.to_owned(), "path" => path)
+        .increment(written);
     if skipped > 0 {
-        metrics::counter!(ROWS_SKIPPED_TOTAL, "view" => view.to_owned(), "path" => path).increment(skipped);
+        metrics::counter!(ROWS_SKIPPED_TOTAL, "view" => view.to_owned(), "path" => path)
+            .increment(skipped);
     }
 }
 

@@ -82,7 +82,11 @@ impl ViewInfo {
 
 /// Reconciles `config` with the registry in `db`, records the result, and returns
 /// the live views in the file's order.
-pub fn reconcile(db: &sled::Db, config: &ViewsConfig, path: &std::path::Path) -> Result<Vec<ViewInfo>> {
+pub fn reconcile(
+    db: &sled::Db,
+    config: &ViewsConfig,
+    path: &std::path::Path,
+) -> Result<Vec<ViewInfo>> {
     let tree = db.open_tree(REGISTRY_TREE)?;
     if let Some(v) = tree.get(KEY_ENCODING)? {
         if v.as_ref() != [ENCODING_VERSION] {
@@ -100,16 +104,21 @@ pub fn reconcile(db: &sled::Db, config: &ViewsConfig, path: &std::path::Path) ->
         let rv: RecordedView = serde_json::from_slice(&v).map_err(|e| FeatureStoreError::Open {
             path: path.to_path_buf(),
             kind: crate::error::OpenFailure::Corrupt,
-            detail: format!("registry entry {:?} is unreadable: {e}", String::from_utf8_lossy(&k)),
+            detail: format!(
+                "registry entry {:?} is unreadable: {e}",
+                String::from_utf8_lossy(&k)
+            ),
         })?;
         recorded.insert(rv.name.clone(), rv);
     }
     let mut next_view_id = match tree.get(KEY_NEXT_VIEW_ID)? {
-        Some(v) => u32::from_be_bytes(v.as_ref().try_into().map_err(|_| FeatureStoreError::Open {
-            path: path.to_path_buf(),
-            kind: crate::error::OpenFailure::Corrupt,
-            detail: "registry next_view_id is malformed".into(),
-        })?),
+        Some(v) => {
+            u32::from_be_bytes(v.as_ref().try_into().map_err(|_| FeatureStoreError::Open {
+                path: path.to_path_buf(),
+                kind: crate::error::OpenFailure::Corrupt,
+                detail: "registry next_view_id is malformed".into(),
+            })?)
+        }
         None => 1,
     };
 
@@ -120,9 +129,12 @@ pub fn reconcile(db: &sled::Db, config: &ViewsConfig, path: &std::path::Path) ->
             Some(old) => merge_view(old, vc, config)?,
             None => {
                 let id = next_view_id;
-                next_view_id = next_view_id.checked_add(1).ok_or_else(|| FeatureStoreError::Config {
-                    what: "out of view ids".into(),
-                })?;
+                next_view_id =
+                    next_view_id
+                        .checked_add(1)
+                        .ok_or_else(|| FeatureStoreError::Config {
+                            what: "out of view ids".into(),
+                        })?;
                 new_view(id, vc, config)?
             }
         };
@@ -138,7 +150,8 @@ pub fn reconcile(db: &sled::Db, config: &ViewsConfig, path: &std::path::Path) ->
 
     let mut batch = sled::Batch::default();
     for rv in &updated {
-        let json = serde_json::to_vec(rv).map_err(|e| FeatureStoreError::Internal(e.to_string()))?;
+        let json =
+            serde_json::to_vec(rv).map_err(|e| FeatureStoreError::Internal(e.to_string()))?;
         batch.insert(format!("{VIEW_KEY_PREFIX}{}", rv.name).as_bytes(), json);
     }
     batch.insert(KEY_NEXT_VIEW_ID, &next_view_id.to_be_bytes());
@@ -148,10 +161,15 @@ pub fn reconcile(db: &sled::Db, config: &ViewsConfig, path: &std::path::Path) ->
     Ok(live)
 }
 
-fn entity_of<'a>(vc: &ViewConfig, config: &'a ViewsConfig) -> Result<&'a crate::config::EntityConfig> {
-    config.entity(&vc.entity).ok_or_else(|| FeatureStoreError::Config {
-        what: format!("view {:?} names unknown entity {:?}", vc.name, vc.entity),
-    })
+fn entity_of<'a>(
+    vc: &ViewConfig,
+    config: &'a ViewsConfig,
+) -> Result<&'a crate::config::EntityConfig> {
+    config
+        .entity(&vc.entity)
+        .ok_or_else(|| FeatureStoreError::Config {
+            what: format!("view {:?} names unknown entity {:?}", vc.name, vc.entity),
+        })
 }
 
 fn new_view(id: u32, vc: &ViewConfig, config: &ViewsConfig) -> Result<RecordedView> {
@@ -160,7 +178,12 @@ fn new_view(id: u32, vc: &ViewConfig, config: &ViewsConfig) -> Result<RecordedVi
         .features
         .iter()
         .enumerate()
-        .map(|(i, f)| RecordedFeature { id: i as u16, name: f.name.clone(), dtype: f.dtype, retired: false })
+        .map(|(i, f)| RecordedFeature {
+            id: i as u16,
+            name: f.name.clone(),
+            dtype: f.dtype,
+            retired: false,
+        })
         .collect();
     Ok(RecordedView {
         id,
@@ -175,7 +198,11 @@ fn new_view(id: u32, vc: &ViewConfig, config: &ViewsConfig) -> Result<RecordedVi
     })
 }
 
-fn merge_view(mut old: RecordedView, vc: &ViewConfig, config: &ViewsConfig) -> Result<RecordedView> {
+fn merge_view(
+    mut old: RecordedView,
+    vc: &ViewConfig,
+    config: &ViewsConfig,
+) -> Result<RecordedView> {
     let entity = entity_of(vc, config)?;
     if old.key_type != entity.key_type {
         return Err(FeatureStoreError::RegistryConflict {
@@ -185,9 +212,18 @@ fn merge_view(mut old: RecordedView, vc: &ViewConfig, config: &ViewsConfig) -> R
             ),
         });
     }
-    let mut next_id = old.features.iter().map(|f| f.id as u32 + 1).max().unwrap_or(0);
-    let previously_live: HashMap<String, FeatureType> =
-        old.features.iter().filter(|f| !f.retired).map(|f| (f.name.clone(), f.dtype)).collect();
+    let mut next_id = old
+        .features
+        .iter()
+        .map(|f| f.id as u32 + 1)
+        .max()
+        .unwrap_or(0);
+    let previously_live: HashMap<String, FeatureType> = old
+        .features
+        .iter()
+        .filter(|f| !f.retired)
+        .map(|f| (f.name.clone(), f.dtype))
+        .collect();
     for f in &mut old.features {
         f.retired = true;
     }
@@ -204,20 +240,40 @@ fn merge_view(mut old: RecordedView, vc: &ViewConfig, config: &ViewsConfig) -> R
         }
         // A live or retired feature of the same name and type keeps its id (and data);
         // a retired one re-declared with another type gets a fresh id.
-        match old.features.iter_mut().find(|f| f.name == fc.name && f.dtype == fc.dtype) {
+        match old
+            .features
+            .iter_mut()
+            .find(|f| f.name == fc.name && f.dtype == fc.dtype)
+        {
             Some(f) => f.retired = false,
             None => {
                 let id = u16::try_from(next_id).map_err(|_| FeatureStoreError::Config {
                     what: format!("view {:?} is out of feature ids", vc.name),
                 })?;
                 next_id += 1;
-                old.features.push(RecordedFeature { id, name: fc.name.clone(), dtype: fc.dtype, retired: false });
+                old.features.push(RecordedFeature {
+                    id,
+                    name: fc.name.clone(),
+                    dtype: fc.dtype,
+                    retired: false,
+                });
             }
         }
     }
     // Keep the file's order for live features, retired ones after them.
-    let order: HashMap<&str, usize> = vc.features.iter().enumerate().map(|(i, f)| (f.name.as_str(), i)).collect();
-    old.features.sort_by_key(|f| if f.retired { usize::MAX } else { order.get(f.name.as_str()).copied().unwrap_or(usize::MAX) });
+    let order: HashMap<&str, usize> = vc
+        .features
+        .iter()
+        .enumerate()
+        .map(|(i, f)| (f.name.as_str(), i))
+        .collect();
+    old.features.sort_by_key(|f| {
+        if f.retired {
+            usize::MAX
+        } else {
+            order.get(f.name.as_str()).copied().unwrap_or(usize::MAX)
+        }
+    });
     old.entity = entity.name.clone();
     old.join_key = entity.join_key.clone();
     old.max_age_micros = u64::try_from(vc.max_age.as_micros()).unwrap_or(u64::MAX);
@@ -239,7 +295,11 @@ fn to_info(rv: &RecordedView) -> ViewInfo {
             .features
             .iter()
             .filter(|f| !f.retired)
-            .map(|f| FeatureInfo { id: f.id, name: f.name.clone(), dtype: f.dtype })
+            .map(|f| FeatureInfo {
+                id: f.id,
+                name: f.name.clone(),
+                dtype: f.dtype,
+            })
             .collect(),
     }
 }

@@ -38,25 +38,36 @@ fn invalid(s: impl Into<String>) -> FeatureStoreError {
     FeatureStoreError::InvalidArgument(s.into())
 }
 
-pub(crate) fn lookup_from_proto(req: pb::GetOnlineFeaturesRequest) -> Result<LookupRequest, FeatureStoreError> {
+pub(crate) fn lookup_from_proto(
+    req: pb::GetOnlineFeaturesRequest,
+) -> Result<LookupRequest, FeatureStoreError> {
     let mut entities: Vec<(String, KeyColumn)> = Vec::with_capacity(req.entities.len());
     for col in req.entities {
         if col.join_key.is_empty() {
             return Err(invalid("an entity key column has no join_key"));
         }
         if entities.iter().any(|(jk, _)| *jk == col.join_key) {
-            return Err(invalid(format!("entity key column {:?} is given twice", col.join_key)));
+            return Err(invalid(format!(
+                "entity key column {:?} is given twice",
+                col.join_key
+            )));
         }
         let keys = match (col.int64_keys.is_empty(), col.string_keys.is_empty()) {
             (false, false) => {
-                return Err(invalid(format!("entity key column {:?} has both int64 and string keys", col.join_key)))
+                return Err(invalid(format!(
+                    "entity key column {:?} has both int64 and string keys",
+                    col.join_key
+                )))
             }
             (_, true) => KeyColumn::Int64(col.int64_keys),
             (true, false) => KeyColumn::String(col.string_keys),
         };
         entities.push((col.join_key, keys));
     }
-    Ok(LookupRequest { features: req.features, entities })
+    Ok(LookupRequest {
+        features: req.features,
+        entities,
+    })
 }
 
 fn type_to_proto(t: FeatureType) -> pb::FeatureType {
@@ -98,7 +109,10 @@ pub(crate) fn lookup_to_proto(resp: LookupResponse) -> pb::GetOnlineFeaturesResp
                 ColumnValues::Bool(v) => out.bool_values = v,
                 ColumnValues::String(v) => out.string_values = v,
                 ColumnValues::F32Vector(v) => {
-                    out.f32_vector_values = v.into_iter().map(|values| pb::FloatVector { values }).collect()
+                    out.f32_vector_values = v
+                        .into_iter()
+                        .map(|values| pb::FloatVector { values })
+                        .collect()
                 }
             }
             out
@@ -109,9 +123,17 @@ pub(crate) fn lookup_to_proto(resp: LookupResponse) -> pb::GetOnlineFeaturesResp
 
 /// Turns a push into rows of `view`, checking names, types and keys; any error
 /// rejects the whole push before anything is written.
-pub(crate) fn push_rows(store: &FeatureStore, req: &pb::PushRequest) -> Result<Vec<Row>, FeatureStoreError> {
+pub(crate) fn push_rows(
+    store: &FeatureStore,
+    req: &pb::PushRequest,
+) -> Result<Vec<Row>, FeatureStoreError> {
     let v = store.view(&req.view)?;
-    let index: HashMap<&str, usize> = v.features.iter().enumerate().map(|(i, f)| (f.name.as_str(), i)).collect();
+    let index: HashMap<&str, usize> = v
+        .features
+        .iter()
+        .enumerate()
+        .map(|(i, f)| (f.name.as_str(), i))
+        .collect();
     let mut rows = Vec::with_capacity(req.rows.len());
     for (r, row) in req.rows.iter().enumerate() {
         let key = match row.key.as_ref().and_then(|k| k.key.as_ref()) {
@@ -120,24 +142,38 @@ pub(crate) fn push_rows(store: &FeatureStore, req: &pb::PushRequest) -> Result<V
             None => return Err(invalid(format!("row {r}: no entity key"))),
         };
         if row.event_time_unix_micros <= 0 {
-            return Err(invalid(format!("row {r}: event_time_unix_micros must be set (> 0)")));
+            return Err(invalid(format!(
+                "row {r}: event_time_unix_micros must be set (> 0)"
+            )));
         }
         let mut values: Vec<Option<Value>> = vec![None; v.features.len()];
         let mut seen = vec![false; v.features.len()];
         for nv in &row.values {
-            let i = *index.get(nv.name.as_str()).ok_or_else(|| FeatureStoreError::UnknownFeature {
-                view: v.name.clone(),
-                feature: nv.name.clone(),
-            })?;
+            let i =
+                *index
+                    .get(nv.name.as_str())
+                    .ok_or_else(|| FeatureStoreError::UnknownFeature {
+                        view: v.name.clone(),
+                        feature: nv.name.clone(),
+                    })?;
             if std::mem::replace(&mut seen[i], true) {
-                return Err(invalid(format!("row {r}: feature {:?} is given twice", nv.name)));
+                return Err(invalid(format!(
+                    "row {r}: feature {:?} is given twice",
+                    nv.name
+                )));
             }
-            values[i] = match nv.value.as_ref().and_then(|x| x.value.as_ref()) {
-                None => None,
-                Some(x) => Some(value_from_proto(x)),
-            };
+            // An unset value is an explicit null.
+            values[i] = nv
+                .value
+                .as_ref()
+                .and_then(|x| x.value.as_ref())
+                .map(value_from_proto);
         }
-        rows.push(Row { key, event_time: row.event_time_unix_micros, values });
+        rows.push(Row {
+            key,
+            event_time: row.event_time_unix_micros,
+            values,
+        });
     }
     Ok(rows)
 }
@@ -161,11 +197,17 @@ impl pb::feature_store_server::FeatureStore for FeatureStoreService {
         request: Request<pb::GetOnlineFeaturesRequest>,
     ) -> Result<Response<pb::GetOnlineFeaturesResponse>, Status> {
         let req = lookup_from_proto(request.into_inner())?;
-        let resp = self.store.get_online_features_with_limits(req, &self.limits).await?;
+        let resp = self
+            .store
+            .get_online_features_with_limits(req, &self.limits)
+            .await?;
         Ok(Response::new(lookup_to_proto(resp)))
     }
 
-    async fn push(&self, request: Request<pb::PushRequest>) -> Result<Response<pb::PushResponse>, Status> {
+    async fn push(
+        &self,
+        request: Request<pb::PushRequest>,
+    ) -> Result<Response<pb::PushResponse>, Status> {
         let req = request.into_inner();
         if req.rows.is_empty() {
             return Err(invalid("push has no rows").into());
@@ -180,7 +222,11 @@ impl pb::feature_store_server::FeatureStore for FeatureStoreService {
             .into());
         }
         let rows = push_rows(&self.store, &req)?;
-        let durability = if req.wait_for_sync { Durability::Sync } else { Durability::Buffered };
+        let durability = if req.wait_for_sync {
+            Durability::Sync
+        } else {
+            Durability::Buffered
+        };
         let w = self.store.push(&req.view, rows, durability).await?;
         Ok(Response::new(pb::PushResponse {
             rows_written: w.rows_written,
@@ -189,7 +235,10 @@ impl pb::feature_store_server::FeatureStore for FeatureStoreService {
         }))
     }
 
-    async fn list_views(&self, _request: Request<pb::ListViewsRequest>) -> Result<Response<pb::ListViewsResponse>, Status> {
+    async fn list_views(
+        &self,
+        _request: Request<pb::ListViewsRequest>,
+    ) -> Result<Response<pb::ListViewsResponse>, Status> {
         let views = self
             .store
             .views()
@@ -205,7 +254,10 @@ impl pb::feature_store_server::FeatureStore for FeatureStoreService {
                 features: v
                     .features
                     .iter()
-                    .map(|f| pb::FeatureSpec { name: f.name.clone(), r#type: type_to_proto(f.dtype) as i32 })
+                    .map(|f| pb::FeatureSpec {
+                        name: f.name.clone(),
+                        r#type: type_to_proto(f.dtype) as i32,
+                    })
                     .collect(),
                 max_age_millis: u64::try_from(v.max_age.as_millis()).unwrap_or(u64::MAX),
                 timestamp_field: v.timestamp_field.clone(),

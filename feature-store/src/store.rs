@@ -40,7 +40,10 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_keys_per_lookup: 4096, max_rows_per_push: 10_000 }
+        Limits {
+            max_keys_per_lookup: 4096,
+            max_rows_per_push: 10_000,
+        }
     }
 }
 
@@ -52,7 +55,10 @@ pub enum FetchStrategy {
     KeyOrder,
     /// Split the keys of a lookup into up to `tasks` blocking tasks that read in
     /// parallel, each in key order. Only batches of at least `min_keys` keys are split.
-    Parallel { tasks: NonZeroUsize, min_keys: usize },
+    Parallel {
+        tasks: NonZeroUsize,
+        min_keys: usize,
+    },
 }
 
 /// Store settings beyond the views file.
@@ -125,7 +131,10 @@ impl std::fmt::Debug for FeatureStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FeatureStore")
             .field("path", &self.inner.path)
-            .field("views", &self.inner.views.iter().map(|v| &v.name).collect::<Vec<_>>())
+            .field(
+                "views",
+                &self.inner.views.iter().map(|v| &v.name).collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -137,12 +146,20 @@ impl FeatureStore {
         Self::open_with(path, views, StoreOptions::default())
     }
 
-    pub fn open_with(path: impl AsRef<Path>, views: &ViewsConfig, options: StoreOptions) -> Result<Self> {
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        views: &ViewsConfig,
+        options: StoreOptions,
+    ) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         let db = open_sled(&path, &options)?;
         let rows = db.open_tree(ROWS_TREE).map_err(|e| open_error(&path, e))?;
         let views = registry::reconcile(&db, views, &path)?;
-        let by_name = views.iter().enumerate().map(|(i, v)| (v.name.clone(), i)).collect();
+        let by_name = views
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (v.name.clone(), i))
+            .collect();
         tracing::info!(path = %path.display(), views = views.len(), "feature store opened");
         let store = FeatureStore {
             inner: Arc::new(Inner {
@@ -183,18 +200,30 @@ impl FeatureStore {
     /// wins, so replays are idempotent). Within the batch, the newest row per key
     /// is kept. Every row is validated first: an invalid row rejects the whole
     /// batch and nothing is written. Blocking.
-    pub fn write_rows(&self, view: &str, rows: &[Row], durability: Durability) -> Result<WriteReport> {
+    pub fn write_rows(
+        &self,
+        view: &str,
+        rows: &[Row],
+        durability: Durability,
+    ) -> Result<WriteReport> {
         self.write_rows_from(view, rows, durability, WritePath::Push)
     }
 
     /// [`Self::write_rows`] off the async runtime.
-    pub async fn push(&self, view: &str, rows: Vec<Row>, durability: Durability) -> Result<WriteReport> {
+    pub async fn push(
+        &self,
+        view: &str,
+        rows: Vec<Row>,
+        durability: Durability,
+    ) -> Result<WriteReport> {
         let this = self.clone();
         let view = view.to_owned();
         let start = Instant::now();
-        let out = tokio::task::spawn_blocking(move || this.write_rows_from(&view, &rows, durability, WritePath::Push))
-            .await
-            .map_err(|e| FeatureStoreError::Internal(format!("push task failed: {e}")))?;
+        let out = tokio::task::spawn_blocking(move || {
+            this.write_rows_from(&view, &rows, durability, WritePath::Push)
+        })
+        .await
+        .map_err(|e| FeatureStoreError::Internal(format!("push task failed: {e}")))?;
         m::record_push_latency(durability, start.elapsed());
         out
     }
@@ -208,7 +237,9 @@ impl FeatureStore {
     ) -> Result<WriteReport> {
         let v = self.view(view)?;
         if rows.is_empty() {
-            return Err(FeatureStoreError::InvalidArgument(format!("write to view {view:?} has no rows")));
+            return Err(FeatureStoreError::InvalidArgument(format!(
+                "write to view {view:?} has no rows"
+            )));
         }
         if path == WritePath::Push && rows.len() > self.inner.options.limits.max_rows_per_push {
             return Err(FeatureStoreError::LimitExceeded {
@@ -222,7 +253,8 @@ impl FeatureStore {
         let mut encoded: Vec<(Vec<u8>, Micros, Vec<u8>)> = Vec::with_capacity(rows.len());
         let mut index: HashMap<Vec<u8>, usize> = HashMap::with_capacity(rows.len());
         for (i, row) in rows.iter().enumerate() {
-            validate_row(v, row).map_err(|what| FeatureStoreError::InvalidArgument(format!("row {i}: {what}")))?;
+            validate_row(v, row)
+                .map_err(|what| FeatureStoreError::InvalidArgument(format!("row {i}: {what}")))?;
             let mut key = Vec::with_capacity(16);
             encode_key(v.id, &row.key, &mut key);
             let value = encode_value(
@@ -245,7 +277,10 @@ impl FeatureStore {
         }
         let duplicates = (rows.len() - encoded.len()) as u64;
 
-        let mut report = WriteReport { rows_skipped_older: duplicates, ..Default::default() };
+        let mut report = WriteReport {
+            rows_skipped_older: duplicates,
+            ..Default::default()
+        };
         {
             let _writer = self.inner.write_lock.lock();
             let mut batch = sled::Batch::default();
@@ -259,7 +294,9 @@ impl FeatureStore {
                         Ok(_) => {}
                         // An undecodable stored value cannot be newer in any way we can
                         // prove; replacing it with a good one repairs the key.
-                        Err(what) => tracing::warn!(view, %what, "replacing undecodable stored value"),
+                        Err(what) => {
+                            tracing::warn!(view, %what, "replacing undecodable stored value")
+                        }
                     }
                 }
                 batch.insert(key, value);
@@ -271,7 +308,12 @@ impl FeatureStore {
             self.inner.db.flush()?;
             report.synced = true;
         }
-        m::record_rows_written(view, path.as_str(), report.rows_written, report.rows_skipped_older);
+        m::record_rows_written(
+            view,
+            path.as_str(),
+            report.rows_written,
+            report.rows_skipped_older,
+        );
         self.report_size(false);
         Ok(report)
     }
@@ -286,7 +328,9 @@ impl FeatureStore {
         let v = self.view(view)?;
         let mut k = Vec::new();
         encode_key(v.id, key, &mut k);
-        let Some(bytes) = self.inner.rows.get(&k)? else { return Ok(None) };
+        let Some(bytes) = self.inner.rows.get(&k)? else {
+            return Ok(None);
+        };
         Ok(Some(decode_row(v, key.clone(), &bytes)?))
     }
 
@@ -294,12 +338,19 @@ impl FeatureStore {
     /// checks, exports and tests, not for the serving path.
     pub fn scan_view(&self, view: &str) -> Result<impl Iterator<Item = Result<Row>> + '_> {
         let v = self.view(view)?;
-        Ok(self.inner.rows.scan_prefix(encoding::view_prefix(v.id)).map(move |item| {
-            let (k, bytes) = item?;
-            let (_, key) = encoding::decode_key(&k)
-                .ok_or_else(|| FeatureStoreError::Decode { view: v.name.clone(), what: "bad key".into() })?;
-            decode_row(v, key, &bytes)
-        }))
+        Ok(self
+            .inner
+            .rows
+            .scan_prefix(encoding::view_prefix(v.id))
+            .map(move |item| {
+                let (k, bytes) = item?;
+                let (_, key) =
+                    encoding::decode_key(&k).ok_or_else(|| FeatureStoreError::Decode {
+                        view: v.name.clone(),
+                        what: "bad key".into(),
+                    })?;
+                decode_row(v, key, &bytes)
+            }))
     }
 
     /// Bytes the database takes on disk.
@@ -314,7 +365,12 @@ impl FeatureStore {
         if !force && now.saturating_sub(last) < 10_000_000 {
             return;
         }
-        if self.inner.last_size_report.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+        if self
+            .inner
+            .last_size_report
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
             if let Ok(size) = self.inner.db.size_on_disk() {
                 m::record_store_size(size);
             }
@@ -324,7 +380,10 @@ impl FeatureStore {
 
 impl Inner {
     pub(crate) fn view_index(&self, name: &str) -> Result<usize> {
-        self.by_name.get(name).copied().ok_or_else(|| FeatureStoreError::UnknownView(name.to_owned()))
+        self.by_name
+            .get(name)
+            .copied()
+            .ok_or_else(|| FeatureStoreError::UnknownView(name.to_owned()))
     }
 }
 
@@ -341,7 +400,12 @@ fn validate_row(v: &ViewInfo, row: &Row) -> std::result::Result<(), String> {
     for (f, val) in v.features.iter().zip(&row.values) {
         let Some(val) = val else { continue };
         if val.feature_type() != f.dtype {
-            return Err(format!("feature {:?} is {}, got a {} value", f.name, f.dtype, val.feature_type()));
+            return Err(format!(
+                "feature {:?} is {}, got a {} value",
+                f.name,
+                f.dtype,
+                val.feature_type()
+            ));
         }
         // NaN and infinities would reach models as if they were measurements.
         let finite = match val {
@@ -354,7 +418,9 @@ fn validate_row(v: &ViewInfo, row: &Row) -> std::result::Result<(), String> {
             return Err(format!("feature {:?} is NaN or infinite", f.name));
         }
         match val {
-            Value::String(s) if s.len() > u32::MAX as usize => return Err(format!("feature {:?} is too long", f.name)),
+            Value::String(s) if s.len() > u32::MAX as usize => {
+                return Err(format!("feature {:?} is too long", f.name))
+            }
             Value::F32Vector(xs) if xs.len() > (u32::MAX / 4) as usize => {
                 return Err(format!("feature {:?} is too long", f.name))
             }
@@ -367,12 +433,19 @@ fn validate_row(v: &ViewInfo, row: &Row) -> std::result::Result<(), String> {
 pub(crate) fn validate_key(v: &ViewInfo, key: &EntityKey) -> std::result::Result<(), String> {
     match (v.key_type, key) {
         (KeyType::Int64, EntityKey::Int64(_)) => Ok(()),
-        (KeyType::String, EntityKey::String(s)) if s.is_empty() => Err(format!("empty {} key", v.join_key)),
-        (KeyType::String, EntityKey::String(s)) if s.len() > MAX_STRING_KEY_BYTES => {
-            Err(format!("{} key longer than {MAX_STRING_KEY_BYTES} bytes", v.join_key))
+        (KeyType::String, EntityKey::String(s)) if s.is_empty() => {
+            Err(format!("empty {} key", v.join_key))
         }
+        (KeyType::String, EntityKey::String(s)) if s.len() > MAX_STRING_KEY_BYTES => Err(format!(
+            "{} key longer than {MAX_STRING_KEY_BYTES} bytes",
+            v.join_key
+        )),
         (KeyType::String, EntityKey::String(_)) => Ok(()),
-        (want, got) => Err(format!("{} is a {want} key, got a {} key", v.join_key, got.key_type())),
+        (want, got) => Err(format!(
+            "{} is a {want} key, got a {} key",
+            v.join_key,
+            got.key_type()
+        )),
     }
 }
 
@@ -383,8 +456,15 @@ fn decode_row(v: &ViewInfo, key: EntityKey, bytes: &[u8]) -> Result<Row> {
             values[i] = Some(field.to_value());
         }
     })
-    .map_err(|what| FeatureStoreError::Decode { view: v.name.clone(), what })?;
-    Ok(Row { key, event_time, values })
+    .map_err(|what| FeatureStoreError::Decode {
+        view: v.name.clone(),
+        what,
+    })?;
+    Ok(Row {
+        key,
+        event_time,
+        values,
+    })
 }
 
 fn open_sled(path: &Path, options: &StoreOptions) -> Result<sled::Db> {
@@ -403,7 +483,11 @@ fn open_sled(path: &Path, options: &StoreOptions) -> Result<sled::Db> {
                 .cloned()
                 .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
                 .unwrap_or_else(|| "sled panicked while recovering".into());
-            Err(FeatureStoreError::Open { path: path.to_path_buf(), kind: OpenFailure::Corrupt, detail })
+            Err(FeatureStoreError::Open {
+                path: path.to_path_buf(),
+                kind: OpenFailure::Corrupt,
+                detail,
+            })
         }
     }
 }
@@ -411,11 +495,17 @@ fn open_sled(path: &Path, options: &StoreOptions) -> Result<sled::Db> {
 fn open_error(path: &Path, e: sled::Error) -> FeatureStoreError {
     let detail = e.to_string();
     let kind = match &e {
-        sled::Error::Io(io) if io.to_string().contains("could not acquire lock") => OpenFailure::LockHeld,
+        sled::Error::Io(io) if io.to_string().contains("could not acquire lock") => {
+            OpenFailure::LockHeld
+        }
         sled::Error::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock => OpenFailure::LockHeld,
         sled::Error::Corruption { .. } | sled::Error::ReportableBug(_) => OpenFailure::Corrupt,
         sled::Error::Unsupported(_) => OpenFailure::Corrupt,
         _ => OpenFailure::Io,
     };
-    FeatureStoreError::Open { path: path.to_path_buf(), kind, detail }
+    FeatureStoreError::Open {
+        path: path.to_path_buf(),
+        kind,
+        detail,
+    }
 }

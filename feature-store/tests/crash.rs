@@ -4,6 +4,7 @@
 //!
 //! The child is this test binary re-executed with `--exact crash_child` and the
 //! paths in environment variables; without them `crash_child` does nothing.
+#![allow(clippy::unwrap_used)] // tests may unwrap
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
@@ -21,14 +22,25 @@ const ROWS: i64 = 400_000;
 
 #[test]
 fn crash_child() {
-    let (Ok(db), Ok(file)) = (std::env::var(ENV_DB), std::env::var(ENV_FILE)) else { return };
+    let (Ok(db), Ok(file)) = (std::env::var(ENV_DB), std::env::var(ENV_FILE)) else {
+        return;
+    };
     let sync = std::env::var(ENV_SYNC).is_ok();
     let store = mesh_feature_store::FeatureStore::open(&db, &views()).unwrap();
-    let opts = IngestOptions { batch_rows: BATCH, sync_each_batch: sync, ..Default::default() };
+    let opts = IngestOptions {
+        batch_rows: BATCH,
+        sync_each_batch: sync,
+        ..Default::default()
+    };
     let mut out = std::io::stdout().lock();
     ingest_file_observed(&store, "card", &file, &opts, |b| {
         // One line per committed batch; with sync_each_batch it is on disk.
-        writeln!(out, "COMMITTED {} {} {}", b.batch_index, b.rows_read_total, b.synced).unwrap();
+        writeln!(
+            out,
+            "COMMITTED {} {} {}",
+            b.batch_index, b.rows_read_total, b.synced
+        )
+        .unwrap();
         out.flush().unwrap();
     })
     .unwrap();
@@ -37,7 +49,11 @@ fn crash_child() {
 
 fn make_file(path: &std::path::Path, t: i64) {
     let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
-    writeln!(f, "card_id,event_timestamp,amount,count,ratio,flag,country,emb").unwrap();
+    writeln!(
+        f,
+        "card_id,event_timestamp,amount,count,ratio,flag,country,emb"
+    )
+    .unwrap();
     let secs = format!("{}.{:06}", t / 1_000_000, t % 1_000_000);
     for i in 0..ROWS {
         writeln!(f, "{i},{secs},{i}.5,{},0.5,true,FR,\"[{i},1]\"", i * 3).unwrap();
@@ -46,7 +62,12 @@ fn make_file(path: &std::path::Path, t: i64) {
 
 /// Runs a child until it reported `kill_after` committed batches, kills it, and
 /// returns how many batches it reported (and whether it finished before the kill).
-fn run_and_kill(db: &std::path::Path, file: &std::path::Path, sync: bool, kill_after: u64) -> (u64, bool) {
+fn run_and_kill(
+    db: &std::path::Path,
+    file: &std::path::Path,
+    sync: bool,
+    kill_after: u64,
+) -> (u64, bool) {
     let exe = std::env::current_exe().unwrap();
     let mut cmd = Command::new(exe);
     cmd.args(["--exact", "crash_child", "--nocapture", "--test-threads=1"])
@@ -66,7 +87,10 @@ fn run_and_kill(db: &std::path::Path, file: &std::path::Path, sync: bool, kill_a
         let line = line.unwrap();
         // libtest prints "test crash_child ... " without a newline before the
         // child's first line, so look for the marker anywhere in the line.
-        if let Some(rest) = line.find("COMMITTED ").map(|at| &line[at + "COMMITTED ".len()..]) {
+        if let Some(rest) = line
+            .find("COMMITTED ")
+            .map(|at| &line[at + "COMMITTED ".len()..])
+        {
             let idx: u64 = rest.split(' ').next().unwrap().parse().unwrap();
             assert_eq!(idx, committed, "batches are reported in order");
             committed += 1;
@@ -89,17 +113,27 @@ fn run_and_kill(db: &std::path::Path, file: &std::path::Path, sync: bool, kill_a
 /// Reopens the store and checks every batch is all there or all absent, the first
 /// `synced_batches` all there, and the values are the file's.
 fn check(db: &std::path::Path, synced_batches: u64) -> u64 {
-    let store = mesh_feature_store::FeatureStore::open(db, &views()).expect("reopens after SIGKILL");
+    let store =
+        mesh_feature_store::FeatureStore::open(db, &views()).expect("reopens after SIGKILL");
     let mut per_batch = vec![0usize; (ROWS as usize).div_ceil(BATCH)];
     for row in store.scan_view("card").unwrap() {
         let row = row.unwrap();
-        let EntityKey::Int64(i) = row.key else { panic!("int keys") };
-        assert_eq!(row.values[0], Some(Value::F32(i as f32 + 0.5)), "row {i} intact");
+        let EntityKey::Int64(i) = row.key else {
+            panic!("int keys")
+        };
+        assert_eq!(
+            row.values[0],
+            Some(Value::F32(i as f32 + 0.5)),
+            "row {i} intact"
+        );
         assert_eq!(row.values[1], Some(Value::I64(i * 3)));
         per_batch[i as usize / BATCH] += 1;
     }
     for (b, n) in per_batch.iter().enumerate() {
-        assert!(*n == 0 || *n == BATCH, "batch {b} is partial: {n} of {BATCH} rows");
+        assert!(
+            *n == 0 || *n == BATCH,
+            "batch {b} is partial: {n} of {BATCH} rows"
+        );
         if (b as u64) < synced_batches {
             assert_eq!(*n, BATCH, "batch {b} was reported synced but is missing");
         }

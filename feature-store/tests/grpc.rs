@@ -1,5 +1,6 @@
 //! End to end over gRPC: the service on 127.0.0.1:0, called with the generated
 //! client.
+#![allow(clippy::unwrap_used)] // tests may unwrap
 mod common;
 
 use std::sync::Arc;
@@ -12,7 +13,13 @@ use pb::feature_store_client::FeatureStoreClient;
 use tonic::transport::Channel;
 use tonic::Code;
 
-async fn serve(limits: Limits) -> (FeatureStoreClient<Channel>, Arc<mesh_feature_store::FeatureStore>, tempfile::TempDir) {
+async fn serve(
+    limits: Limits,
+) -> (
+    FeatureStoreClient<Channel>,
+    Arc<mesh_feature_store::FeatureStore>,
+    tempfile::TempDir,
+) {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(open(&dir));
     let svc = FeatureStoreService::new(store.clone(), limits);
@@ -23,26 +30,42 @@ async fn serve(limits: Limits) -> (FeatureStoreClient<Channel>, Arc<mesh_feature
             .add_service(svc.into_server())
             // TCP_NODELAY on accepted connections: without it, Nagle plus delayed ACKs
             // add ~40 ms to small responses.
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))),
+            .serve_with_incoming(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            ),
     );
-    let client = FeatureStoreClient::connect(format!("http://{addr}")).await.unwrap();
+    let client = FeatureStoreClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
     (client, store, dir)
 }
 
 fn int_keys(join_key: &str, keys: Vec<i64>) -> pb::EntityKeyColumn {
-    pb::EntityKeyColumn { join_key: join_key.into(), int64_keys: keys, string_keys: vec![] }
+    pb::EntityKeyColumn {
+        join_key: join_key.into(),
+        int64_keys: keys,
+        string_keys: vec![],
+    }
 }
 
 fn nv(name: &str, v: pb::feature_value::Value) -> pb::NamedFeatureValue {
-    pb::NamedFeatureValue { name: name.into(), value: Some(pb::FeatureValue { value: Some(v) }) }
+    pb::NamedFeatureValue {
+        name: name.into(),
+        value: Some(pb::FeatureValue { value: Some(v) }),
+    }
 }
 
 fn push_row(id: i64, t: i64, amount: f32) -> pb::PushRow {
     use pb::feature_value::Value as V;
     pb::PushRow {
-        key: Some(pb::EntityKey { key: Some(pb::entity_key::Key::Int64Key(id)) }),
+        key: Some(pb::EntityKey {
+            key: Some(pb::entity_key::Key::Int64Key(id)),
+        }),
         event_time_unix_micros: t,
-        values: vec![nv("amount", V::F32Value(amount)), nv("count", V::I64Value(id))],
+        values: vec![
+            nv("amount", V::F32Value(amount)),
+            nv("count", V::I64Value(id)),
+        ],
     }
 }
 
@@ -51,20 +74,40 @@ async fn push_then_lookup_with_statuses() {
     let (mut client, store, _dir) = serve(Limits::default()).await;
     let t = fresh();
     // Stale row written in process; fresh rows pushed over gRPC.
-    store.write_rows("card", &[card_row(3, t - 2 * HOUR_MICROS, 1)], Durability::Buffered).unwrap();
+    store
+        .write_rows(
+            "card",
+            &[card_row(3, t - 2 * HOUR_MICROS, 1)],
+            Durability::Buffered,
+        )
+        .unwrap();
     let resp = client
-        .push(pb::PushRequest { view: "card".into(), rows: vec![push_row(1, t, 1.5), push_row(2, t, 2.5)], wait_for_sync: true })
+        .push(pb::PushRequest {
+            view: "card".into(),
+            rows: vec![push_row(1, t, 1.5), push_row(2, t, 2.5)],
+            wait_for_sync: true,
+        })
         .await
         .unwrap()
         .into_inner();
-    assert_eq!((resp.rows_written, resp.rows_skipped_older, resp.synced), (2, 0, true));
+    assert_eq!(
+        (resp.rows_written, resp.rows_skipped_older, resp.synced),
+        (2, 0, true)
+    );
     // An older push for key 1 is skipped.
     let resp = client
-        .push(pb::PushRequest { view: "card".into(), rows: vec![push_row(1, t - 1, 9.0)], wait_for_sync: false })
+        .push(pb::PushRequest {
+            view: "card".into(),
+            rows: vec![push_row(1, t - 1, 9.0)],
+            wait_for_sync: false,
+        })
         .await
         .unwrap()
         .into_inner();
-    assert_eq!((resp.rows_written, resp.rows_skipped_older, resp.synced), (0, 1, false));
+    assert_eq!(
+        (resp.rows_written, resp.rows_skipped_older, resp.synced),
+        (0, 1, false)
+    );
 
     let resp = client
         .get_online_features(pb::GetOnlineFeaturesRequest {
@@ -89,12 +132,20 @@ async fn push_then_lookup_with_statuses() {
         ]
     );
     assert_eq!(amount.f32_values, vec![1.5, 0.0, 3.5, 2.5]);
-    assert_eq!(amount.event_time_unix_micros, vec![t, 0, t - 2 * HOUR_MICROS, t]);
+    assert_eq!(
+        amount.event_time_unix_micros,
+        vec![t, 0, t - 2 * HOUR_MICROS, t]
+    );
     // ratio was not pushed: NULL for pushed rows.
     assert_eq!(resp.columns[1].statuses[0], st(pb::FeatureStatus::Null));
     assert_eq!(resp.columns[1].f64_values.len(), 4);
 
-    let views = client.list_views(pb::ListViewsRequest {}).await.unwrap().into_inner().views;
+    let views = client
+        .list_views(pb::ListViewsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .views;
     let names: Vec<&str> = views.iter().map(|v| v.name.as_str()).collect();
     assert_eq!(names, ["card", "merchant"]);
     assert_eq!(views[1].key_type, pb::EntityKeyType::String as i32);
@@ -105,61 +156,130 @@ async fn push_then_lookup_with_statuses() {
 #[tokio::test]
 async fn bad_input_gets_clear_status_codes() {
     use pb::feature_value::Value as V;
-    let (mut client, store, _dir) = serve(Limits { max_keys_per_lookup: 5, max_rows_per_push: 3 }).await;
+    let (mut client, store, _dir) = serve(Limits {
+        max_keys_per_lookup: 5,
+        max_rows_per_push: 3,
+    })
+    .await;
     let t = fresh();
-    let get = |features: Vec<&str>, entities: Vec<pb::EntityKeyColumn>| pb::GetOnlineFeaturesRequest {
-        features: features.into_iter().map(String::from).collect(),
-        entities,
-    };
-    let code = |r: Result<tonic::Response<pb::GetOnlineFeaturesResponse>, tonic::Status>| r.unwrap_err();
+    let get =
+        |features: Vec<&str>, entities: Vec<pb::EntityKeyColumn>| pb::GetOnlineFeaturesRequest {
+            features: features.into_iter().map(String::from).collect(),
+            entities,
+        };
+    let code =
+        |r: Result<tonic::Response<pb::GetOnlineFeaturesResponse>, tonic::Status>| r.unwrap_err();
 
-    let e = code(client.get_online_features(get(vec!["nope:x"], vec![int_keys("card_id", vec![1])])).await);
+    let e = code(
+        client
+            .get_online_features(get(vec!["nope:x"], vec![int_keys("card_id", vec![1])]))
+            .await,
+    );
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
-    let e = code(client.get_online_features(get(vec!["card:nope"], vec![int_keys("card_id", vec![1])])).await);
+    let e = code(
+        client
+            .get_online_features(get(vec!["card:nope"], vec![int_keys("card_id", vec![1])]))
+            .await,
+    );
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
     let e = code(client.get_online_features(get(vec![], vec![])).await);
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
-    let e = code(client.get_online_features(get(vec!["card:amount"], vec![int_keys("card_id", vec![])])).await);
+    let e = code(
+        client
+            .get_online_features(get(vec!["card:amount"], vec![int_keys("card_id", vec![])]))
+            .await,
+    );
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     // Malformed key: a string key for an int64 entity.
-    let strings = pb::EntityKeyColumn { join_key: "card_id".into(), int64_keys: vec![], string_keys: vec!["x".into()] };
-    let e = code(client.get_online_features(get(vec!["card:amount"], vec![strings])).await);
+    let strings = pb::EntityKeyColumn {
+        join_key: "card_id".into(),
+        int64_keys: vec![],
+        string_keys: vec!["x".into()],
+    };
+    let e = code(
+        client
+            .get_online_features(get(vec!["card:amount"], vec![strings]))
+            .await,
+    );
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
-    let e = code(client.get_online_features(get(vec!["card:amount"], vec![int_keys("card_id", (0..6).collect())])).await);
+    let e = code(
+        client
+            .get_online_features(get(
+                vec!["card:amount"],
+                vec![int_keys("card_id", (0..6).collect())],
+            ))
+            .await,
+    );
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
-    assert!(e.message().contains("max_keys_per_lookup") && e.message().contains('5'), "{}", e.message());
+    assert!(
+        e.message().contains("max_keys_per_lookup") && e.message().contains('5'),
+        "{}",
+        e.message()
+    );
 
     // Pushes: every rejection writes nothing.
-    let push = |rows: Vec<pb::PushRow>| pb::PushRequest { view: "card".into(), rows, wait_for_sync: true };
+    let push = |rows: Vec<pb::PushRow>| pb::PushRequest {
+        view: "card".into(),
+        rows,
+        wait_for_sync: true,
+    };
     let mut wrong_type = push_row(2, t, 1.0);
     wrong_type.values.push(nv("flag", V::I64Value(1)));
-    let e = client.push(push(vec![push_row(1, t, 1.0), wrong_type])).await.unwrap_err();
+    let e = client
+        .push(push(vec![push_row(1, t, 1.0), wrong_type]))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     let mut unknown = push_row(2, t, 1.0);
     unknown.values.push(nv("nope", V::I64Value(1)));
-    let e = client.push(push(vec![push_row(1, t, 1.0), unknown])).await.unwrap_err();
+    let e = client
+        .push(push(vec![push_row(1, t, 1.0), unknown]))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
     let mut no_key = push_row(2, t, 1.0);
     no_key.key = None;
-    let e = client.push(push(vec![push_row(1, t, 1.0), no_key])).await.unwrap_err();
+    let e = client
+        .push(push(vec![push_row(1, t, 1.0), no_key]))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     let mut bad_key = push_row(2, t, 1.0);
-    bad_key.key = Some(pb::EntityKey { key: Some(pb::entity_key::Key::StringKey("2".into())) });
-    let e = client.push(push(vec![push_row(1, t, 1.0), bad_key])).await.unwrap_err();
+    bad_key.key = Some(pb::EntityKey {
+        key: Some(pb::entity_key::Key::StringKey("2".into())),
+    });
+    let e = client
+        .push(push(vec![push_row(1, t, 1.0), bad_key]))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
-    let e = client.push(push(vec![push_row(1, t, f32::NAN)])).await.unwrap_err();
+    let e = client
+        .push(push(vec![push_row(1, t, f32::NAN)]))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
-    let e = client.push(push((0..4).map(|i| push_row(i, t, 1.0)).collect())).await.unwrap_err();
+    let e = client
+        .push(push((0..4).map(|i| push_row(i, t, 1.0)).collect()))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     assert!(e.message().contains("max_rows_per_push"), "{}", e.message());
     let e = client.push(push(vec![])).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     let e = client
-        .push(pb::PushRequest { view: "nope".into(), rows: vec![push_row(1, t, 1.0)], wait_for_sync: false })
+        .push(pb::PushRequest {
+            view: "nope".into(),
+            rows: vec![push_row(1, t, 1.0)],
+            wait_for_sync: false,
+        })
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
-    assert_eq!(store.scan_view("card").unwrap().count(), 0, "rejected pushes wrote nothing");
+    assert_eq!(
+        store.scan_view("card").unwrap().count(),
+        0,
+        "rejected pushes wrote nothing"
+    );
 
     // And a good push still works afterwards.
     client.push(push(vec![push_row(1, t, 1.0)])).await.unwrap();

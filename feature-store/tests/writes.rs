@@ -1,6 +1,7 @@
 //! Writes over a real sled database: event-time order for push and ingest,
 //! atomicity of rejected and interrupted batches, view evolution, and how opening
 //! a locked or corrupt store fails.
+#![allow(clippy::unwrap_used)] // tests may unwrap
 mod common;
 
 use std::io::Write;
@@ -8,12 +9,15 @@ use std::sync::Arc;
 
 use common::*;
 use mesh_feature_store::{
-    ingest_file, Durability, EntityKey, FeatureStore, FeatureStoreError, IngestOptions, OpenFailure, Row, Value,
-    ViewsConfig,
+    ingest_file, Durability, EntityKey, FeatureStore, FeatureStoreError, IngestOptions,
+    OpenFailure, Row, Value, ViewsConfig,
 };
 
 fn amount(store: &FeatureStore, id: i64) -> Option<(i64, Option<Value>)> {
-    store.read_row("card", &EntityKey::Int64(id)).unwrap().map(|r| (r.event_time, r.values[0].clone()))
+    store
+        .read_row("card", &EntityKey::Int64(id))
+        .unwrap()
+        .map(|r| (r.event_time, r.values[0].clone()))
 }
 
 #[test]
@@ -21,21 +25,37 @@ fn push_never_overwrites_a_newer_row() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir);
     let t = fresh();
-    let w = store.write_rows("card", &[card_row(1, t, 4)], Durability::Buffered).unwrap();
+    let w = store
+        .write_rows("card", &[card_row(1, t, 4)], Durability::Buffered)
+        .unwrap();
     assert_eq!((w.rows_written, w.rows_skipped_older), (1, 0));
     // Older: skipped.
-    let w = store.write_rows("card", &[card_row(1, t - 1, 8)], Durability::Buffered).unwrap();
+    let w = store
+        .write_rows("card", &[card_row(1, t - 1, 8)], Durability::Buffered)
+        .unwrap();
     assert_eq!((w.rows_written, w.rows_skipped_older), (0, 1));
     assert_eq!(amount(&store, 1), Some((t, Some(Value::F32(3.0)))));
     // Equal time: the later write wins (replays are idempotent).
-    store.write_rows("card", &[card_row(1, t, 6)], Durability::Buffered).unwrap();
+    store
+        .write_rows("card", &[card_row(1, t, 6)], Durability::Buffered)
+        .unwrap();
     assert_eq!(amount(&store, 1), Some((t, Some(Value::F32(4.0)))));
     // Newer: written.
-    store.write_rows("card", &[card_row(1, t + 1, 10)], Durability::Sync).unwrap();
+    store
+        .write_rows("card", &[card_row(1, t + 1, 10)], Durability::Sync)
+        .unwrap();
     assert_eq!(amount(&store, 1), Some((t + 1, Some(Value::F32(6.0)))));
     // Within one batch, the newest row per key wins whatever its position.
     let w = store
-        .write_rows("card", &[card_row(2, t + 5, 2), card_row(2, t + 9, 4), card_row(2, t + 7, 8)], Durability::Buffered)
+        .write_rows(
+            "card",
+            &[
+                card_row(2, t + 5, 2),
+                card_row(2, t + 9, 4),
+                card_row(2, t + 7, 8),
+            ],
+            Durability::Buffered,
+        )
         .unwrap();
     assert_eq!((w.rows_written, w.rows_skipped_older), (1, 2));
     assert_eq!(amount(&store, 2), Some((t + 9, Some(Value::F32(4.0)))));
@@ -55,16 +75,25 @@ async fn concurrent_pushes_keep_the_newest() {
             for round in 0..20i64 {
                 let et = t + ((round * 8 + w) * 7919) % 160; // scrambled, distinct per (w, round)
                 let rows = (0..10).map(|k| card_row(k, et, et - t)).collect();
-                store.push("card", rows, Durability::Buffered).await.unwrap();
+                store
+                    .push("card", rows, Durability::Buffered)
+                    .await
+                    .unwrap();
             }
         }));
     }
     for task in tasks {
         task.await.unwrap();
     }
-    let newest = (0..8i64).flat_map(|w| (0..20i64).map(move |r| t + ((r * 8 + w) * 7919) % 160)).max().unwrap();
+    let newest = (0..8i64)
+        .flat_map(|w| (0..20i64).map(move |r| t + ((r * 8 + w) * 7919) % 160))
+        .max()
+        .unwrap();
     for k in 0..10 {
-        let row = store.read_row("card", &EntityKey::Int64(k)).unwrap().unwrap();
+        let row = store
+            .read_row("card", &EntityKey::Int64(k))
+            .unwrap()
+            .unwrap();
         assert_eq!(row.event_time, newest);
         assert_eq!(row.values[1], Some(Value::I64(k * 10 + (newest - t))));
     }
@@ -77,8 +106,13 @@ fn a_rejected_batch_writes_nothing() {
     let t = fresh();
     let mut rows: Vec<Row> = (0..1000).map(|i| card_row(i, t, 1)).collect();
     rows[700].values[1] = Some(Value::F32(1.0)); // count is i64
-    let e = store.write_rows("card", &rows, Durability::Sync).unwrap_err();
-    assert!(matches!(e, FeatureStoreError::InvalidArgument(ref m) if m.contains("row 700")), "{e}");
+    let e = store
+        .write_rows("card", &rows, Durability::Sync)
+        .unwrap_err();
+    assert!(
+        matches!(e, FeatureStoreError::InvalidArgument(ref m) if m.contains("row 700")),
+        "{e}"
+    );
     rows[700] = card_row(700, t, 1);
     rows[900].values[0] = Some(Value::F32(f32::NAN));
     assert!(store.write_rows("card", &rows, Durability::Sync).is_err());
@@ -88,12 +122,19 @@ fn a_rejected_batch_writes_nothing() {
     rows[10].values.pop(); // wrong arity too
     assert!(store.write_rows("card", &rows, Durability::Sync).is_err());
     assert_eq!(store.scan_view("card").unwrap().count(), 0);
-    assert!(matches!(store.write_rows("nope", &rows, Durability::Sync), Err(FeatureStoreError::UnknownView(_))));
+    assert!(matches!(
+        store.write_rows("nope", &rows, Durability::Sync),
+        Err(FeatureStoreError::UnknownView(_))
+    ));
 }
 
 fn write_csv(path: &std::path::Path, rows: impl IntoIterator<Item = String>) {
     let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
-    writeln!(f, "card_id,event_timestamp,amount,count,ratio,flag,country,emb,extra").unwrap();
+    writeln!(
+        f,
+        "card_id,event_timestamp,amount,count,ratio,flag,country,emb,extra"
+    )
+    .unwrap();
     for r in rows {
         writeln!(f, "{r}").unwrap();
     }
@@ -105,29 +146,46 @@ fn csv_ingest_respects_event_time_and_stops_at_a_bad_row_between_batches() {
     let store = open(&dir);
     let t = fresh();
     // Stored first: key 1 newer than the file's, key 2 older.
-    store.write_rows("card", &[card_row(1, t + 1_000_000, 9), card_row(2, t - 1_000_000, 9)], Durability::Buffered).unwrap();
+    store
+        .write_rows(
+            "card",
+            &[card_row(1, t + 1_000_000, 9), card_row(2, t - 1_000_000, 9)],
+            Durability::Buffered,
+        )
+        .unwrap();
     let secs = |m: i64| format!("{}.{:06}", m / 1_000_000, m % 1_000_000);
     let path = dir.path().join("cards.csv");
     write_csv(
         &path,
-        (1..=25).map(|i| format!("{i},{},{}.5,{i},0.25,true,\"FR\",\"[1,2]\",x", secs(t), i)).chain([
-            // Key 3 again, older: must not overwrite the row above; key 4 null amount.
-            format!("3,{},99.0,0,0,false,US,,x", secs(t - 5_000_000)),
-            format!("4,{},,4,,,,,x", secs(t + 2_000_000)),
-        ]),
+        (1..=25)
+            .map(|i| format!("{i},{},{}.5,{i},0.25,true,\"FR\",\"[1,2]\",x", secs(t), i))
+            .chain([
+                // Key 3 again, older: must not overwrite the row above; key 4 null amount.
+                format!("3,{},99.0,0,0,false,US,,x", secs(t - 5_000_000)),
+                format!("4,{},,4,,,,,x", secs(t + 2_000_000)),
+            ]),
     );
-    let opts = IngestOptions { batch_rows: 10, ..Default::default() };
+    let opts = IngestOptions {
+        batch_rows: 10,
+        ..Default::default()
+    };
     let report = ingest_file(&store, "card", &path, &opts).unwrap();
     assert_eq!(report.rows_read, 27);
     assert_eq!(report.batches, 3);
     assert_eq!(report.rows_skipped_older, 2); // key 1 (store newer) and the late key 3
     assert_eq!(report.ignored_columns, vec!["extra".to_owned()]);
     assert!(report.rows_per_sec > 0.0);
-    assert_eq!(amount(&store, 1), Some((t + 1_000_000, Some(Value::F32(5.5)))));
+    assert_eq!(
+        amount(&store, 1),
+        Some((t + 1_000_000, Some(Value::F32(5.5))))
+    );
     assert_eq!(amount(&store, 2), Some((t, Some(Value::F32(2.5)))));
     assert_eq!(amount(&store, 3), Some((t, Some(Value::F32(3.5)))));
     assert_eq!(amount(&store, 4), Some((t + 2_000_000, None)));
-    let r25 = store.read_row("card", &EntityKey::Int64(25)).unwrap().unwrap();
+    let r25 = store
+        .read_row("card", &EntityKey::Int64(25))
+        .unwrap()
+        .unwrap();
     assert_eq!(r25.values[4], Some(Value::String("FR".into())));
     assert_eq!(r25.values[5], Some(Value::F32Vector(vec![1.0, 2.0])));
 
@@ -137,11 +195,17 @@ fn csv_ingest_respects_event_time_and_stops_at_a_bad_row_between_batches() {
     write_csv(
         &bad,
         (101..=120).map(|i| {
-            let count = if i == 115 { "fifteen".to_owned() } else { i.to_string() };
+            let count = if i == 115 {
+                "fifteen".to_owned()
+            } else {
+                i.to_string()
+            };
             format!("{i},{},1.0,{count},0,true,US,,x", secs(t))
         }),
     );
-    let e = ingest_file(&store, "card", &bad, &opts).unwrap_err().to_string();
+    let e = ingest_file(&store, "card", &bad, &opts)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("line 16") && e.contains("count"), "{e}");
     assert!(amount(&store, 101).is_some() && amount(&store, 110).is_some());
     assert!((111..=120).all(|i| amount(&store, i).is_none()));
@@ -152,18 +216,36 @@ fn csv_ingest_refuses_files_without_the_view_columns() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir);
     let path = dir.path().join("short.csv");
-    std::fs::write(&path, "card_id,event_timestamp,amount\n1,2024-05-01T00:00:00Z,1.0\n").unwrap();
-    let e = ingest_file(&store, "card", &path, &IngestOptions::default()).unwrap_err().to_string();
-    assert!(e.contains("count") && e.contains("allow_missing_columns"), "{e}");
-    let opts = IngestOptions { allow_missing_columns: true, ..Default::default() };
+    std::fs::write(
+        &path,
+        "card_id,event_timestamp,amount\n1,2024-05-01T00:00:00Z,1.0\n",
+    )
+    .unwrap();
+    let e = ingest_file(&store, "card", &path, &IngestOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("count") && e.contains("allow_missing_columns"),
+        "{e}"
+    );
+    let opts = IngestOptions {
+        allow_missing_columns: true,
+        ..Default::default()
+    };
     let report = ingest_file(&store, "card", &path, &opts).unwrap();
     assert_eq!(report.missing_columns.len(), 5);
-    let row = store.read_row("card", &EntityKey::Int64(1)).unwrap().unwrap();
+    let row = store
+        .read_row("card", &EntityKey::Int64(1))
+        .unwrap()
+        .unwrap();
     assert_eq!(row.values[0], Some(Value::F32(1.0)));
     assert_eq!(row.values[1], None);
     let path = dir.path().join("nokey.csv");
     std::fs::write(&path, "id,event_timestamp\n1,0\n").unwrap();
-    assert!(ingest_file(&store, "card", &path, &opts).unwrap_err().to_string().contains("card_id"));
+    assert!(ingest_file(&store, "card", &path, &opts)
+        .unwrap_err()
+        .to_string()
+        .contains("card_id"));
 }
 
 #[test]
@@ -172,7 +254,9 @@ fn adding_a_feature_needs_no_rewrite_and_type_changes_are_refused() {
     let t = fresh();
     {
         let store = open(&dir);
-        store.write_rows("card", &[card_row(1, t, 2)], Durability::Sync).unwrap();
+        store
+            .write_rows("card", &[card_row(1, t, 2)], Durability::Sync)
+            .unwrap();
     }
     // Add a feature in the middle, drop "ratio".
     let evolved = VIEWS.replace(
@@ -184,8 +268,14 @@ fn adding_a_feature_needs_no_rewrite_and_type_changes_are_refused() {
         let store = FeatureStore::open(dir.path().join("db"), &cfg).unwrap();
         let v = store.view("card").unwrap();
         let names: Vec<&str> = v.features.iter().map(|f| f.name.as_str()).collect();
-        assert_eq!(names, ["amount", "count", "velocity", "flag", "country", "emb"]);
-        let row = store.read_row("card", &EntityKey::Int64(1)).unwrap().unwrap();
+        assert_eq!(
+            names,
+            ["amount", "count", "velocity", "flag", "country", "emb"]
+        );
+        let row = store
+            .read_row("card", &EntityKey::Int64(1))
+            .unwrap()
+            .unwrap();
         // Old data kept for the old features; the new one reads as null.
         assert_eq!(row.values[0], Some(Value::F32(2.0)));
         assert_eq!(row.values[2], None);
@@ -195,13 +285,30 @@ fn adding_a_feature_needs_no_rewrite_and_type_changes_are_refused() {
         assert_ne!(v.features[2].id, ratio_id);
     }
     // Changing a live feature's type is refused, with the rebuild hint.
-    let retyped = VIEWS.replace("{ name = \"count\", type = \"i64\" }", "{ name = \"count\", type = \"f64\" }");
-    let e = FeatureStore::open(dir.path().join("db"), &ViewsConfig::from_toml_str(&retyped).unwrap()).unwrap_err();
-    assert!(matches!(e, FeatureStoreError::RegistryConflict { .. }), "{e}");
+    let retyped = VIEWS.replace(
+        "{ name = \"count\", type = \"i64\" }",
+        "{ name = \"count\", type = \"f64\" }",
+    );
+    let e = FeatureStore::open(
+        dir.path().join("db"),
+        &ViewsConfig::from_toml_str(&retyped).unwrap(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(e, FeatureStoreError::RegistryConflict { .. }),
+        "{e}"
+    );
     assert!(e.to_string().contains("rebuild"), "{e}");
     let rekeyed = VIEWS.replacen("key_type = \"int64\"", "key_type = \"string\"", 1);
-    let e = FeatureStore::open(dir.path().join("db"), &ViewsConfig::from_toml_str(&rekeyed).unwrap()).unwrap_err();
-    assert!(matches!(e, FeatureStoreError::RegistryConflict { .. }), "{e}");
+    let e = FeatureStore::open(
+        dir.path().join("db"),
+        &ViewsConfig::from_toml_str(&rekeyed).unwrap(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(e, FeatureStoreError::RegistryConflict { .. }),
+        "{e}"
+    );
 }
 
 #[test]
@@ -209,9 +316,21 @@ fn a_locked_store_fails_to_open_with_a_message() {
     let dir = tempfile::tempdir().unwrap();
     let _first = open(&dir);
     let e = FeatureStore::open(dir.path().join("db"), &views()).unwrap_err();
-    assert!(matches!(e, FeatureStoreError::Open { kind: OpenFailure::LockHeld, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            FeatureStoreError::Open {
+                kind: OpenFailure::LockHeld,
+                ..
+            }
+        ),
+        "{e}"
+    );
     let msg = e.to_string();
-    assert!(msg.contains("locked by another process") && msg.contains("mesh features ingest"), "{msg}");
+    assert!(
+        msg.contains("locked by another process") && msg.contains("mesh features ingest"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -230,8 +349,12 @@ fn a_corrupt_store_fails_to_open_with_a_message_not_a_panic() {
     }
     let e = FeatureStore::open(dir.path().join("db"), &views()).unwrap_err();
     let msg = e.to_string();
+    eprintln!("corrupt store: {msg}");
     assert!(matches!(e, FeatureStoreError::Open { .. }), "{msg}");
-    assert!(msg.contains("To rebuild") && msg.contains("mesh features ingest"), "{msg}");
+    assert!(
+        msg.contains("To rebuild") && msg.contains("mesh features ingest"),
+        "{msg}"
+    );
 }
 
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
@@ -251,8 +374,8 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 fn parquet_ingest_reads_arrow_types_and_keeps_the_newest() {
     use arrow_array::builder::{Float32Builder, ListBuilder};
     use arrow_array::{
-        ArrayRef, BooleanArray, Float32Array, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray,
-        TimestampMicrosecondArray,
+        ArrayRef, BooleanArray, Float32Array, Float64Array, Int32Array, Int64Array, RecordBatch,
+        StringArray, TimestampMicrosecondArray,
     };
 
     let dir = tempfile::tempdir().unwrap();
@@ -261,9 +384,21 @@ fn parquet_ingest_reads_arrow_types_and_keeps_the_newest() {
     let n = 50i64;
     // Keys 0..50 then keys 0..50 again, the second time half older and half newer.
     let ids: Vec<i64> = (0..n).chain(0..n).collect();
-    let times: Vec<i64> = (0..n).map(|_| t).chain((0..n).map(|i| if i % 2 == 0 { t - 10 } else { t + 10 })).collect();
-    let amounts: Vec<Option<f32>> =
-        (0..2 * n).map(|i| if i == 7 { None } else if i == 9 { Some(f32::NAN) } else { Some(i as f32) }).collect();
+    let times: Vec<i64> = (0..n)
+        .map(|_| t)
+        .chain((0..n).map(|i| if i % 2 == 0 { t - 10 } else { t + 10 }))
+        .collect();
+    let amounts: Vec<Option<f32>> = (0..2 * n)
+        .map(|i| {
+            if i == 7 {
+                None
+            } else if i == 9 {
+                Some(f32::NAN)
+            } else {
+                Some(i as f32)
+            }
+        })
+        .collect();
     let mut emb = ListBuilder::new(Float32Builder::new());
     for i in 0..2 * n {
         emb.values().append_slice(&[i as f32, 1.0]);
@@ -271,37 +406,119 @@ fn parquet_ingest_reads_arrow_types_and_keeps_the_newest() {
     }
     let cols: Vec<(&str, ArrayRef)> = vec![
         ("card_id", Arc::new(Int64Array::from(ids))),
-        ("event_timestamp", Arc::new(TimestampMicrosecondArray::from(times).with_timezone("UTC"))),
+        (
+            "event_timestamp",
+            Arc::new(TimestampMicrosecondArray::from(times).with_timezone("UTC")),
+        ),
         ("amount", Arc::new(Float32Array::from(amounts))),
-        ("count", Arc::new(Int32Array::from_iter_values((0..2 * n as i32).map(|i| i * 2)))),
-        ("ratio", Arc::new(Float64Array::from_iter_values((0..2 * n).map(|i| i as f64 / 8.0)))),
-        ("flag", Arc::new(BooleanArray::from_iter((0..2 * n).map(|i| Some(i % 3 == 0))))),
-        ("country", Arc::new(StringArray::from_iter_values((0..2 * n).map(|i| format!("k{i}"))))),
+        (
+            "count",
+            Arc::new(Int32Array::from_iter_values(
+                (0..2 * n as i32).map(|i| i * 2),
+            )),
+        ),
+        (
+            "ratio",
+            Arc::new(Float64Array::from_iter_values(
+                (0..2 * n).map(|i| i as f64 / 8.0),
+            )),
+        ),
+        (
+            "flag",
+            Arc::new(BooleanArray::from_iter(
+                (0..2 * n).map(|i| Some(i % 3 == 0)),
+            )),
+        ),
+        (
+            "country",
+            Arc::new(StringArray::from_iter_values(
+                (0..2 * n).map(|i| format!("k{i}")),
+            )),
+        ),
         ("emb", Arc::new(emb.finish())),
     ];
     let batch = RecordBatch::try_from_iter(cols).unwrap();
     let path = dir.path().join("cards.parquet");
     let file = std::fs::File::create(&path).unwrap();
-    let props = parquet::file::properties::WriterProperties::builder().set_max_row_group_row_count(Some(30)).build();
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_max_row_group_row_count(Some(30))
+        .build();
     let mut w = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), Some(props)).unwrap();
     w.write(&batch).unwrap();
     w.close().unwrap();
 
-    let opts = IngestOptions { batch_rows: 16, ..Default::default() };
+    let opts = IngestOptions {
+        batch_rows: 16,
+        ..Default::default()
+    };
     let report = ingest_file(&store, "card", &path, &opts).unwrap();
     assert_eq!(report.rows_read, 100);
     assert_eq!(report.rows_written + report.rows_skipped_older, 100);
     assert_eq!(report.rows_skipped_older, 25); // the older half of the second pass
     for i in 0..n {
-        let row = store.read_row("card", &EntityKey::Int64(i)).unwrap().unwrap();
+        let row = store
+            .read_row("card", &EntityKey::Int64(i))
+            .unwrap()
+            .unwrap();
         let src = if i % 2 == 0 { i } else { i + n }; // which source row must win
-        assert_eq!(row.event_time, if i % 2 == 0 { t } else { t + 10 }, "key {i}");
-        let want_amount = if src == 7 || src == 9 { None } else { Some(Value::F32(src as f32)) };
+        assert_eq!(
+            row.event_time,
+            if i % 2 == 0 { t } else { t + 10 },
+            "key {i}"
+        );
+        let want_amount = if src == 7 || src == 9 {
+            None
+        } else {
+            Some(Value::F32(src as f32))
+        };
         assert_eq!(row.values[0], want_amount, "key {i}");
         assert_eq!(row.values[1], Some(Value::I64(src * 2)));
         assert_eq!(row.values[2], Some(Value::F64(src as f64 / 8.0)));
         assert_eq!(row.values[3], Some(Value::Bool(src % 3 == 0)));
         assert_eq!(row.values[4], Some(Value::String(format!("k{src}"))));
         assert_eq!(row.values[5], Some(Value::F32Vector(vec![src as f32, 1.0])));
+    }
+}
+
+#[test]
+fn damaged_data_files_never_panic_on_open() {
+    // The config file intact, the log and snapshots damaged in their middle: sled
+    // may recover a prefix or refuse; either way opening returns, never panics.
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = open(&dir);
+        for chunk in 0..5 {
+            let rows: Vec<Row> = (0..2000)
+                .map(|i| card_row(chunk * 2000 + i, fresh(), 1))
+                .collect();
+            store.write_rows("card", &rows, Durability::Sync).unwrap();
+        }
+    }
+    for path in walk(&dir.path().join("db")) {
+        if path.file_name().is_some_and(|n| n == "conf") {
+            continue;
+        }
+        let mut bytes = std::fs::read(&path).unwrap();
+        let mid = bytes.len() / 2;
+        for b in bytes.iter_mut().skip(mid).take(4096) {
+            *b ^= 0x5a;
+        }
+        std::fs::write(&path, bytes).unwrap();
+    }
+    match FeatureStore::open(dir.path().join("db"), &views()) {
+        Ok(store) => eprintln!(
+            "sled recovered {} rows",
+            store.scan_view("card").map(|it| it.count()).unwrap_or(0)
+        ),
+        Err(e) => {
+            eprintln!("damaged store: {e}");
+            assert!(
+                matches!(
+                    e,
+                    FeatureStoreError::Open { .. } | FeatureStoreError::Storage(_)
+                ),
+                "{e}"
+            );
+        }
     }
 }

@@ -4,7 +4,9 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use actix::{Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, SpawnHandle, WrapFuture};
+use actix::{
+    Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, SpawnHandle, WrapFuture,
+};
 use metrics::{counter, gauge};
 
 use crate::batching::{assemble, decide, triage, Decision, Drop, Policy, Waiting};
@@ -33,7 +35,13 @@ pub(crate) struct Batcher {
 }
 
 impl Batcher {
-    pub fn new(runner: Addr<Runner>, policy: Policy, cols: usize, instances: usize, labels: Labels) -> Self {
+    pub fn new(
+        runner: Addr<Runner>,
+        policy: Policy,
+        cols: usize,
+        instances: usize,
+        labels: Labels,
+    ) -> Self {
         Self {
             queue: VecDeque::new(),
             runner,
@@ -48,7 +56,12 @@ impl Batcher {
     }
 
     fn waiting(p: &Pending) -> Waiting {
-        Waiting { rows: p.rows, enqueued_at: p.enqueued_at, deadline: p.deadline, cancelled: p.reply.is_closed() }
+        Waiting {
+            rows: p.rows,
+            enqueued_at: p.enqueued_at,
+            deadline: p.deadline,
+            cancelled: p.reply.is_closed(),
+        }
     }
 
     /// Drops dead requests, then dispatches every batch the planner allows.
@@ -62,7 +75,9 @@ impl Batcher {
                     if let Some(p) = self.queue.remove(i) {
                         let reason = match why {
                             Drop::Expired => {
-                                let _ = p.reply.send(Err(ModelError::DeadlineExceeded("while waiting in the batch queue")));
+                                let _ = p.reply.send(Err(ModelError::DeadlineExceeded(
+                                    "while waiting in the batch queue",
+                                )));
                                 "expired"
                             }
                             Drop::Cancelled => "cancelled",
@@ -72,7 +87,10 @@ impl Batcher {
                 }
             }
         }
-        let policy = Policy { compute_reserve: self.compute_ewma, ..self.policy };
+        let policy = Policy {
+            compute_reserve: self.compute_ewma,
+            ..self.policy
+        };
         while self.in_flight < self.max_in_flight {
             match decide(self.queue.iter().map(Self::waiting), now, &policy) {
                 Decision::Idle => break,
@@ -105,7 +123,14 @@ impl Batcher {
 
     fn dispatch(&mut self, items: Vec<Pending>, rows: usize, ctx: &mut Context<Self>) {
         let data = assemble(items.iter().map(|p| &p.data[..]), rows * self.cols);
-        let msg = RunBatch { batch: Batch { rows, cols: self.cols, data }, items };
+        let msg = RunBatch {
+            batch: Batch {
+                rows,
+                cols: self.cols,
+                data,
+            },
+            items,
+        };
         self.in_flight += 1;
         ctx.spawn(self.runner.send(msg).into_actor(self).map(|res, act, ctx| {
             act.in_flight -= 1;

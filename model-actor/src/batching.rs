@@ -84,7 +84,8 @@ pub fn decide(queue: impl IntoIterator<Item = Waiting>, now: Instant, policy: &P
     let (Some(oldest), Some(deadline)) = (oldest, earliest_deadline) else {
         return Decision::Idle;
     };
-    let go_at = (oldest + policy.max_queue_delay).min(deadline.checked_sub(policy.compute_reserve).unwrap_or(now));
+    let go_at = (oldest + policy.max_queue_delay)
+        .min(deadline.checked_sub(policy.compute_reserve).unwrap_or(now));
     if more_waiting || now >= go_at {
         Decision::Dispatch { count, rows }
     } else {
@@ -150,7 +151,10 @@ mod tests {
     fn zero_delay_dispatches_at_once() {
         let t0 = Instant::now();
         let q = [w(t0, 1, 0, 100)];
-        assert_eq!(decide(q, t0, &policy(8, 0)), Decision::Dispatch { count: 1, rows: 1 });
+        assert_eq!(
+            decide(q, t0, &policy(8, 0)),
+            Decision::Dispatch { count: 1, rows: 1 }
+        );
     }
 
     #[test]
@@ -158,23 +162,35 @@ mod tests {
         let t0 = Instant::now();
         let q = [w(t0, 1, 0, 100), w(t0, 2, 50, 100)];
         let at = t0 + Duration::from_micros(60);
-        assert_eq!(decide(q, at, &policy(8, 500)), Decision::WaitUntil(t0 + Duration::from_micros(500)));
+        assert_eq!(
+            decide(q, at, &policy(8, 500)),
+            Decision::WaitUntil(t0 + Duration::from_micros(500))
+        );
         let later = t0 + Duration::from_micros(500);
-        assert_eq!(decide(q, later, &policy(8, 500)), Decision::Dispatch { count: 2, rows: 3 });
+        assert_eq!(
+            decide(q, later, &policy(8, 500)),
+            Decision::Dispatch { count: 2, rows: 3 }
+        );
     }
 
     #[test]
     fn a_full_batch_goes_without_waiting() {
         let t0 = Instant::now();
         let q = [w(t0, 4, 0, 100), w(t0, 4, 1, 100), w(t0, 1, 2, 100)];
-        assert_eq!(decide(q, t0, &policy(8, 10_000)), Decision::Dispatch { count: 2, rows: 8 });
+        assert_eq!(
+            decide(q, t0, &policy(8, 10_000)),
+            Decision::Dispatch { count: 2, rows: 8 }
+        );
     }
 
     #[test]
     fn a_request_that_does_not_fit_closes_the_batch() {
         let t0 = Instant::now();
         let q = [w(t0, 5, 0, 100), w(t0, 5, 1, 100)];
-        assert_eq!(decide(q, t0, &policy(8, 10_000)), Decision::Dispatch { count: 1, rows: 5 });
+        assert_eq!(
+            decide(q, t0, &policy(8, 10_000)),
+            Decision::Dispatch { count: 1, rows: 5 }
+        );
     }
 
     #[test]
@@ -183,8 +199,14 @@ mod tests {
         // Deadline in 1 ms, delay 5 ms: must go by deadline - reserve.
         let q = [w(t0, 1, 0, 1)];
         let p = policy(8, 5_000);
-        assert_eq!(decide(q, t0, &p), Decision::WaitUntil(t0 + Duration::from_micros(900)));
-        assert_eq!(decide(q, t0 + Duration::from_micros(900), &p), Decision::Dispatch { count: 1, rows: 1 });
+        assert_eq!(
+            decide(q, t0, &p),
+            Decision::WaitUntil(t0 + Duration::from_micros(900))
+        );
+        assert_eq!(
+            decide(q, t0 + Duration::from_micros(900), &p),
+            Decision::Dispatch { count: 1, rows: 1 }
+        );
     }
 
     #[test]
@@ -192,7 +214,10 @@ mod tests {
         let t0 = Instant::now();
         let mut a = w(t0, 1, 0, 1);
         assert_eq!(triage(&a, t0), None);
-        assert_eq!(triage(&a, t0 + Duration::from_millis(1)), Some(Drop::Expired));
+        assert_eq!(
+            triage(&a, t0 + Duration::from_millis(1)),
+            Some(Drop::Expired)
+        );
         a.cancelled = true;
         assert_eq!(triage(&a, t0), Some(Drop::Cancelled));
     }

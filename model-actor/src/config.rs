@@ -231,7 +231,10 @@ pub struct WarmupConfig {
 
 impl Default for WarmupConfig {
     fn default() -> Self {
-        Self { batches: 1, batch_size: 1 }
+        Self {
+            batches: 1,
+            batch_size: 1,
+        }
     }
 }
 
@@ -300,17 +303,29 @@ impl ModelConfig {
     /// Parses `model.toml` text; errors are messages that name the offending field.
     pub fn parse(text: &str, default_name: &str) -> Result<Self, String> {
         let raw: RawModelConfig = toml::from_str(text).map_err(|e| e.to_string())?;
-        if let Some(k) = raw.extra.keys().find(|k| !EXTRA_TABLES.contains(&k.as_str())) {
-            return Err(format!("unknown key '{k}' (known tables besides the model's own: {EXTRA_TABLES:?})"));
+        if let Some(k) = raw
+            .extra
+            .keys()
+            .find(|k| !EXTRA_TABLES.contains(&k.as_str()))
+        {
+            return Err(format!(
+                "unknown key '{k}' (known tables besides the model's own: {EXTRA_TABLES:?})"
+            ));
         }
-        let version_policy = match (raw.version_policy.latest, raw.version_policy.all, raw.version_policy.specific) {
+        let version_policy = match (
+            raw.version_policy.latest,
+            raw.version_policy.all,
+            raw.version_policy.specific,
+        ) {
             (None, None | Some(false), None) => VersionPolicy::default(),
             (Some(n), None, None) => VersionPolicy::Latest(
                 NonZeroUsize::new(n).ok_or("version_policy.latest must be at least 1")?,
             ),
             (None, Some(true), None) => VersionPolicy::All,
             (None, None, Some(v)) if !v.is_empty() => VersionPolicy::Specific(v),
-            (None, None, Some(_)) => return Err("version_policy.specific must list at least one version".into()),
+            (None, None, Some(_)) => {
+                return Err("version_policy.specific must list at least one version".into())
+            }
             _ => return Err("version_policy takes exactly one of latest, all, specific".into()),
         };
         let cfg = Self {
@@ -347,7 +362,10 @@ impl ModelConfig {
         }
         for t in self.inputs.iter().chain(&self.outputs) {
             if t.dims.is_empty() || t.dims.contains(&0) {
-                return Err(format!("tensor '{}': dims must be non-empty and positive", t.name));
+                return Err(format!(
+                    "tensor '{}': dims must be non-empty and positive",
+                    t.name
+                ));
             }
         }
         if self.outputs.iter().any(|o| o.datatype != DataType::Fp32) {
@@ -417,9 +435,15 @@ mod tests {
     #[test]
     fn version_policy_selects() {
         let on_disk = [3, 1, 2, 10];
-        assert_eq!(VersionPolicy::Latest(NonZeroUsize::new(2).unwrap()).select(&on_disk), vec![3, 10]);
+        assert_eq!(
+            VersionPolicy::Latest(NonZeroUsize::new(2).unwrap()).select(&on_disk),
+            vec![3, 10]
+        );
         assert_eq!(VersionPolicy::All.select(&on_disk), vec![1, 2, 3, 10]);
-        assert_eq!(VersionPolicy::Specific(vec![2, 7]).select(&on_disk), vec![2]);
+        assert_eq!(
+            VersionPolicy::Specific(vec![2, 7]).select(&on_disk),
+            vec![2]
+        );
     }
 
     #[test]

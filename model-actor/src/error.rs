@@ -15,8 +15,14 @@ pub enum ModelError {
     NotReady(String),
     #[error("invalid input: {0}")]
     InvalidInput(String),
-    #[error("model '{model}' version {version} is overloaded: its queue of {capacity} requests is full")]
-    Overloaded { model: String, version: u64, capacity: usize },
+    #[error(
+        "model '{model}' version {version} is overloaded: its queue of {capacity} requests is full"
+    )]
+    Overloaded {
+        model: String,
+        version: u64,
+        capacity: usize,
+    },
     #[error("deadline exceeded {0}")]
     DeadlineExceeded(&'static str),
     #[error("model '{model}' version {version} is shutting down")]
@@ -24,7 +30,11 @@ pub enum ModelError {
     #[error("model configuration {path}: {msg}")]
     Config { path: PathBuf, msg: String },
     #[error("loading model '{model}' version {version}: {msg}")]
-    Load { model: String, version: u64, msg: String },
+    Load {
+        model: String,
+        version: u64,
+        msg: String,
+    },
     #[error("model execution failed: {0}")]
     Compute(String),
     #[error("i/o on {path}: {source}")]
@@ -37,7 +47,10 @@ pub enum ModelError {
 
 impl ModelError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Self::Io { path: path.into(), source }
+        Self::Io {
+            path: path.into(),
+            source,
+        }
     }
 
     /// The label used for this error in metrics (`code`), low-cardinality.

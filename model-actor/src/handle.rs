@@ -34,7 +34,10 @@ pub struct VersionHandle {
 
 impl std::fmt::Debug for VersionHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("VersionHandle").field("model", &self.config.name).field("version", &self.version).finish()
+        f.debug_struct("VersionHandle")
+            .field("model", &self.config.name)
+            .field("version", &self.version)
+            .finish()
     }
 }
 
@@ -62,10 +65,16 @@ impl VersionHandle {
         let (st, lb, lb2) = (stats.clone(), labels.clone(), labels.clone());
         let batcher = system
             .run(move || {
-                let runner = SyncArbiter::start(instances, move || Runner::new(factory(), st.clone(), lb.clone()));
+                let runner = SyncArbiter::start(instances, move || {
+                    Runner::new(factory(), st.clone(), lb.clone())
+                });
                 Batcher::new(runner, policy, cols, instances, lb2).start()
             })
-            .map_err(|e| ModelError::Load { model: config.name.clone(), version, msg: e.to_string() })?;
+            .map_err(|e| ModelError::Load {
+                model: config.name.clone(),
+                version,
+                msg: e.to_string(),
+            })?;
         gauge!(names::QUEUE_CAPACITY, &labels.pairs()).set(capacity as f64);
         Ok(Self {
             config,
@@ -102,14 +111,23 @@ impl VersionHandle {
     /// queue is full, with `InvalidInput` when the batch does not fit the model, and
     /// with `DeadlineExceeded` at `deadline` (default: the model's timeout) whatever
     /// the state of the queue.
-    pub async fn infer(&self, batch: Batch, deadline: Option<Instant>) -> Result<Output, ModelError> {
+    pub async fn infer(
+        &self,
+        batch: Batch,
+        deadline: Option<Instant>,
+    ) -> Result<Output, ModelError> {
         let started = Instant::now();
         let result = self.infer_inner(batch, deadline, started).await;
         self.stats.record_request(result.is_ok(), started.elapsed());
         result
     }
 
-    async fn infer_inner(&self, batch: Batch, deadline: Option<Instant>, now: Instant) -> Result<Output, ModelError> {
+    async fn infer_inner(
+        &self,
+        batch: Batch,
+        deadline: Option<Instant>,
+        now: Instant,
+    ) -> Result<Output, ModelError> {
         let max = self.config.batching.max_batch_size.get();
         let cols = self.config.input().row_width();
         if batch.rows == 0 || batch.rows > max {
@@ -147,11 +165,16 @@ impl VersionHandle {
             span: span.clone(),
             _permit: permit,
         });
-        let res = tokio::time::timeout_at(deadline.into(), rx).instrument(span).await;
+        let res = tokio::time::timeout_at(deadline.into(), rx)
+            .instrument(span)
+            .await;
         gauge!(names::IN_FLIGHT, &self.labels.pairs()).set(self.in_flight() as f64);
         match res {
             Err(_) => Err(ModelError::DeadlineExceeded("waiting for the model")),
-            Ok(Err(_)) => Err(ModelError::Unavailable { model: self.config.name.clone(), version: self.version }),
+            Ok(Err(_)) => Err(ModelError::Unavailable {
+                model: self.config.name.clone(),
+                version: self.version,
+            }),
             Ok(Ok(r)) => r,
         }
     }

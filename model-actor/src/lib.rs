@@ -4,8 +4,8 @@
 //! version is a [`VersionHandle`]: admission (a semaphore sized to the queue
 //! capacity) in front of a batcher actor that forms batches and hands them to
 //! runner actors (a `SyncArbiter`), each owning a copy of the model on its device.
-pub mod batching;
 mod batcher;
+pub mod batching;
 pub mod config;
 pub mod error;
 pub mod handle;

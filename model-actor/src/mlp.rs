@@ -67,7 +67,9 @@ impl Mlp {
         let dtype = dtype_of(precision);
         let mut layers = Vec::new();
         let mut width = input_width;
-        let n_layers = (0..).take_while(|i| tensors.contains_key(&format!("l{i}.weight"))).count();
+        let n_layers = (0..)
+            .take_while(|i| tensors.contains_key(&format!("l{i}.weight")))
+            .count();
         if n_layers == 0 {
             return Err(format!("{} has no tensor named l0.weight", path.display()));
         }
@@ -86,19 +88,34 @@ impl Mlp {
                 .ok_or_else(|| format!("{}: l{i}.bias is missing", path.display()))?;
             let (out, inp) = w.dims2().map_err(|e| format!("l{i}.weight: {e}"))?;
             if inp != width {
-                return Err(format!("l{i}.weight is [{out}, {inp}] but its input width should be {width}"));
+                return Err(format!(
+                    "l{i}.weight is [{out}, {inp}] but its input width should be {width}"
+                ));
             }
             if b.dims() != [out] {
-                return Err(format!("l{i}.bias has shape {:?}, expected [{out}]", b.dims()));
+                return Err(format!(
+                    "l{i}.bias has shape {:?}, expected [{out}]",
+                    b.dims()
+                ));
             }
             let conv = |t: &Tensor| t.to_dtype(dtype).map_err(|e| e.to_string());
-            let w_t = conv(&w.t().and_then(|t| t.contiguous()).map_err(|e| e.to_string())?)?;
+            let w_t = conv(
+                &w.t()
+                    .and_then(|t| t.contiguous())
+                    .map_err(|e| e.to_string())?,
+            )?;
             let act = cfg.activations.get(i).copied().unwrap_or(Activation::None);
-            layers.push(Dense { w_t, b: conv(b)?, act });
+            layers.push(Dense {
+                w_t,
+                b: conv(b)?,
+                act,
+            });
             width = out;
         }
         if width != output_width {
-            return Err(format!("the last layer has {width} outputs but the model declares {output_width}"));
+            return Err(format!(
+                "the last layer has {width} outputs but the model declares {output_width}"
+            ));
         }
         Ok(Self {
             layers,
@@ -154,7 +171,8 @@ impl Model for Mlp {
             )));
         }
         let t0 = Instant::now();
-        let x = Tensor::from_slice(&batch.data, (batch.rows, batch.cols), &self.device)?.to_dtype(self.dtype)?;
+        let x = Tensor::from_slice(&batch.data, (batch.rows, batch.cols), &self.device)?
+            .to_dtype(self.dtype)?;
         let t1 = Instant::now();
         let y = self.run(x)?;
         // Force the computation to finish before the clock stops (matters on GPU).
@@ -162,6 +180,12 @@ impl Model for Mlp {
         let t2 = Instant::now();
         let data = y.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
         let t3 = Instant::now();
-        Ok(Forward { data, cols: self.output_width, input: t1 - t0, infer: t2 - t1, output: t3 - t2 })
+        Ok(Forward {
+            data,
+            cols: self.output_width,
+            input: t1 - t0,
+            infer: t2 - t1,
+            output: t3 - t2,
+        })
     }
 }

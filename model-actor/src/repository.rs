@@ -29,8 +29,16 @@ pub struct ServedModel {
 
 impl ServedModel {
     fn new(config: Arc<ModelConfig>, replicas: BTreeMap<u64, Vec<Arc<VersionHandle>>>) -> Self {
-        let versions = replicas.iter().filter_map(|(v, r)| Some((*v, r.first()?.clone()))).collect();
-        Self { config, versions, replicas, next: std::sync::atomic::AtomicUsize::new(0) }
+        let versions = replicas
+            .iter()
+            .filter_map(|(v, r)| Some((*v, r.first()?.clone())))
+            .collect();
+        Self {
+            config,
+            versions,
+            replicas,
+            next: std::sync::atomic::AtomicUsize::new(0),
+        }
     }
 
     /// The newest ready version.
@@ -70,7 +78,10 @@ impl ModelRepository {
     pub fn new(root: impl Into<PathBuf>, system: ActorSystem) -> Result<Self, ModelError> {
         let root = root.into();
         if !root.is_dir() {
-            return Err(ModelError::Config { path: root, msg: "the model repository is not a directory".into() });
+            return Err(ModelError::Config {
+                path: root,
+                msg: "the model repository is not a directory".into(),
+            });
         }
         Ok(Self {
             root,
@@ -137,7 +148,9 @@ impl ModelRepository {
                 }
                 Err(e) => {
                     tracing::error!(model = name, version = v, error = %e, "version failed to load");
-                    self.failures.lock().insert((name.to_owned(), *v), e.to_string());
+                    self.failures
+                        .lock()
+                        .insert((name.to_owned(), *v), e.to_string());
                     errors.push(e);
                 }
             }
@@ -149,10 +162,16 @@ impl ModelRepository {
         let served: Vec<u64> = next.keys().copied().collect();
         if let Some(old) = &current {
             for v in old.versions.keys().filter(|v| !next.contains_key(v)) {
-                tracing::info!(model = name, version = v, "unloading version (requests in flight finish on it)");
+                tracing::info!(
+                    model = name,
+                    version = v,
+                    "unloading version (requests in flight finish on it)"
+                );
             }
         }
-        self.models.write().insert(name.to_owned(), Arc::new(ServedModel::new(config, next)));
+        self.models
+            .write()
+            .insert(name.to_owned(), Arc::new(ServedModel::new(config, next)));
         tracing::info!(model = name, versions = ?served, "model loaded");
         match errors.into_iter().next() {
             Some(e) => Err(e),
@@ -174,7 +193,11 @@ impl ModelRepository {
 
     /// The served model called `name`.
     pub fn model(&self, name: &str) -> Result<Arc<ServedModel>, ModelError> {
-        self.models.read().get(name).cloned().ok_or_else(|| ModelError::ModelNotFound(name.to_owned()))
+        self.models
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| ModelError::ModelNotFound(name.to_owned()))
     }
 
     /// All served models.
@@ -187,13 +210,19 @@ impl ModelRepository {
     pub fn get(&self, name: &str, version: Option<u64>) -> Result<Arc<VersionHandle>, ModelError> {
         let m = self.model(name)?;
         let v = match version {
-            None => m.newest().map(|h| h.version).ok_or_else(|| ModelError::NotReady(name.to_owned()))?,
+            None => m
+                .newest()
+                .map(|h| h.version)
+                .ok_or_else(|| ModelError::NotReady(name.to_owned()))?,
             Some(v) => v,
         };
         m.pick(v)
             .filter(|h| h.is_ready())
             .cloned()
-            .ok_or_else(|| ModelError::VersionNotFound { model: name.to_owned(), version: v.to_string() })
+            .ok_or_else(|| ModelError::VersionNotFound {
+                model: name.to_owned(),
+                version: v.to_string(),
+            })
     }
 
     /// Every model directory and version: served ones as READY, failed ones as
@@ -214,7 +243,12 @@ impl ModelRepository {
                         None => ("UNAVAILABLE", "not loaded".to_owned()),
                     },
                 };
-                out.push(IndexEntry { model: name.clone(), version: v, state, reason });
+                out.push(IndexEntry {
+                    model: name.clone(),
+                    version: v,
+                    state,
+                    reason,
+                });
             }
         }
         out
@@ -243,11 +277,25 @@ impl ModelRepository {
         let cfg = config.clone();
         let factory = tokio::task::spawn_blocking(move || build_factory(&cfg, &vdir))
             .await
-            .map_err(|e| ModelError::Load { model: config.name.clone(), version, msg: e.to_string() })?
-            .map_err(|msg| ModelError::Load { model: config.name.clone(), version, msg })?;
+            .map_err(|e| ModelError::Load {
+                model: config.name.clone(),
+                version,
+                msg: e.to_string(),
+            })?
+            .map_err(|msg| ModelError::Load {
+                model: config.name.clone(),
+                version,
+                msg,
+            })?;
         let mut out = Vec::new();
         for replica in 0..config.batching.replicas.get() {
-            let handle = VersionHandle::spawn(&self.system, config.clone(), version, replica, factory.clone())?;
+            let handle = VersionHandle::spawn(
+                &self.system,
+                config.clone(),
+                version,
+                replica,
+                factory.clone(),
+            )?;
             warmup(&handle).await.map_err(|e| ModelError::Load {
                 model: config.name.clone(),
                 version,
@@ -263,11 +311,20 @@ impl ModelRepository {
 /// Runs the configured warmup batches (zeros) through the whole batching path.
 pub async fn warmup(handle: &VersionHandle) -> Result<(), ModelError> {
     let cfg = &handle.config;
-    let rows = cfg.warmup.batch_size.clamp(1, cfg.batching.max_batch_size.get());
+    let rows = cfg
+        .warmup
+        .batch_size
+        .clamp(1, cfg.batching.max_batch_size.get());
     let cols = cfg.input().row_width();
     for _ in 0..cfg.warmup.batches {
-        let batch = Batch { rows, cols, data: vec![0.0; rows * cols] };
-        handle.infer(batch, Some(Instant::now() + Duration::from_secs(30))).await?;
+        let batch = Batch {
+            rows,
+            cols,
+            data: vec![0.0; rows * cols],
+        };
+        handle
+            .infer(batch, Some(Instant::now() + Duration::from_secs(30)))
+            .await?;
     }
     Ok(())
 }
@@ -276,7 +333,10 @@ pub async fn warmup(handle: &VersionHandle) -> Result<(), ModelError> {
 pub fn build_factory(config: &ModelConfig, version_dir: &Path) -> Result<ModelFactory, String> {
     match config.kind {
         ModelKind::Mlp => {
-            let mlp_cfg = config.mlp.as_ref().ok_or("kind = \"mlp\" needs an [mlp] table")?;
+            let mlp_cfg = config
+                .mlp
+                .as_ref()
+                .ok_or("kind = \"mlp\" needs an [mlp] table")?;
             let device = open_device(parse_device(&config.device)?)?;
             let mlp = Mlp::load(
                 &version_dir.join(&mlp_cfg.weights),

@@ -52,7 +52,12 @@ pub(crate) struct Labels {
 
 impl Labels {
     pub fn new(model: Arc<str>, version: u64, replica: usize) -> Self {
-        Self { model, version, version_label: version.to_string(), replica_label: replica.to_string() }
+        Self {
+            model,
+            version,
+            version_label: version.to_string(),
+            replica_label: replica.to_string(),
+        }
     }
     pub fn pairs(&self) -> [(&'static str, String); 3] {
         [
@@ -82,7 +87,11 @@ pub(crate) struct Runner {
 
 impl Runner {
     pub fn new(model: Box<dyn Model>, stats: Arc<VersionStats>, labels: Labels) -> Self {
-        Self { model, stats, labels }
+        Self {
+            model,
+            stats,
+            labels,
+        }
     }
 }
 
@@ -115,12 +124,22 @@ impl Handler<RunBatch> for Runner {
         let rows: Vec<usize> = items.iter().map(|p| p.rows).collect();
         match result.and_then(|f| {
             let parts = split(&f.data, f.cols, &rows).ok_or_else(|| {
-                ModelError::Compute(format!("model returned {} values for {} rows", f.data.len(), batch.rows))
+                ModelError::Compute(format!(
+                    "model returned {} values for {} rows",
+                    f.data.len(),
+                    batch.rows
+                ))
             })?;
             Ok((f, parts))
         }) {
             Ok((f, parts)) => {
-                self.stats.record_batch(items.len() as u64, batch.rows as u64, f.input, f.infer, f.output);
+                self.stats.record_batch(
+                    items.len() as u64,
+                    batch.rows as u64,
+                    f.input,
+                    f.infer,
+                    f.output,
+                );
                 for (p, data) in items.into_iter().zip(parts) {
                     tracing::trace!(parent: &p.span, rows = p.rows, batch_rows = batch.rows, "computed");
                     let _ = p.reply.send(Ok(Output {

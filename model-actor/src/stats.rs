@@ -33,11 +33,17 @@ pub mod names {
 /// sub-millisecond work still lands in distinct buckets. Batch sizes are powers of two.
 pub fn buckets() -> Vec<(&'static str, Vec<f64>)> {
     let latency = vec![
-        0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-        0.25, 0.5, 1.0,
+        0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+        0.05, 0.1, 0.25, 0.5, 1.0,
     ];
-    let sizes = vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0];
-    vec![(names::QUEUE_WAIT, latency.clone()), (names::COMPUTE, latency), (names::BATCH_SIZE, sizes)]
+    let sizes = vec![
+        1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+    ];
+    vec![
+        (names::QUEUE_WAIT, latency.clone()),
+        (names::COMPUTE, latency),
+        (names::BATCH_SIZE, sizes),
+    ]
 }
 
 /// A count and a total duration, as Triton's `StatisticDuration`.
@@ -86,7 +92,14 @@ pub struct VersionStats {
 
 impl VersionStats {
     /// Records one executed batch of `requests` requests and `rows` rows.
-    pub fn record_batch(&self, requests: u64, rows: u64, input: Duration, infer: Duration, output: Duration) {
+    pub fn record_batch(
+        &self,
+        requests: u64,
+        rows: u64,
+        input: Duration,
+        infer: Duration,
+        output: Duration,
+    ) {
         self.execution_count.fetch_add(1, Relaxed);
         self.inference_count.fetch_add(rows, Relaxed);
         // Triton counts compute per request: each request of the batch spent it.
@@ -108,7 +121,10 @@ impl VersionStats {
         } else {
             self.fail.add(1, total);
         }
-        let ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+        let ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
         self.last_inference_ms.store(ms, Relaxed);
     }
 }

@@ -3,7 +3,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mesh_model_actor::{ActorSystem, Batch, Forward, Model, ModelConfig, ModelError, VersionHandle};
+use mesh_model_actor::{
+    ActorSystem, Batch, Forward, Model, ModelConfig, ModelError, VersionHandle,
+};
 use parking_lot::Mutex;
 
 /// Sums each row; sleeps `delay` per batch; records every batch it sees.
@@ -22,7 +24,11 @@ impl Model for Fake {
     fn forward(&mut self, b: &Batch) -> Result<Forward, ModelError> {
         std::thread::sleep(self.delay);
         self.seen.lock().push(b.data.clone());
-        Ok(Forward { data: b.data.chunks(2).map(|r| r[0] + r[1]).collect(), cols: 1, ..Default::default() })
+        Ok(Forward {
+            data: b.data.chunks(2).map(|r| r[0] + r[1]).collect(),
+            cols: 1,
+            ..Default::default()
+        })
     }
 }
 
@@ -52,17 +58,29 @@ fn config(max_batch: usize, delay_us: u64, capacity: usize, runners: usize) -> A
     Arc::new(ModelConfig::parse(&text, "fake").unwrap())
 }
 
-fn start(cfg: Arc<ModelConfig>, delay: Duration) -> (Arc<VersionHandle>, Arc<Mutex<Vec<Vec<f32>>>>) {
+fn start(
+    cfg: Arc<ModelConfig>,
+    delay: Duration,
+) -> (Arc<VersionHandle>, Arc<Mutex<Vec<Vec<f32>>>>) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let s = seen.clone();
-    let factory = Arc::new(move || Box::new(Fake { delay, seen: s.clone() }) as Box<dyn Model>);
+    let factory = Arc::new(move || {
+        Box::new(Fake {
+            delay,
+            seen: s.clone(),
+        }) as Box<dyn Model>
+    });
     let h = VersionHandle::spawn(&ActorSystem::start().unwrap(), cfg, 1, 0, factory).unwrap();
     h.mark_ready();
     (Arc::new(h), seen)
 }
 
 fn row(a: f32) -> Batch {
-    Batch { rows: 1, cols: 2, data: vec![a, 1.0] }
+    Batch {
+        rows: 1,
+        cols: 2,
+        data: vec![a, 1.0],
+    }
 }
 
 fn in_secs(s: u64) -> Option<Instant> {
@@ -85,7 +103,11 @@ async fn queue_delay_gathers_separate_callers_into_one_batch() {
     }
     let batches = seen.lock();
     let biggest = batches.iter().map(|b| b.len() / 2).max().unwrap();
-    assert!(biggest > 1, "no batch formed: {:?}", batches.iter().map(|b| b.len() / 2).collect::<Vec<_>>());
+    assert!(
+        biggest > 1,
+        "no batch formed: {:?}",
+        batches.iter().map(|b| b.len() / 2).collect::<Vec<_>>()
+    );
     assert!(batches.iter().all(|b| b.len() / 2 <= 8));
 }
 
@@ -122,9 +144,15 @@ async fn a_full_queue_fails_fast_with_overloaded() {
 async fn no_answer_after_the_deadline() {
     let (h, _) = start(config(1, 0, 16, 1), Duration::from_millis(400));
     let t = Instant::now();
-    let r = h.infer(row(1.0), Some(Instant::now() + Duration::from_millis(50))).await;
+    let r = h
+        .infer(row(1.0), Some(Instant::now() + Duration::from_millis(50)))
+        .await;
     assert!(matches!(r, Err(ModelError::DeadlineExceeded(_))), "{r:?}");
-    assert!(t.elapsed() < Duration::from_millis(350), "answered after {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_millis(350),
+        "answered after {:?}",
+        t.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -147,6 +175,9 @@ async fn requests_whose_caller_left_are_not_computed() {
         t.await.unwrap().unwrap();
     }
     let computed: Vec<f32> = seen.lock().iter().map(|b| b[0]).collect();
-    assert!(!computed.contains(&77.0), "a cancelled request was computed: {computed:?}");
+    assert!(
+        !computed.contains(&77.0),
+        "a cancelled request was computed: {computed:?}"
+    );
     assert!(computed.contains(&4.0));
 }

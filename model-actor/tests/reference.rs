@@ -17,7 +17,10 @@ fn samples() -> Vec<(Vec<f32>, f32)> {
         .skip(1)
         .map(|l| {
             let f: Vec<&str> = l.split(',').collect();
-            let x = f[1..33].iter().map(|v| v.parse::<f32>().expect("feature")).collect();
+            let x = f[1..33]
+                .iter()
+                .map(|v| v.parse::<f32>().expect("feature"))
+                .collect();
             (x, f[34].parse::<f32>().expect("expected_proba"))
         })
         .collect()
@@ -27,7 +30,11 @@ fn copy_repo(dst: &Path) {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/models/fraud_mlp");
     std::fs::create_dir_all(dst.join("fraud_mlp/1")).unwrap();
     std::fs::copy(src.join("model.toml"), dst.join("fraud_mlp/model.toml")).unwrap();
-    std::fs::copy(reference_dir().join("fraud_mlp.safetensors"), dst.join("fraud_mlp/1/model.safetensors")).unwrap();
+    std::fs::copy(
+        reference_dir().join("fraud_mlp.safetensors"),
+        dst.join("fraud_mlp/1/model.safetensors"),
+    )
+    .unwrap();
 }
 
 fn deadline() -> Option<Instant> {
@@ -51,7 +58,17 @@ async fn reproduces_expected_proba_one_row_and_batched() {
     for (x, want) in rows.clone() {
         let h = h.clone();
         tasks.push(tokio::spawn(async move {
-            let out = h.infer(Batch { rows: 1, cols: 32, data: x }, deadline()).await.unwrap();
+            let out = h
+                .infer(
+                    Batch {
+                        rows: 1,
+                        cols: 32,
+                        data: x,
+                    },
+                    deadline(),
+                )
+                .await
+                .unwrap();
             (out.data[0], want)
         }));
     }
@@ -66,18 +83,38 @@ async fn reproduces_expected_proba_one_row_and_batched() {
     for size in [2usize, 7, 32, 64] {
         for chunk in rows.chunks(size) {
             let data: Vec<f32> = chunk.iter().flat_map(|(x, _)| x.iter().copied()).collect();
-            let out = h.infer(Batch { rows: chunk.len(), cols: 32, data }, deadline()).await.unwrap();
+            let out = h
+                .infer(
+                    Batch {
+                        rows: chunk.len(),
+                        cols: 32,
+                        data,
+                    },
+                    deadline(),
+                )
+                .await
+                .unwrap();
             assert_eq!(out.data.len(), chunk.len());
             for (got, (_, want)) in out.data.iter().zip(chunk) {
-                assert!((got - want).abs() <= 1e-5, "batch {size}: got {got}, want {want}");
+                assert!(
+                    (got - want).abs() <= 1e-5,
+                    "batch {size}: got {got}, want {want}"
+                );
             }
         }
     }
     // The batcher did combine requests.
     let stats = &h.stats;
-    let executions = stats.execution_count.load(std::sync::atomic::Ordering::Relaxed);
-    let rows_done = stats.inference_count.load(std::sync::atomic::Ordering::Relaxed);
-    assert!(executions < rows_done, "{executions} executions for {rows_done} rows");
+    let executions = stats
+        .execution_count
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let rows_done = stats
+        .inference_count
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        executions < rows_done,
+        "{executions} executions for {rows_done} rows"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -87,12 +124,36 @@ async fn bad_batches_are_invalid_argument() {
     let repo = ModelRepository::new(dir.path(), ActorSystem::start().unwrap()).unwrap();
     repo.load_all().await.unwrap();
     let h = repo.get("fraud_mlp", None).unwrap();
-    let too_many = h.infer(Batch { rows: 65, cols: 32, data: vec![0.0; 65 * 32] }, deadline()).await;
+    let too_many = h
+        .infer(
+            Batch {
+                rows: 65,
+                cols: 32,
+                data: vec![0.0; 65 * 32],
+            },
+            deadline(),
+        )
+        .await;
     assert!(matches!(too_many, Err(ModelError::InvalidInput(m)) if m.contains("64")));
-    let short = h.infer(Batch { rows: 1, cols: 32, data: vec![0.0; 31] }, deadline()).await;
+    let short = h
+        .infer(
+            Batch {
+                rows: 1,
+                cols: 32,
+                data: vec![0.0; 31],
+            },
+            deadline(),
+        )
+        .await;
     assert!(matches!(short, Err(ModelError::InvalidInput(_))));
-    assert!(matches!(repo.get("nope", None), Err(ModelError::ModelNotFound(_))));
-    assert!(matches!(repo.get("fraud_mlp", Some(9)), Err(ModelError::VersionNotFound { .. })));
+    assert!(matches!(
+        repo.get("nope", None),
+        Err(ModelError::ModelNotFound(_))
+    ));
+    assert!(matches!(
+        repo.get("fraud_mlp", Some(9)),
+        Err(ModelError::VersionNotFound { .. })
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -112,8 +173,20 @@ async fn hot_load_under_load_fails_nothing_and_a_broken_version_keeps_the_old() 
             let mut i = w;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let (x, want) = &rows[i % rows.len()];
-                let h = repo.get("fraud_mlp", None).expect("a ready version at every moment");
-                let out = h.infer(Batch { rows: 1, cols: 32, data: x.clone() }, deadline()).await.expect("no failed request");
+                let h = repo
+                    .get("fraud_mlp", None)
+                    .expect("a ready version at every moment");
+                let out = h
+                    .infer(
+                        Batch {
+                            rows: 1,
+                            cols: 32,
+                            data: x.clone(),
+                        },
+                        deadline(),
+                    )
+                    .await
+                    .expect("no failed request");
                 assert!((out.data[0] - want).abs() <= 1e-5);
                 versions.insert(out.version);
                 ok += 1;
@@ -126,7 +199,11 @@ async fn hot_load_under_load_fails_nothing_and_a_broken_version_keeps_the_old() 
     // Version 2 (same weights) appears; the policy (latest 1) moves to it.
     let v2 = dir.path().join("fraud_mlp/2");
     std::fs::create_dir_all(&v2).unwrap();
-    std::fs::copy(reference_dir().join("fraud_mlp.safetensors"), v2.join("model.safetensors")).unwrap();
+    std::fs::copy(
+        reference_dir().join("fraud_mlp.safetensors"),
+        v2.join("model.safetensors"),
+    )
+    .unwrap();
     assert_eq!(repo.load("fraud_mlp").await.unwrap(), vec![2]);
     tokio::time::sleep(Duration::from_millis(200)).await;
     // Version 3 is broken: its load fails and version 2 keeps serving.
@@ -148,5 +225,7 @@ async fn hot_load_under_load_fails_nothing_and_a_broken_version_keeps_the_old() 
     assert!(total > 100, "only {total} requests ran");
     assert_eq!(seen.into_iter().collect::<Vec<_>>(), vec![1, 2]);
     let index = repo.index();
-    assert!(index.iter().any(|e| e.version == 3 && e.state == "UNAVAILABLE" && !e.reason.is_empty()));
+    assert!(index
+        .iter()
+        .any(|e| e.version == 3 && e.state == "UNAVAILABLE" && !e.reason.is_empty()));
 }

@@ -11,7 +11,9 @@
 
 use anyhow::Context;
 use mesh_prediction_log::cli::{run_join, JoinArgs};
-use mesh_prediction_log::{source, FeatureUsed, LogConfig, PredictionLog, PredictionRecord, Role, StageMicros};
+use mesh_prediction_log::{
+    source, FeatureUsed, LogConfig, PredictionLog, PredictionRecord, Role, StageMicros,
+};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -32,8 +34,16 @@ impl Rng {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
-    let out = PathBuf::from(std::env::args().nth(1).context("usage: demo_log <out-dir>")?);
-    let n: u64 = std::env::args().nth(2).map(|s| s.parse()).transpose()?.unwrap_or(20_000);
+    let out = PathBuf::from(
+        std::env::args()
+            .nth(1)
+            .context("usage: demo_log <out-dir>")?,
+    );
+    let n: u64 = std::env::args()
+        .nth(2)
+        .map(|s| s.parse())
+        .transpose()?
+        .unwrap_or(20_000);
     let logs = out.join("log");
     std::fs::create_dir_all(&out)?;
     let mut cfg = LogConfig::new(&logs);
@@ -45,8 +55,11 @@ async fn main() -> anyhow::Result<()> {
     for i in 0..n {
         let id = format!("req-{i:07}");
         let fraud = rng.unit() < 0.1;
-        let roles: &[(&str, Role, f64)] =
-            if i % 10 == 0 { &[("4", Role::Canary, 0.25)] } else { &[("3", Role::Primary, 0.35), ("5", Role::Shadow, 0.6)] };
+        let roles: &[(&str, Role, f64)] = if i % 10 == 0 {
+            &[("4", Role::Canary, 0.25)]
+        } else {
+            &[("3", Role::Primary, 0.35), ("5", Role::Shadow, 0.6)]
+        };
         for (version, role, noise) in roles {
             let mut r = PredictionRecord::new(id.clone(), "fraud", *version, *role);
             let raw = if fraud { 0.7 } else { 0.3 } + (rng.unit() - 0.5) * 2.0 * noise;
@@ -61,7 +74,16 @@ async fn main() -> anyhow::Result<()> {
                 event_time_us: Some(r.ts_us - 60_000_000),
             }]);
             if *role != Role::Shadow {
-                r.decision = Some(if score >= 0.8 { "decline" } else if score >= 0.5 { "review" } else { "approve" }.into());
+                r.decision = Some(
+                    if score >= 0.8 {
+                        "decline"
+                    } else if score >= 0.5 {
+                        "review"
+                    } else {
+                        "approve"
+                    }
+                    .into(),
+                );
             }
             r.source = match rng.next() % 100 {
                 0 => source::RULES,
@@ -78,7 +100,10 @@ async fn main() -> anyhow::Result<()> {
                 postprocess: 1 + rng.next() % 3,
                 total: 0,
             };
-            r.stages = StageMicros { total: st.sum_of_stages() + rng.next() % 20, ..st };
+            r.stages = StageMicros {
+                total: st.sum_of_stages() + rng.next() % 20,
+                ..st
+            };
             log.record_wait(r).await?;
         }
         // 10% of requests never get a label; some get two; a few are garbage.
@@ -111,7 +136,18 @@ async fn main() -> anyhow::Result<()> {
     run_join(&args, &mut json)?;
     json.flush()?;
     let mut stdout = std::io::stdout();
-    run_join(&JoinArgs { json: false, ..args }, &mut stdout)?;
-    eprintln!("wrote {} records ({} segments) to {}", stats.written, stats.segments, logs.display());
+    run_join(
+        &JoinArgs {
+            json: false,
+            ..args
+        },
+        &mut stdout,
+    )?;
+    eprintln!(
+        "wrote {} records ({} segments) to {}",
+        stats.written,
+        stats.segments,
+        logs.display()
+    );
     Ok(())
 }

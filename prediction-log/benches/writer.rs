@@ -4,7 +4,9 @@
 //! cargo bench -p mesh-prediction-log --bench writer
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use mesh_prediction_log::{source, FeatureUsed, LogConfig, PredictionLog, PredictionRecord, Role, StageMicros};
+use mesh_prediction_log::{
+    source, FeatureUsed, LogConfig, PredictionLog, PredictionRecord, Role, StageMicros,
+};
 use std::time::{Duration, Instant};
 
 fn record(i: u64, features: usize) -> PredictionRecord {
@@ -23,12 +25,23 @@ fn record(i: u64, features: usize) -> PredictionRecord {
     r.score = Some((i % 1000) as f64 / 1000.0);
     r.decision = Some("approve".into());
     r.source = source::MODEL.into();
-    r.stages = StageMicros { validate: 3, features: 40, preprocess: 5, queue: 80, compute: 30, postprocess: 2, total: 170 };
+    r.stages = StageMicros {
+        validate: 3,
+        features: 40,
+        preprocess: 5,
+        queue: 80,
+        compute: 30,
+        postprocess: 2,
+        total: 170,
+    };
     r
 }
 
 fn sustained(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     let mut g = c.benchmark_group("writer");
     g.sample_size(10).measurement_time(Duration::from_secs(20));
     const N: u64 = 100_000;

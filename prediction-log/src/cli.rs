@@ -113,7 +113,9 @@ fn print_records(recs: &[PredictionRecord], json: bool, out: &mut dyn Write) -> 
 
 /// `2024-05-01T12:00:00.123456Z req-1 fraud v3 primary score=0.9100 decision=decline source=MODEL total=512us`
 pub fn summary_line(r: &PredictionRecord) -> String {
-    let score = r.score.map_or_else(|| "-".to_string(), |s| format!("{s:.4}"));
+    let score = r
+        .score
+        .map_or_else(|| "-".to_string(), |s| format!("{s:.4}"));
     format!(
         "{} {} {} v{} {} score={} decision={} source={} total={}us",
         format_ts(r.ts_us),
@@ -143,6 +145,9 @@ mod tests {
     #[test]
     fn timestamps() {
         assert_eq!(format_ts(0), "1970-01-01T00:00:00.000000Z");
-        assert_eq!(format_ts(1_709_208_000_000_001), "2024-02-29T12:00:00.000001Z");
+        assert_eq!(
+            format_ts(1_709_208_000_000_001),
+            "2024-02-29T12:00:00.000001Z"
+        );
     }
 }

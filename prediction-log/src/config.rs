@@ -45,17 +45,25 @@ impl LogConfig {
 
     pub(crate) fn validate(&self) -> Result<()> {
         if self.channel_capacity == 0 {
-            return Err(LogError::Config("channel_capacity must be at least 1".into()));
+            return Err(LogError::Config(
+                "channel_capacity must be at least 1".into(),
+            ));
         }
         if self.segment_max_bytes == 0 {
-            return Err(LogError::Config("segment_max_bytes must be at least 1".into()));
+            return Err(LogError::Config(
+                "segment_max_bytes must be at least 1".into(),
+            ));
         }
         if self.segment_max_age.is_zero() || self.flush_interval.is_zero() {
-            return Err(LogError::Config("segment_max_age and flush_interval must be positive".into()));
+            return Err(LogError::Config(
+                "segment_max_age and flush_interval must be positive".into(),
+            ));
         }
         if let FeatureLogging::Sample(r) = self.features {
             if !(0.0..=1.0).contains(&r) {
-                return Err(LogError::Config(format!("feature sample rate {r} is not in [0, 1]")));
+                return Err(LogError::Config(format!(
+                    "feature sample rate {r} is not in [0, 1]"
+                )));
             }
         }
         Ok(())

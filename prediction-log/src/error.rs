@@ -41,13 +41,22 @@ pub enum LogError {
 
 impl LogError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Self::Io { path: path.into(), source }
+        Self::Io {
+            path: path.into(),
+            source,
+        }
     }
     pub(crate) fn parquet(path: impl Into<PathBuf>, source: parquet::errors::ParquetError) -> Self {
-        Self::Parquet { path: path.into(), source }
+        Self::Parquet {
+            path: path.into(),
+            source,
+        }
     }
     pub(crate) fn schema(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
-        Self::Schema { path: path.into(), reason: reason.into() }
+        Self::Schema {
+            path: path.into(),
+            reason: reason.into(),
+        }
     }
 }
 

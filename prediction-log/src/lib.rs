@@ -32,6 +32,8 @@ pub use error::{LogError, Result};
 pub use join::{join, JoinOptions, JoinReport};
 pub use parquet_io::{read_parquet, schema, write_parquet};
 pub use reader::{read_all, scan, ReadOptions, Tailer};
-pub use record::{date_of_us, now_us, source, FeatureLogging, FeatureUsed, PredictionRecord, Role, StageMicros};
+pub use record::{
+    date_of_us, now_us, source, FeatureLogging, FeatureUsed, PredictionRecord, Role, StageMicros,
+};
 pub use segment::{parquet_files, recover, wal_files, RecoveryReport};
 pub use writer::{LogStats, PredictionLog, PredictionLogHandle, WriterTask};

@@ -5,7 +5,9 @@
 
 use crate::error::{LogError, Result};
 use crate::record::{FeatureUsed, PredictionRecord, Role, StageMicros};
-use arrow_array::builder::{Float64Builder, Int64Builder, StringBuilder, TimestampMicrosecondBuilder};
+use arrow_array::builder::{
+    Float64Builder, Int64Builder, StringBuilder, TimestampMicrosecondBuilder,
+};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float64Type, Int64Type, TimestampMicrosecondType};
 use arrow_array::{Array, ArrayRef, ListArray, RecordBatch, StructArray};
@@ -19,15 +21,25 @@ use std::fs::File;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
-const STAGE_COLUMNS: [&str; 7] =
-    ["validate_us", "features_us", "preprocess_us", "queue_us", "compute_us", "postprocess_us", "total_us"];
+const STAGE_COLUMNS: [&str; 7] = [
+    "validate_us",
+    "features_us",
+    "preprocess_us",
+    "queue_us",
+    "compute_us",
+    "postprocess_us",
+    "total_us",
+];
 
 fn ts_type() -> DataType {
     DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
 }
 
 fn key_fields() -> Fields {
-    Fields::from(vec![Field::new("key", DataType::Utf8, false), Field::new("value", DataType::Utf8, false)])
+    Fields::from(vec![
+        Field::new("key", DataType::Utf8, false),
+        Field::new("value", DataType::Utf8, false),
+    ])
 }
 
 fn feature_fields() -> Fields {
@@ -50,13 +62,25 @@ pub fn schema() -> SchemaRef {
                 Field::new("model", DataType::Utf8, false),
                 Field::new("version", DataType::Utf8, false),
                 Field::new("role", DataType::Utf8, false),
-                Field::new_list("entity_keys", Field::new_struct("item", key_fields(), false), false),
-                Field::new_list("features", Field::new_struct("item", feature_fields(), false), true),
+                Field::new_list(
+                    "entity_keys",
+                    Field::new_struct("item", key_fields(), false),
+                    false,
+                ),
+                Field::new_list(
+                    "features",
+                    Field::new_struct("item", feature_fields(), false),
+                    true,
+                ),
                 Field::new("score", DataType::Float64, true),
                 Field::new("decision", DataType::Utf8, true),
                 Field::new("source", DataType::Utf8, false),
             ];
-            fields.extend(STAGE_COLUMNS.iter().map(|c| Field::new(*c, DataType::Int64, false)));
+            fields.extend(
+                STAGE_COLUMNS
+                    .iter()
+                    .map(|c| Field::new(*c, DataType::Int64, false)),
+            );
             Arc::new(Schema::new(fields))
         })
         .clone()
@@ -125,7 +149,10 @@ pub fn to_batch(records: &[PredictionRecord]) -> Result<RecordBatch> {
 
     let keys_struct = StructArray::try_new(
         key_fields(),
-        vec![Arc::new(key_k.finish()) as ArrayRef, Arc::new(key_v.finish())],
+        vec![
+            Arc::new(key_k.finish()) as ArrayRef,
+            Arc::new(key_v.finish()),
+        ],
         None,
     )?;
     let keys = ListArray::try_new(
@@ -185,13 +212,17 @@ pub fn write_parquet(path: &Path, records: &[PredictionRecord]) -> Result<()> {
         .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
         .set_created_by("inference-mesh prediction-log".to_string())
         .build();
-    let mut writer =
-        ArrowWriter::try_new(file, schema(), Some(props)).map_err(|e| LogError::parquet(path, e))?;
+    let mut writer = ArrowWriter::try_new(file, schema(), Some(props))
+        .map_err(|e| LogError::parquet(path, e))?;
     for chunk in records.chunks(ROW_GROUP_ROWS) {
         let batch = to_batch(chunk)?;
-        writer.write(&batch).map_err(|e| LogError::parquet(path, e))?;
+        writer
+            .write(&batch)
+            .map_err(|e| LogError::parquet(path, e))?;
     }
-    let file = writer.into_inner().map_err(|e| LogError::parquet(path, e))?;
+    let file = writer
+        .into_inner()
+        .map_err(|e| LogError::parquet(path, e))?;
     file.sync_all().map_err(|e| LogError::io(path, e))?;
     Ok(())
 }
@@ -213,10 +244,16 @@ pub fn read_parquet(path: &Path) -> Result<Vec<PredictionRecord>> {
 }
 
 fn column<'a>(path: &Path, batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
-    batch.column_by_name(name).ok_or_else(|| LogError::schema(path, format!("missing column {name}")))
+    batch
+        .column_by_name(name)
+        .ok_or_else(|| LogError::schema(path, format!("missing column {name}")))
 }
 
-fn strings<'a>(path: &Path, batch: &'a RecordBatch, name: &str) -> Result<&'a arrow_array::StringArray> {
+fn strings<'a>(
+    path: &Path,
+    batch: &'a RecordBatch,
+    name: &str,
+) -> Result<&'a arrow_array::StringArray> {
     column(path, batch, name)?
         .as_string_opt::<i32>()
         .ok_or_else(|| LogError::schema(path, format!("column {name} is not utf8")))
@@ -230,33 +267,71 @@ fn opt_str(a: &arrow_array::StringArray, i: usize) -> Option<String> {
 pub fn from_batch(path: &Path, batch: &RecordBatch, out: &mut Vec<PredictionRecord>) -> Result<()> {
     let bad = |name: &str| LogError::schema(path, format!("column {name} has an unexpected type"));
     let request_id = strings(path, batch, "request_id")?;
-    let ts = column(path, batch, "ts")?.as_primitive_opt::<TimestampMicrosecondType>().ok_or_else(|| bad("ts"))?;
+    let ts = column(path, batch, "ts")?
+        .as_primitive_opt::<TimestampMicrosecondType>()
+        .ok_or_else(|| bad("ts"))?;
     let model = strings(path, batch, "model")?;
     let version = strings(path, batch, "version")?;
     let role = strings(path, batch, "role")?;
-    let keys = column(path, batch, "entity_keys")?.as_list_opt::<i32>().ok_or_else(|| bad("entity_keys"))?;
-    let keys_s = keys.values().as_struct_opt().ok_or_else(|| bad("entity_keys"))?;
-    let key_k = keys_s.column(0).as_string_opt::<i32>().ok_or_else(|| bad("entity_keys.key"))?;
-    let key_v = keys_s.column(1).as_string_opt::<i32>().ok_or_else(|| bad("entity_keys.value"))?;
-    let feats = column(path, batch, "features")?.as_list_opt::<i32>().ok_or_else(|| bad("features"))?;
-    let feats_s = feats.values().as_struct_opt().ok_or_else(|| bad("features"))?;
-    let f_name = feats_s.column(0).as_string_opt::<i32>().ok_or_else(|| bad("features.name"))?;
-    let f_value = feats_s.column(1).as_primitive_opt::<Float64Type>().ok_or_else(|| bad("features.value"))?;
-    let f_status = feats_s.column(2).as_string_opt::<i32>().ok_or_else(|| bad("features.status"))?;
-    let f_time =
-        feats_s.column(3).as_primitive_opt::<TimestampMicrosecondType>().ok_or_else(|| bad("features.event_time"))?;
-    let score = column(path, batch, "score")?.as_primitive_opt::<Float64Type>().ok_or_else(|| bad("score"))?;
+    let keys = column(path, batch, "entity_keys")?
+        .as_list_opt::<i32>()
+        .ok_or_else(|| bad("entity_keys"))?;
+    let keys_s = keys
+        .values()
+        .as_struct_opt()
+        .ok_or_else(|| bad("entity_keys"))?;
+    let key_k = keys_s
+        .column(0)
+        .as_string_opt::<i32>()
+        .ok_or_else(|| bad("entity_keys.key"))?;
+    let key_v = keys_s
+        .column(1)
+        .as_string_opt::<i32>()
+        .ok_or_else(|| bad("entity_keys.value"))?;
+    let feats = column(path, batch, "features")?
+        .as_list_opt::<i32>()
+        .ok_or_else(|| bad("features"))?;
+    let feats_s = feats
+        .values()
+        .as_struct_opt()
+        .ok_or_else(|| bad("features"))?;
+    let f_name = feats_s
+        .column(0)
+        .as_string_opt::<i32>()
+        .ok_or_else(|| bad("features.name"))?;
+    let f_value = feats_s
+        .column(1)
+        .as_primitive_opt::<Float64Type>()
+        .ok_or_else(|| bad("features.value"))?;
+    let f_status = feats_s
+        .column(2)
+        .as_string_opt::<i32>()
+        .ok_or_else(|| bad("features.status"))?;
+    let f_time = feats_s
+        .column(3)
+        .as_primitive_opt::<TimestampMicrosecondType>()
+        .ok_or_else(|| bad("features.event_time"))?;
+    let score = column(path, batch, "score")?
+        .as_primitive_opt::<Float64Type>()
+        .ok_or_else(|| bad("score"))?;
     let decision = strings(path, batch, "decision")?;
     let source = strings(path, batch, "source")?;
     let mut stage_cols = Vec::with_capacity(7);
     for c in STAGE_COLUMNS {
-        stage_cols.push(column(path, batch, c)?.as_primitive_opt::<Int64Type>().ok_or_else(|| bad(c))?);
+        stage_cols.push(
+            column(path, batch, c)?
+                .as_primitive_opt::<Int64Type>()
+                .ok_or_else(|| bad(c))?,
+        );
     }
 
     let key_off = keys.value_offsets();
     let feat_off = feats.value_offsets();
     for i in 0..batch.num_rows() {
-        let role_v: Role = role.value(i).parse().map_err(|e: String| LogError::schema(path, e))?;
+        let role_v: Role = role
+            .value(i)
+            .parse()
+            .map_err(|e: String| LogError::schema(path, e))?;
         let entity_keys = (key_off[i] as usize..key_off[i + 1] as usize)
             .map(|j| (key_k.value(j).to_string(), key_v.value(j).to_string()))
             .collect();

@@ -28,7 +28,8 @@ pub fn scan(dir: &Path, opts: ReadOptions, mut f: impl FnMut(PredictionRecord)) 
                 Ok(c) => c.records.into_iter().for_each(&mut f),
                 // Converted and removed between listing and reading: its Parquet file was
                 // either listed above or appeared too late; either way not an error.
-                Err(crate::error::LogError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {}
+                Err(crate::error::LogError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(e),
             }
         }
@@ -61,7 +62,11 @@ impl Tailer {
     /// there (oldest first).
     pub fn start(dir: &Path, backlog: usize) -> Result<(Self, Vec<PredictionRecord>)> {
         let known_parquet = parquet_files(dir)?.into_iter().collect();
-        let mut t = Tailer { dir: dir.to_path_buf(), wals: HashMap::new(), known_parquet };
+        let mut t = Tailer {
+            dir: dir.to_path_buf(),
+            wals: HashMap::new(),
+            known_parquet,
+        };
         let mut newest = t.poll()?;
         if newest.len() < backlog {
             let mut older: Vec<PredictionRecord> = Vec::new();
@@ -87,13 +92,19 @@ impl Tailer {
     /// Records appended since the last poll, in write order.
     pub fn poll(&mut self) -> Result<Vec<PredictionRecord>> {
         let mut out = Vec::new();
-        let current: Vec<(String, PathBuf)> =
-            wal_files(&self.dir)?.into_iter().filter_map(|w| Some((id_of_wal(&w)?, w))).collect();
+        let current: Vec<(String, PathBuf)> = wal_files(&self.dir)?
+            .into_iter()
+            .filter_map(|w| Some((id_of_wal(&w)?, w)))
+            .collect();
         // Segments closed since the last poll come first. For a wal we were following, only
         // the records after the ones already yielded; a segment we never saw as a wal
         // (opened and rolled between two polls), all of it.
-        let mut gone: Vec<String> =
-            self.wals.keys().filter(|id| !current.iter().any(|(c, _)| c == *id)).cloned().collect();
+        let mut gone: Vec<String> = self
+            .wals
+            .keys()
+            .filter(|id| !current.iter().any(|(c, _)| c == *id))
+            .cloned()
+            .collect();
         gone.sort();
         for p in parquet_files(&self.dir)? {
             if self.known_parquet.contains(&p) {
@@ -109,7 +120,11 @@ impl Tailer {
             if current.iter().any(|(c, _)| *c == id) {
                 continue; // renamed into place, wal not yet removed: next poll
             }
-            let seen = if gone.contains(&id) { self.wals.remove(&id).map(|(_, s)| s).unwrap_or(0) } else { 0 };
+            let seen = if gone.contains(&id) {
+                self.wals.remove(&id).map(|(_, s)| s).unwrap_or(0)
+            } else {
+                0
+            };
             out.extend(read_parquet(&p)?.into_iter().skip(seen));
             self.known_parquet.insert(p);
         }
@@ -127,7 +142,9 @@ impl Tailer {
                 }
                 // Rolled between listing and reading: its Parquet file is read by the next
                 // poll. Stop here so newer wals do not overtake its last records.
-                Err(crate::error::LogError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                Err(crate::error::LogError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
                     self.wals.entry(id).or_insert((offset, seen));
                     break;
                 }

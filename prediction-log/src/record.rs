@@ -79,8 +79,15 @@ pub struct StageMicros {
 
 impl StageMicros {
     /// Stage names in column order (`<name>_us` in Parquet).
-    pub const NAMES: [&'static str; 7] =
-        ["validate", "features", "preprocess", "queue", "compute", "postprocess", "total"];
+    pub const NAMES: [&'static str; 7] = [
+        "validate",
+        "features",
+        "preprocess",
+        "queue",
+        "compute",
+        "postprocess",
+        "total",
+    ];
 
     pub fn as_array(&self) -> [u64; 7] {
         [
@@ -136,7 +143,12 @@ pub struct PredictionRecord {
 
 impl PredictionRecord {
     /// A record with the given identity, stamped now, everything else empty.
-    pub fn new(request_id: impl Into<String>, model: impl Into<String>, version: impl Into<String>, role: Role) -> Self {
+    pub fn new(
+        request_id: impl Into<String>,
+        model: impl Into<String>,
+        version: impl Into<String>,
+        role: Role,
+    ) -> Self {
         Self {
             request_id: request_id.into(),
             ts_us: now_us(),
@@ -201,7 +213,9 @@ impl FromStr for FeatureLogging {
             "none" => Ok(Self::None),
             other => match other.parse::<f64>() {
                 Ok(r) if (0.0..=1.0).contains(&r) => Ok(Self::Sample(r)),
-                _ => Err(format!("feature logging must be all, none or a rate in [0, 1], got {other:?}")),
+                _ => Err(format!(
+                    "feature logging must be all, none or a rate in [0, 1], got {other:?}"
+                )),
             },
         }
     }
@@ -253,14 +267,21 @@ mod tests {
     #[test]
     fn sampling_rate_is_roughly_right_and_stable() {
         let s = FeatureLogging::Sample(0.25);
-        for fmt in [|i: u32| format!("req-{i}"), |i: u32| format!("req-{i:08}"), |i: u32| format!("{i:x}")] {
+        for fmt in [
+            |i: u32| format!("req-{i}"),
+            |i: u32| format!("req-{i:08}"),
+            |i: u32| format!("{i:x}"),
+        ] {
             let kept = (0..20_000).filter(|i| s.keeps(&fmt(*i))).count();
             assert!((4_500..5_500).contains(&kept), "kept {kept}");
         }
         assert_eq!(s.keeps("abc"), s.keeps("abc"));
         assert!(!FeatureLogging::None.keeps("x"));
         assert!(FeatureLogging::All.keeps("x"));
-        assert_eq!("0.5".parse::<FeatureLogging>(), Ok(FeatureLogging::Sample(0.5)));
+        assert_eq!(
+            "0.5".parse::<FeatureLogging>(),
+            Ok(FeatureLogging::Sample(0.5))
+        );
         assert!("1.5".parse::<FeatureLogging>().is_err());
     }
 }

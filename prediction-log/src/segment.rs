@@ -39,7 +39,8 @@ pub(crate) fn id_of_wal(path: &Path) -> Option<String> {
 }
 
 pub(crate) fn parquet_path(dir: &Path, date: &str, id: &str) -> PathBuf {
-    dir.join(format!("date={date}")).join(format!("part-{id}.parquet"))
+    dir.join(format!("date={date}"))
+        .join(format!("part-{id}.parquet"))
 }
 
 fn sync_dir(dir: &Path) -> Result<()> {
@@ -49,11 +50,20 @@ fn sync_dir(dir: &Path) -> Result<()> {
 
 /// Writes the records of segment `id` as its Parquet file (temp name, fsync, atomic rename,
 /// fsync of the directory). Returns the final path, or `None` for an empty segment.
-pub(crate) fn write_segment(dir: &Path, id: &str, records: &[PredictionRecord]) -> Result<Option<PathBuf>> {
-    let Some(first) = records.first() else { return Ok(None) };
+pub(crate) fn write_segment(
+    dir: &Path,
+    id: &str,
+    records: &[PredictionRecord],
+) -> Result<Option<PathBuf>> {
+    let Some(first) = records.first() else {
+        return Ok(None);
+    };
     let date = date_of_us(first.ts_us);
     let final_path = parquet_path(dir, &date, id);
-    let part_dir = final_path.parent().map(Path::to_path_buf).unwrap_or_else(|| dir.to_path_buf());
+    let part_dir = final_path
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| dir.to_path_buf());
     fs::create_dir_all(&part_dir).map_err(|e| LogError::io(&part_dir, e))?;
     let tmp = part_dir.join(format!(".part-{id}.parquet.tmp"));
     write_parquet(&tmp, records)?;

@@ -33,7 +33,12 @@ impl WalWriter {
             .map_err(|e| LogError::io(path, e))?;
         let mut out = BufWriter::with_capacity(256 << 10, file);
         out.write_all(MAGIC).map_err(|e| LogError::io(path, e))?;
-        Ok(Self { path: path.to_path_buf(), out, buf: Vec::with_capacity(1024), bytes: MAGIC.len() as u64 })
+        Ok(Self {
+            path: path.to_path_buf(),
+            out,
+            buf: Vec::with_capacity(1024),
+            bytes: MAGIC.len() as u64,
+        })
     }
 
     pub(crate) fn append(&mut self, rec: &PredictionRecord) -> Result<()> {
@@ -41,11 +46,14 @@ impl WalWriter {
         self.buf.extend_from_slice(&[0u8; FRAME_HEADER]);
         serde_json::to_writer(&mut self.buf, rec)?;
         let len = self.buf.len() - FRAME_HEADER;
-        let len32 = u32::try_from(len).map_err(|_| LogError::Config(format!("record of {len} bytes is too large")))?;
+        let len32 = u32::try_from(len)
+            .map_err(|_| LogError::Config(format!("record of {len} bytes is too large")))?;
         let crc = crc32fast::hash(&self.buf[FRAME_HEADER..]);
         self.buf[0..4].copy_from_slice(&len32.to_le_bytes());
         self.buf[4..8].copy_from_slice(&crc.to_le_bytes());
-        self.out.write_all(&self.buf).map_err(|e| LogError::io(&self.path, e))?;
+        self.out
+            .write_all(&self.buf)
+            .map_err(|e| LogError::io(&self.path, e))?;
         self.bytes += self.buf.len() as u64;
         Ok(())
     }
@@ -55,7 +63,10 @@ impl WalWriter {
     pub(crate) fn flush(&mut self, fsync: bool) -> Result<()> {
         self.out.flush().map_err(|e| LogError::io(&self.path, e))?;
         if fsync {
-            self.out.get_ref().sync_data().map_err(|e| LogError::io(&self.path, e))?;
+            self.out
+                .get_ref()
+                .sync_data()
+                .map_err(|e| LogError::io(&self.path, e))?;
         }
         Ok(())
     }
@@ -85,22 +96,32 @@ pub(crate) fn read_wal_from(path: &Path, offset: u64) -> Result<WalContents> {
     let mut file = File::open(path).map_err(|e| LogError::io(path, e))?;
     let mut data = Vec::new();
     let start = offset;
-    file.seek(SeekFrom::Start(start)).map_err(|e| LogError::io(path, e))?;
-    file.read_to_end(&mut data).map_err(|e| LogError::io(path, e))?;
+    file.seek(SeekFrom::Start(start))
+        .map_err(|e| LogError::io(path, e))?;
+    file.read_to_end(&mut data)
+        .map_err(|e| LogError::io(path, e))?;
     let mut pos = 0usize;
     if start == 0 {
         if data.len() < MAGIC.len() {
             // Created but the header never reached the disk: an empty segment.
-            return Ok(WalContents { records: Vec::new(), valid_len: 0, trailing_bytes: data.len() as u64 });
+            return Ok(WalContents {
+                records: Vec::new(),
+                valid_len: 0,
+                trailing_bytes: data.len() as u64,
+            });
         }
         if &data[..MAGIC.len()] != MAGIC {
-            return Err(LogError::schema(path, "not a prediction log wal file (bad magic)"));
+            return Err(LogError::schema(
+                path,
+                "not a prediction log wal file (bad magic)",
+            ));
         }
         pos = MAGIC.len();
     }
     let mut records = Vec::new();
     while data.len() - pos >= FRAME_HEADER {
-        let len = u32::from_le_bytes([data[pos], data[pos + 1], data[pos + 2], data[pos + 3]]) as usize;
+        let len =
+            u32::from_le_bytes([data[pos], data[pos + 1], data[pos + 2], data[pos + 3]]) as usize;
         let crc = u32::from_le_bytes([data[pos + 4], data[pos + 5], data[pos + 6], data[pos + 7]]);
         if len > MAX_FRAME || data.len() - pos - FRAME_HEADER < len {
             break;
@@ -115,7 +136,11 @@ pub(crate) fn read_wal_from(path: &Path, offset: u64) -> Result<WalContents> {
         }
         pos += FRAME_HEADER + len;
     }
-    Ok(WalContents { records, valid_len: start + pos as u64, trailing_bytes: (data.len() - pos) as u64 })
+    Ok(WalContents {
+        records,
+        valid_len: start + pos as u64,
+        trailing_bytes: (data.len() - pos) as u64,
+    })
 }
 
 #[cfg(test)]
@@ -129,7 +154,13 @@ mod tests {
         let p = dir.path().join("a.wal");
         let mut w = WalWriter::create(&p).unwrap();
         for i in 0..5 {
-            w.append(&PredictionRecord::new(format!("r{i}"), "m", "1", Role::Primary)).unwrap();
+            w.append(&PredictionRecord::new(
+                format!("r{i}"),
+                "m",
+                "1",
+                Role::Primary,
+            ))
+            .unwrap();
         }
         w.flush(true).unwrap();
         let full = std::fs::metadata(&p).unwrap().len();

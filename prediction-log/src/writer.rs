@@ -112,7 +112,8 @@ impl PredictionLog {
                 torn_bytes = recovered.torn_bytes,
                 "prediction log recovered segments left by a previous run"
             );
-            metrics::counter!("mesh_log_recovered_records_total").increment(recovered.records as u64);
+            metrics::counter!("mesh_log_recovered_records_total")
+                .increment(recovered.records as u64);
         }
         let (tx, rx) = mpsc::sync_channel(config.channel_capacity);
         let (done_tx, done_rx) = watch::channel(false);
@@ -128,7 +129,15 @@ impl PredictionLog {
                 })
                 .map_err(|e| LogError::io("prediction-log thread", e))?
         };
-        Ok((PredictionLogHandle { tx, shared, done: done_rx, features }, WriterTask { thread, recovered }))
+        Ok((
+            PredictionLogHandle {
+                tx,
+                shared,
+                done: done_rx,
+                features,
+            },
+            WriterTask { thread, recovered },
+        ))
     }
 }
 
@@ -274,12 +283,20 @@ impl Writer<'_> {
             self.seq += 1;
             match WalWriter::create(&segment::wal_path(&self.cfg.dir, &id)) {
                 Ok(wal) => {
-                    self.open = Some(OpenSegment { id, date, wal, records: Vec::new(), opened: Instant::now() })
+                    self.open = Some(OpenSegment {
+                        id,
+                        date,
+                        wal,
+                        records: Vec::new(),
+                        opened: Instant::now(),
+                    })
                 }
                 Err(e) => return self.lose(1, &e),
             }
         }
-        let Some(seg) = self.open.as_mut() else { return };
+        let Some(seg) = self.open.as_mut() else {
+            return;
+        };
         if let Err(e) = seg.wal.append(&rec) {
             // The wal keeps what it had; recovery at the next start converts it.
             self.open = None;
@@ -307,7 +324,12 @@ impl Writer<'_> {
             if let Err(e) = seg.wal.flush(self.cfg.fsync) {
                 // Records since the last good flush may not be on disk: count them as lost
                 // (recovery may still find some in the abandoned wal) and start a new segment.
-                let n = self.written - self.shared.flushed.load(Ordering::Acquire).min(self.written);
+                let n = self.written
+                    - self
+                        .shared
+                        .flushed
+                        .load(Ordering::Acquire)
+                        .min(self.written);
                 self.open = None;
                 self.written -= n;
                 self.shared.written.store(self.written, Ordering::Relaxed);
@@ -320,7 +342,11 @@ impl Writer<'_> {
     fn roll(&mut self) {
         self.flush();
         let Some(seg) = self.open.take() else { return };
-        let job = ConvertJob { id: seg.id, wal: seg.wal.path().to_path_buf(), records: seg.records };
+        let job = ConvertJob {
+            id: seg.id,
+            wal: seg.wal.path().to_path_buf(),
+            records: seg.records,
+        };
         drop(seg.wal);
         if let Some(tx) = &self.convert_tx {
             if tx.send(job).is_err() {
@@ -371,7 +397,9 @@ fn writer_main(cfg: LogConfig, rx: Receiver<Msg>, shared: &Shared) {
             error_reported: false,
         };
         if converter.is_err() {
-            tracing::error!("could not start the prediction log converter thread; segments stay as wal files");
+            tracing::error!(
+                "could not start the prediction log converter thread; segments stay as wal files"
+            );
             w.convert_tx = None;
         }
         let mut reported = MetricsReported::default();
@@ -402,7 +430,10 @@ fn writer_main(cfg: LogConfig, rx: Receiver<Msg>, shared: &Shared) {
             }
             if Instant::now() >= next_tick {
                 w.flush();
-                if w.open.as_ref().is_some_and(|s| s.opened.elapsed() >= max_age) {
+                if w.open
+                    .as_ref()
+                    .is_some_and(|s| s.opened.elapsed() >= max_age)
+                {
                     w.roll();
                 }
                 reported.report(shared);
@@ -447,8 +478,10 @@ struct MetricsReported {
 impl MetricsReported {
     fn report(&mut self, shared: &Shared) {
         let s = shared.stats();
-        metrics::counter!("mesh_log_written_records_total").increment(s.written.saturating_sub(self.written));
-        metrics::gauge!("mesh_log_queued_records").set(s.accepted.saturating_sub(s.written + s.lost) as f64);
+        metrics::counter!("mesh_log_written_records_total")
+            .increment(s.written.saturating_sub(self.written));
+        metrics::gauge!("mesh_log_queued_records")
+            .set(s.accepted.saturating_sub(s.written + s.lost) as f64);
         if s.dropped > self.dropped {
             tracing::warn!(
                 dropped = s.dropped - self.dropped,

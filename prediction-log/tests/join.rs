@@ -2,7 +2,9 @@
 //! The label join against small, hand-checkable logs.
 
 use mesh_prediction_log::cli::{run_join, JoinArgs};
-use mesh_prediction_log::{join, source, JoinOptions, LogConfig, PredictionLog, PredictionRecord, Role, StageMicros};
+use mesh_prediction_log::{
+    join, source, JoinOptions, LogConfig, PredictionLog, PredictionRecord, Role, StageMicros,
+};
 use std::path::Path;
 
 struct P {
@@ -15,18 +17,49 @@ struct P {
     total: u64,
 }
 
-fn p(id: &'static str, version: &'static str, role: Role, score: f64, decision: Option<&'static str>) -> P {
-    P { id, version, role, score, decision, source: source::MODEL, total: 100 }
+fn p(
+    id: &'static str,
+    version: &'static str,
+    role: Role,
+    score: f64,
+    decision: Option<&'static str>,
+) -> P {
+    P {
+        id,
+        version,
+        role,
+        score,
+        decision,
+        source: source::MODEL,
+        total: 100,
+    }
 }
 
 /// v1 primary: separated scores; v2 shadow (same requests): reversed; v3 canary: all tied.
 fn predictions() -> Vec<P> {
     let mut v = vec![
-        P { total: 100, ..p("a1", "1", Role::Primary, 0.9, Some("decline")) },
-        P { total: 200, ..p("a2", "1", Role::Primary, 0.8, Some("review")) },
-        P { total: 300, source: source::RULES, ..p("a3", "1", Role::Primary, 0.2, Some("review")) },
-        P { total: 400, ..p("a4", "1", Role::Primary, 0.1, Some("approve")) },
-        P { total: 500, source: source::DEFAULT, ..p("a5", "1", Role::Primary, 0.3, Some("approve")) },
+        P {
+            total: 100,
+            ..p("a1", "1", Role::Primary, 0.9, Some("decline"))
+        },
+        P {
+            total: 200,
+            ..p("a2", "1", Role::Primary, 0.8, Some("review"))
+        },
+        P {
+            total: 300,
+            source: source::RULES,
+            ..p("a3", "1", Role::Primary, 0.2, Some("review"))
+        },
+        P {
+            total: 400,
+            ..p("a4", "1", Role::Primary, 0.1, Some("approve"))
+        },
+        P {
+            total: 500,
+            source: source::DEFAULT,
+            ..p("a5", "1", Role::Primary, 0.3, Some("approve"))
+        },
         p("a1", "2", Role::Shadow, 0.1, None),
         p("a2", "2", Role::Shadow, 0.2, None),
         p("a3", "2", Role::Shadow, 0.8, None),
@@ -53,7 +86,12 @@ async fn write_log(dir: &Path) {
         r.score = Some(x.score);
         r.decision = x.decision.map(str::to_string);
         r.source = x.source.to_string();
-        r.stages = StageMicros { validate: 1, compute: 10, total: x.total, ..StageMicros::default() };
+        r.stages = StageMicros {
+            validate: 1,
+            compute: 10,
+            total: x.total,
+            ..StageMicros::default()
+        };
         log.record_wait(r).await.unwrap();
     }
     log.shutdown().await.unwrap();
@@ -77,29 +115,62 @@ async fn join_metrics_and_label_anomalies() {
     assert_eq!(r.labels.unknown_keys, 2);
     assert_eq!(r.unlabelled_predictions, 1); // a5
 
-    let keys: Vec<(&str, &str, Role)> = r.groups.iter().map(|g| (g.model.as_str(), g.version.as_str(), g.role)).collect();
-    assert_eq!(keys, [("fraud", "1", Role::Primary), ("fraud", "2", Role::Shadow), ("fraud", "3", Role::Canary)]);
+    let keys: Vec<(&str, &str, Role)> = r
+        .groups
+        .iter()
+        .map(|g| (g.model.as_str(), g.version.as_str(), g.role))
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            ("fraud", "1", Role::Primary),
+            ("fraud", "2", Role::Shadow),
+            ("fraud", "3", Role::Canary)
+        ]
+    );
     let (v1, v2, v3) = (&r.groups[0], &r.groups[1], &r.groups[2]);
 
-    assert_eq!((v1.predictions, v1.labelled, v1.positives, v1.unlabelled), (5, 4, 2, 1));
+    assert_eq!(
+        (v1.predictions, v1.labelled, v1.positives, v1.unlabelled),
+        (5, 4, 2, 1)
+    );
     assert_eq!(v1.roc_auc, Some(1.0));
     assert!((v1.brier.unwrap() - 0.025).abs() < 1e-12, "{:?}", v1.brier);
     let decline = &v1.operating_points[0];
-    assert_eq!((decline.flagged, decline.true_positives, decline.evaluated), (1, 1, 4));
+    assert_eq!(
+        (decline.flagged, decline.true_positives, decline.evaluated),
+        (1, 1, 4)
+    );
     assert_eq!((decline.precision, decline.recall), (Some(1.0), Some(0.5)));
     let review = &v1.operating_points[1];
-    assert_eq!((review.flagged, review.true_positives, review.false_positives), (3, 2, 1));
-    assert_eq!((review.precision, review.recall), (Some(2.0 / 3.0), Some(1.0)));
+    assert_eq!(
+        (
+            review.flagged,
+            review.true_positives,
+            review.false_positives
+        ),
+        (3, 2, 1)
+    );
+    assert_eq!(
+        (review.precision, review.recall),
+        (Some(2.0 / 3.0), Some(1.0))
+    );
     assert!((v1.fallback_rate - 0.4).abs() < 1e-12);
     assert_eq!(v1.sources["RULES"].count, 1);
     assert_eq!(v1.sources["DEFAULT"].count, 1);
     assert_eq!(v1.sources["MODEL"].count, 3);
-    assert_eq!((v1.stages["total"].p50_us, v1.stages["total"].p99_us), (300, 500));
+    assert_eq!(
+        (v1.stages["total"].p50_us, v1.stages["total"].p99_us),
+        (300, 500)
+    );
     assert_eq!(v1.stages["compute"].p99_us, 10);
 
     assert_eq!((v2.predictions, v2.labelled), (4, 4));
     assert_eq!(v2.roc_auc, Some(0.0));
-    assert_eq!(v2.operating_points[0].evaluated, 0, "shadow records have no decision");
+    assert_eq!(
+        v2.operating_points[0].evaluated, 0,
+        "shadow records have no decision"
+    );
     assert_eq!(v2.operating_points[0].precision, None);
 
     assert_eq!(v3.roc_auc, Some(0.5));
@@ -118,22 +189,46 @@ async fn parquet_labels_give_the_same_report_and_cli_prints_json_and_text() {
     std::fs::write(&csv_path, LABELS_CSV).unwrap();
     // The same labels (minus the invalid row, which Parquet's int column cannot hold).
     let rows: Vec<(&str, i64)> = vec![
-        ("a1", 1), ("a2", 1), ("a3", 0), ("a4", 0), ("c1", 1), ("c2", 0), ("c3", 1), ("c4", 0),
-        ("a1", 1), ("a4", 1), ("zz1", 1), ("zz2", 0),
+        ("a1", 1),
+        ("a2", 1),
+        ("a3", 0),
+        ("a4", 0),
+        ("c1", 1),
+        ("c2", 0),
+        ("c3", 1),
+        ("c4", 0),
+        ("a1", 1),
+        ("a4", 1),
+        ("zz1", 1),
+        ("zz2", 0),
     ];
     let batch = RecordBatch::try_from_iter([
-        ("request_id", Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0))) as ArrayRef),
-        ("label", Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))) as ArrayRef),
+        (
+            "request_id",
+            Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0))) as ArrayRef,
+        ),
+        (
+            "label",
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))) as ArrayRef,
+        ),
     ])
     .unwrap();
     let pq_path = dir.path().join("labels.parquet");
-    let mut w = parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&pq_path).unwrap(), batch.schema(), None).unwrap();
+    let mut w = parquet::arrow::ArrowWriter::try_new(
+        std::fs::File::create(&pq_path).unwrap(),
+        batch.schema(),
+        None,
+    )
+    .unwrap();
     w.write(&batch).unwrap();
     w.close().unwrap();
 
     let from_csv = join(dir.path(), &csv_path, &JoinOptions::default()).unwrap();
     let from_pq = join(dir.path(), &pq_path, &JoinOptions::default()).unwrap();
-    assert_eq!(serde_json::to_value(&from_csv.groups).unwrap(), serde_json::to_value(&from_pq.groups).unwrap());
+    assert_eq!(
+        serde_json::to_value(&from_csv.groups).unwrap(),
+        serde_json::to_value(&from_pq.groups).unwrap()
+    );
     assert_eq!(from_pq.labels.duplicate_rows, 2);
     assert_eq!(from_pq.labels.unknown_keys, 2);
 
@@ -150,7 +245,10 @@ async fn parquet_labels_give_the_same_report_and_cli_prints_json_and_text() {
     run_join(&args, &mut out).unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(v["groups"][0]["roc_auc"], 1.0);
-    assert_eq!(v["groups"][0]["operating_points"][2]["rule"], "score >= 0.5");
+    assert_eq!(
+        v["groups"][0]["operating_points"][2]["rule"],
+        "score >= 0.5"
+    );
     assert_eq!(v["groups"][0]["operating_points"][2]["recall"], 1.0);
     assert_eq!(v["labels"]["unknown_keys"], 2);
     args.json = false;
@@ -163,7 +261,10 @@ async fn parquet_labels_give_the_same_report_and_cli_prints_json_and_text() {
     // A missing label column is an error that names the columns there are.
     args.label = "outcome".into();
     let err = run_join(&args, &mut Vec::new()).unwrap_err().to_string();
-    assert!(err.contains("outcome") && err.contains("request_id"), "{err}");
+    assert!(
+        err.contains("outcome") && err.contains("request_id"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -172,7 +273,11 @@ async fn join_on_an_entity_key() {
     write_log(dir.path()).await;
     let labels = dir.path().join("cards.csv");
     std::fs::write(&labels, "card_id,fraud\ncard-a,1\ncard-x,0\n").unwrap();
-    let opts = JoinOptions { key: "card_id".into(), label: "fraud".into(), ..JoinOptions::default() };
+    let opts = JoinOptions {
+        key: "card_id".into(),
+        label: "fraud".into(),
+        ..JoinOptions::default()
+    };
     let r = join(dir.path(), &labels, &opts).unwrap();
     assert_eq!(r.groups[0].labelled, 5);
     assert_eq!(r.groups[0].positives, 5);
@@ -219,6 +324,10 @@ async fn duckdb_reads_the_same_counts_and_auc() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("counts and AUC match"), "{stdout}");
 }

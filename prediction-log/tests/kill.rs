@@ -4,7 +4,9 @@
 
 mod common;
 
-use mesh_prediction_log::{parquet_files, read_all, read_parquet, wal_files, LogConfig, PredictionLog, ReadOptions, Role};
+use mesh_prediction_log::{
+    parquet_files, read_all, read_parquet, wal_files, LogConfig, PredictionLog, ReadOptions, Role,
+};
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -17,8 +19,13 @@ const CHILD_ENV: &str = "MESH_LOG_KILL_CHILD_DIR";
 /// The child side. A no-op unless the parent test re-executes this binary with CHILD_ENV set.
 #[test]
 fn child_writer() {
-    let Ok(dir) = std::env::var(CHILD_ENV) else { return };
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let Ok(dir) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async move {
         let mut cfg = LogConfig::new(&dir);
         cfg.flush_interval = Duration::from_millis(10);
@@ -29,7 +36,9 @@ fn child_writer() {
         let mut i = 0u64;
         // Safety net: never outlive a parent that died before killing us.
         while started.elapsed() < Duration::from_secs(60) {
-            log.record_wait(common::record(i, "7", Role::Primary)).await.unwrap();
+            log.record_wait(common::record(i, "7", Role::Primary))
+                .await
+                .unwrap();
             i += 1;
             if i % 256 == 0 {
                 writeln!(stdout, "FLUSHED {}", log.flushed_count()).unwrap();
@@ -58,7 +67,10 @@ fn sigkill_loses_no_flushed_record_and_leaves_readable_files() {
     let reader = std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines() {
             let Ok(line) = line else { break };
-            if let Some(n) = line.strip_prefix("FLUSHED ").and_then(|n| n.trim().parse::<u64>().ok()) {
+            if let Some(n) = line
+                .strip_prefix("FLUSHED ")
+                .and_then(|n| n.trim().parse::<u64>().ok())
+            {
                 r.fetch_max(n, Ordering::SeqCst);
             }
         }
@@ -66,7 +78,9 @@ fn sigkill_loses_no_flushed_record_and_leaves_readable_files() {
     // Run under load until several segments have rolled and plenty is flushed.
     let deadline = Instant::now() + Duration::from_secs(40);
     while Instant::now() < deadline {
-        if reported.load(Ordering::SeqCst) >= 20_000 && parquet_files(dir.path()).unwrap().len() >= 3 {
+        if reported.load(Ordering::SeqCst) >= 20_000
+            && parquet_files(dir.path()).unwrap().len() >= 3
+        {
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -84,7 +98,10 @@ fn sigkill_loses_no_flushed_record_and_leaves_readable_files() {
     for f in &closed_before {
         read_parquet(f).unwrap_or_else(|e| panic!("{} does not open: {e}", f.display()));
     }
-    assert!(!wal_files(dir.path()).unwrap().is_empty(), "the open segment was left as a wal");
+    assert!(
+        !wal_files(dir.path()).unwrap().is_empty(),
+        "the open segment was left as a wal"
+    );
 
     // Recovery (what the next start does) turns wal leftovers into segments.
     let (log, writer) = PredictionLog::start(LogConfig::new(dir.path())).unwrap();
@@ -97,9 +114,20 @@ fn sigkill_loses_no_flushed_record_and_leaves_readable_files() {
     let back = read_all(dir.path(), ReadOptions::default()).unwrap();
     let ids: HashSet<&str> = back.iter().map(|r| r.request_id.as_str()).collect();
     assert_eq!(ids.len(), back.len(), "no record recovered twice");
-    let missing: Vec<u64> = (0..flushed).filter(|i| !ids.contains(format!("req-{i:08}").as_str())).collect();
-    assert!(missing.is_empty(), "{} of {flushed} flushed records lost, first {:?}", missing.len(), &missing[..missing.len().min(5)]);
-    eprintln!("flushed {flushed}, recovered {} records in {} segments", back.len(), parquet_files(dir.path()).unwrap().len());
+    let missing: Vec<u64> = (0..flushed)
+        .filter(|i| !ids.contains(format!("req-{i:08}").as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {flushed} flushed records lost, first {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
+    eprintln!(
+        "flushed {flushed}, recovered {} records in {} segments",
+        back.len(),
+        parquet_files(dir.path()).unwrap().len()
+    );
 }
 
 trait AwaitBlocking {
@@ -108,6 +136,10 @@ trait AwaitBlocking {
 
 impl<F: std::future::Future> AwaitBlocking for F {
     fn await_blocking(self) {
-        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(self);
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(self);
     }
 }

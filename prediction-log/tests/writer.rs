@@ -5,8 +5,8 @@ mod common;
 
 use common::record;
 use mesh_prediction_log::{
-    parquet_files, read_all, read_parquet, recover, wal_files, FeatureLogging, LogConfig, PredictionLog,
-    ReadOptions, Role, Tailer,
+    parquet_files, read_all, read_parquet, recover, wal_files, FeatureLogging, LogConfig,
+    PredictionLog, ReadOptions, Role, Tailer,
 };
 use std::collections::HashSet;
 use std::time::Duration;
@@ -23,7 +23,17 @@ async fn round_trip_every_record_comes_back_identical() {
     let (log, writer) = PredictionLog::start(cfg(dir.path())).unwrap();
     let n = 2_000u64;
     let sent: Vec<_> = (0..n)
-        .map(|i| record(i, if i % 4 == 0 { "4" } else { "3" }, if i % 4 == 0 { Role::Canary } else { Role::Primary }))
+        .map(|i| {
+            record(
+                i,
+                if i % 4 == 0 { "4" } else { "3" },
+                if i % 4 == 0 {
+                    Role::Canary
+                } else {
+                    Role::Primary
+                },
+            )
+        })
         .collect();
     for r in &sent {
         log.record_wait(r.clone()).await.unwrap();
@@ -34,16 +44,32 @@ async fn round_trip_every_record_comes_back_identical() {
     assert_eq!(stats.written, n);
     assert_eq!(stats.flushed, n);
     assert_eq!(stats.dropped, 0);
-    assert!(wal_files(dir.path()).unwrap().is_empty(), "shutdown leaves no wal");
+    assert!(
+        wal_files(dir.path()).unwrap().is_empty(),
+        "shutdown leaves no wal"
+    );
     let files = parquet_files(dir.path()).unwrap();
     assert_eq!(files.len(), 1);
-    assert!(files[0].parent().unwrap().file_name().unwrap().to_string_lossy().starts_with("date="));
+    assert!(files[0]
+        .parent()
+        .unwrap()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .starts_with("date="));
     let back = read_all(dir.path(), ReadOptions::default()).unwrap();
     assert_eq!(back, sent);
     // Library-level version of "N predictions served -> N records, right versions, stages
     // that add up to no more than the total".
-    assert_eq!(back.iter().filter(|r| r.version == "4" && r.role == Role::Canary).count(), 500);
-    assert!(back.iter().all(|r| r.stages.sum_of_stages() <= r.stages.total));
+    assert_eq!(
+        back.iter()
+            .filter(|r| r.version == "4" && r.role == Role::Canary)
+            .count(),
+        500
+    );
+    assert!(back
+        .iter()
+        .all(|r| r.stages.sum_of_stages() <= r.stages.total));
 }
 
 #[test]
@@ -63,7 +89,10 @@ fn full_channel_drops_and_counts_without_blocking() {
     let elapsed = start.elapsed();
     let stats = log.shutdown_blocking();
     writer.join().unwrap();
-    assert!(stats.dropped > 0, "a burst into a channel of 8 must drop: {stats:?}");
+    assert!(
+        stats.dropped > 0,
+        "a burst into a channel of 8 must drop: {stats:?}"
+    );
     assert_eq!(stats.accepted + stats.dropped, n);
     assert_eq!(stats.accepted as usize, accepted.len());
     let back = read_all(dir.path(), ReadOptions::default()).unwrap();
@@ -106,7 +135,9 @@ async fn rolls_by_age_while_running() {
     let (log, writer) = PredictionLog::start(c).unwrap();
     for burst in 0..3u64 {
         for i in 0..10 {
-            log.record_wait(record(burst * 10 + i, "1", Role::Primary)).await.unwrap();
+            log.record_wait(record(burst * 10 + i, "1", Role::Primary))
+                .await
+                .unwrap();
         }
         tokio::time::sleep(Duration::from_millis(400)).await;
     }
@@ -115,7 +146,10 @@ async fn rolls_by_age_while_running() {
     assert!(while_running >= 3, "{while_running} segments closed by age");
     log.shutdown().await.unwrap();
     writer.join().unwrap();
-    assert_eq!(read_all(dir.path(), ReadOptions::default()).unwrap().len(), 30);
+    assert_eq!(
+        read_all(dir.path(), ReadOptions::default()).unwrap().len(),
+        30
+    );
 }
 
 #[tokio::test]
@@ -124,7 +158,16 @@ async fn partitions_by_date_of_record() {
     let (log, writer) = PredictionLog::start(cfg(dir.path())).unwrap();
     let day = 86_400_000_000i64;
     let base = 1_709_164_800_000_000i64; // 2024-02-29T00:00:00Z
-    for (i, ts) in [base + 10, base + 20, base + day + 5, base + day + 6, base + 2 * day].iter().enumerate() {
+    for (i, ts) in [
+        base + 10,
+        base + 20,
+        base + day + 5,
+        base + day + 6,
+        base + 2 * day,
+    ]
+    .iter()
+    .enumerate()
+    {
         let mut r = record(i as u64, "1", Role::Primary);
         r.ts_us = *ts;
         log.record_wait(r).await.unwrap();
@@ -134,20 +177,36 @@ async fn partitions_by_date_of_record() {
     let parts: Vec<String> = parquet_files(dir.path())
         .unwrap()
         .iter()
-        .map(|p| p.parent().unwrap().file_name().unwrap().to_string_lossy().into_owned())
+        .map(|p| {
+            p.parent()
+                .unwrap()
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+        })
         .collect();
-    assert_eq!(parts, ["date=2024-02-29", "date=2024-03-01", "date=2024-03-02"]);
+    assert_eq!(
+        parts,
+        ["date=2024-02-29", "date=2024-03-01", "date=2024-03-02"]
+    );
 }
 
 #[tokio::test]
 async fn feature_logging_modes() {
-    for (mode, expect_some) in [(FeatureLogging::All, Some(100)), (FeatureLogging::None, Some(0)), (FeatureLogging::Sample(0.3), None)] {
+    for (mode, expect_some) in [
+        (FeatureLogging::All, Some(100)),
+        (FeatureLogging::None, Some(0)),
+        (FeatureLogging::Sample(0.3), None),
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let mut c = cfg(dir.path());
         c.features = mode;
         let (log, writer) = PredictionLog::start(c).unwrap();
         for i in 0..100 {
-            log.record_wait(record(i, "1", Role::Primary)).await.unwrap();
+            log.record_wait(record(i, "1", Role::Primary))
+                .await
+                .unwrap();
         }
         log.shutdown().await.unwrap();
         writer.join().unwrap();
@@ -179,12 +238,19 @@ async fn recovery_drops_torn_tail_and_is_idempotent() {
 
     let crashed = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(crashed.path().join("_wal")).unwrap();
-    let wal_copy = crashed.path().join("_wal").join(wals[0].file_name().unwrap());
+    let wal_copy = crashed
+        .path()
+        .join("_wal")
+        .join(wals[0].file_name().unwrap());
     std::fs::write(&wal_copy, &bytes).unwrap();
     // A conversion that was in progress when the process died.
     let part = crashed.path().join("date=2024-01-01");
     std::fs::create_dir_all(&part).unwrap();
-    std::fs::write(part.join(".part-0000000000000001-1-000000.parquet.tmp"), b"PAR1 half written").unwrap();
+    std::fs::write(
+        part.join(".part-0000000000000001-1-000000.parquet.tmp"),
+        b"PAR1 half written",
+    )
+    .unwrap();
 
     let (log2, writer2) = PredictionLog::start(cfg(crashed.path())).unwrap();
     assert_eq!(writer2.recovered.wal_files, 1);
@@ -199,8 +265,16 @@ async fn recovery_drops_torn_tail_and_is_idempotent() {
     // Crash between rename and wal removal: the wal comes back, recovery must not duplicate.
     std::fs::write(&wal_copy, &bytes).unwrap();
     let report = recover(crashed.path()).unwrap();
-    assert_eq!((report.wal_files, report.already_converted, report.records), (1, 1, 0));
-    assert_eq!(read_all(crashed.path(), ReadOptions::default()).unwrap().len(), 99);
+    assert_eq!(
+        (report.wal_files, report.already_converted, report.records),
+        (1, 1, 0)
+    );
+    assert_eq!(
+        read_all(crashed.path(), ReadOptions::default())
+            .unwrap()
+            .len(),
+        99
+    );
     assert!(wal_files(crashed.path()).unwrap().is_empty());
 }
 
@@ -211,15 +285,28 @@ async fn tail_follows_across_rolls_without_gaps_or_duplicates() {
     c.segment_max_bytes = 8_000;
     let (log, writer) = PredictionLog::start(c).unwrap();
     for i in 0..50 {
-        log.record_wait(record(i, "1", Role::Primary)).await.unwrap();
+        log.record_wait(record(i, "1", Role::Primary))
+            .await
+            .unwrap();
     }
     log.flush().await.unwrap();
     let (mut tailer, backlog) = Tailer::start(dir.path(), 5).unwrap();
     let ids: Vec<&str> = backlog.iter().map(|r| r.request_id.as_str()).collect();
-    assert_eq!(ids, ["req-00000045", "req-00000046", "req-00000047", "req-00000048", "req-00000049"]);
+    assert_eq!(
+        ids,
+        [
+            "req-00000045",
+            "req-00000046",
+            "req-00000047",
+            "req-00000048",
+            "req-00000049"
+        ]
+    );
     let mut seen = Vec::new();
     for i in 50..400 {
-        log.record_wait(record(i, "1", Role::Primary)).await.unwrap();
+        log.record_wait(record(i, "1", Role::Primary))
+            .await
+            .unwrap();
         if i % 37 == 0 {
             log.flush().await.unwrap();
             seen.extend(tailer.poll().unwrap());
@@ -242,13 +329,22 @@ async fn cli_tail_prints_the_newest_records() {
         log.record_wait(record(i, "9", Role::Shadow)).await.unwrap();
     }
     log.flush().await.unwrap(); // still open: tail reads the wal
-    let mut args = TailArgs { logs: dir.path().to_path_buf(), lines: 3, no_follow: true, interval_ms: 10, json: false };
+    let mut args = TailArgs {
+        logs: dir.path().to_path_buf(),
+        lines: 3,
+        no_follow: true,
+        interval_ms: 10,
+        json: false,
+    };
     let mut out = Vec::new();
     run_tail(&args, &mut out, &|| true).unwrap();
     let text = String::from_utf8(out).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 3, "{text}");
-    assert!(lines[2].contains(" req-00000019 fraud v9 shadow "), "{text}");
+    assert!(
+        lines[2].contains(" req-00000019 fraud v9 shadow "),
+        "{text}"
+    );
     log.shutdown().await.unwrap();
     writer.join().unwrap();
     args.json = true;
@@ -256,7 +352,10 @@ async fn cli_tail_prints_the_newest_records() {
     run_tail(&args, &mut out, &|| true).unwrap(); // now from the closed Parquet segment
     let last: mesh_prediction_log::PredictionRecord =
         serde_json::from_str(String::from_utf8(out).unwrap().lines().last().unwrap()).unwrap();
-    assert_eq!(last, record(19, "9", Role::Shadow).clone_with_ts(last.ts_us));
+    assert_eq!(
+        last,
+        record(19, "9", Role::Shadow).clone_with_ts(last.ts_us)
+    );
 }
 
 trait WithTs {

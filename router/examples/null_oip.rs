@@ -18,35 +18,66 @@ struct Null {
 
 #[tonic::async_trait]
 impl GrpcInferenceService for Null {
-    async fn server_live(&self, _: Request<pb::ServerLiveRequest>) -> Result<Response<pb::ServerLiveResponse>, Status> {
+    async fn server_live(
+        &self,
+        _: Request<pb::ServerLiveRequest>,
+    ) -> Result<Response<pb::ServerLiveResponse>, Status> {
         Ok(Response::new(pb::ServerLiveResponse { live: true }))
     }
-    async fn server_ready(&self, _: Request<pb::ServerReadyRequest>) -> Result<Response<pb::ServerReadyResponse>, Status> {
+    async fn server_ready(
+        &self,
+        _: Request<pb::ServerReadyRequest>,
+    ) -> Result<Response<pb::ServerReadyResponse>, Status> {
         Ok(Response::new(pb::ServerReadyResponse { ready: true }))
     }
-    async fn model_ready(&self, _: Request<pb::ModelReadyRequest>) -> Result<Response<pb::ModelReadyResponse>, Status> {
+    async fn model_ready(
+        &self,
+        _: Request<pb::ModelReadyRequest>,
+    ) -> Result<Response<pb::ModelReadyResponse>, Status> {
         Ok(Response::new(pb::ModelReadyResponse { ready: true }))
     }
-    async fn server_metadata(&self, _: Request<pb::ServerMetadataRequest>) -> Result<Response<pb::ServerMetadataResponse>, Status> {
+    async fn server_metadata(
+        &self,
+        _: Request<pb::ServerMetadataRequest>,
+    ) -> Result<Response<pb::ServerMetadataResponse>, Status> {
         Ok(Response::new(pb::ServerMetadataResponse {
             name: "null-oip".into(),
             version: "0".into(),
             extensions: EXTENSIONS.iter().map(|s| s.to_string()).collect(),
         }))
     }
-    async fn model_metadata(&self, _: Request<pb::ModelMetadataRequest>) -> Result<Response<pb::ModelMetadataResponse>, Status> {
+    async fn model_metadata(
+        &self,
+        _: Request<pb::ModelMetadataRequest>,
+    ) -> Result<Response<pb::ModelMetadataResponse>, Status> {
         let c = &self.config;
         Ok(Response::new(pb::ModelMetadataResponse {
             name: c.name.clone(),
             versions: vec!["1".into()],
             platform: c.platform.clone(),
-            inputs: c.inputs.iter().map(|t| tensor_meta(&t.name, t.datatype.as_str(), &t.dims)).collect(),
-            outputs: c.outputs.iter().map(|t| tensor_meta(&t.name, t.datatype.as_str(), &t.dims)).collect(),
+            inputs: c
+                .inputs
+                .iter()
+                .map(|t| tensor_meta(&t.name, t.datatype.as_str(), &t.dims))
+                .collect(),
+            outputs: c
+                .outputs
+                .iter()
+                .map(|t| tensor_meta(&t.name, t.datatype.as_str(), &t.dims))
+                .collect(),
         }))
     }
-    async fn model_infer(&self, req: Request<pb::ModelInferRequest>) -> Result<Response<pb::ModelInferResponse>, Status> {
+    async fn model_infer(
+        &self,
+        req: Request<pb::ModelInferRequest>,
+    ) -> Result<Response<pb::ModelInferResponse>, Status> {
         let r = req.into_inner();
-        let rows = r.inputs.first().and_then(|t| t.shape.first().copied()).unwrap_or(1).max(1);
+        let rows = r
+            .inputs
+            .first()
+            .and_then(|t| t.shape.first().copied())
+            .unwrap_or(1)
+            .max(1);
         let out = self.config.output();
         let n = rows as usize * out.row_width();
         Ok(Response::new(pb::ModelInferResponse {
@@ -56,26 +87,45 @@ impl GrpcInferenceService for Null {
             outputs: vec![pb::model_infer_response::InferOutputTensor {
                 name: out.name.clone(),
                 datatype: "FP32".into(),
-                shape: std::iter::once(rows).chain(out.dims.iter().map(|&d| d as i64)).collect(),
+                shape: std::iter::once(rows)
+                    .chain(out.dims.iter().map(|&d| d as i64))
+                    .collect(),
                 ..Default::default()
             }],
             raw_output_contents: vec![vec![0u8; n * 4]],
             ..Default::default()
         }))
     }
-    async fn model_config(&self, _: Request<pb::ModelConfigRequest>) -> Result<Response<pb::ModelConfigResponse>, Status> {
-        Ok(Response::new(pb::ModelConfigResponse { config: Some(model_config(&self.config)) }))
+    async fn model_config(
+        &self,
+        _: Request<pb::ModelConfigRequest>,
+    ) -> Result<Response<pb::ModelConfigResponse>, Status> {
+        Ok(Response::new(pb::ModelConfigResponse {
+            config: Some(model_config(&self.config)),
+        }))
     }
-    async fn model_statistics(&self, _: Request<pb::ModelStatisticsRequest>) -> Result<Response<pb::ModelStatisticsResponse>, Status> {
+    async fn model_statistics(
+        &self,
+        _: Request<pb::ModelStatisticsRequest>,
+    ) -> Result<Response<pb::ModelStatisticsResponse>, Status> {
         Ok(Response::new(pb::ModelStatisticsResponse::default()))
     }
-    async fn repository_index(&self, _: Request<pb::RepositoryIndexRequest>) -> Result<Response<pb::RepositoryIndexResponse>, Status> {
+    async fn repository_index(
+        &self,
+        _: Request<pb::RepositoryIndexRequest>,
+    ) -> Result<Response<pb::RepositoryIndexResponse>, Status> {
         Ok(Response::new(pb::RepositoryIndexResponse::default()))
     }
-    async fn repository_model_load(&self, _: Request<pb::RepositoryModelLoadRequest>) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
+    async fn repository_model_load(
+        &self,
+        _: Request<pb::RepositoryModelLoadRequest>,
+    ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
         Err(Status::unimplemented("null server"))
     }
-    async fn repository_model_unload(&self, _: Request<pb::RepositoryModelUnloadRequest>) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
+    async fn repository_model_unload(
+        &self,
+        _: Request<pb::RepositoryModelUnloadRequest>,
+    ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
         Err(Status::unimplemented("null server"))
     }
 }
@@ -83,7 +133,10 @@ impl GrpcInferenceService for Null {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
-    let dir = PathBuf::from(args.next().unwrap_or_else(|| "examples/models/fraud_mlp".into()));
+    let dir = PathBuf::from(
+        args.next()
+            .unwrap_or_else(|| "examples/models/fraud_mlp".into()),
+    );
     let port: u16 = args.next().map(|p| p.parse()).transpose()?.unwrap_or(8101);
     let config = ModelConfig::load(&dir)?;
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));

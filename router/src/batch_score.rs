@@ -42,21 +42,36 @@ pub struct BatchScoreArgs {
     pub chunk: usize,
 }
 
-fn read_keys(path: &PathBuf, column: &str, key_type: KeyType) -> Result<Vec<EntityKey>, RouterError> {
+fn read_keys(
+    path: &PathBuf,
+    column: &str,
+    key_type: KeyType,
+) -> Result<Vec<EntityKey>, RouterError> {
     let err = |e: String| RouterError::InvalidArgument(format!("{}: {e}", path.display()));
     let file = std::fs::File::open(path).map_err(|e| err(e.to_string()))?;
-    let reader = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| err(e.to_string()))?.build().map_err(|e| err(e.to_string()))?;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+        .map_err(|e| err(e.to_string()))?
+        .build()
+        .map_err(|e| err(e.to_string()))?;
     let mut keys = Vec::new();
     for batch in reader {
         let batch = batch.map_err(|e| err(e.to_string()))?;
-        let col = batch.column_by_name(column).ok_or_else(|| err(format!("no column '{column}'")))?;
+        let col = batch
+            .column_by_name(column)
+            .ok_or_else(|| err(format!("no column '{column}'")))?;
         match key_type {
             KeyType::Int64 => {
-                let a = col.as_any().downcast_ref::<Int64Array>().ok_or_else(|| err(format!("column '{column}' is not int64")))?;
+                let a = col
+                    .as_any()
+                    .downcast_ref::<Int64Array>()
+                    .ok_or_else(|| err(format!("column '{column}' is not int64")))?;
                 keys.extend(a.iter().flatten().map(EntityKey::Int64));
             }
             KeyType::String => {
-                let a = col.as_any().downcast_ref::<StringArray>().ok_or_else(|| err(format!("column '{column}' is not a string column")))?;
+                let a = col
+                    .as_any()
+                    .downcast_ref::<StringArray>()
+                    .ok_or_else(|| err(format!("column '{column}' is not a string column")))?;
                 keys.extend(a.iter().flatten().map(|s| EntityKey::String(s.to_owned())));
             }
         }
@@ -79,29 +94,66 @@ pub async fn run(args: BatchScoreArgs) -> Result<(), RouterError> {
     let handle = repo.get(&args.model, None)?;
     let spec = DecisionSpec::from_model(&handle.config)
         .map_err(RouterError::InvalidArgument)?
-        .ok_or_else(|| RouterError::invalid(format!("model '{}' has no [input_spec]", args.model)))?;
-    let out = store.view(&args.out_view).map_err(|e| RouterError::NotFound(e.to_string()))?.clone();
+        .ok_or_else(|| {
+            RouterError::invalid(format!("model '{}' has no [input_spec]", args.model))
+        })?;
+    let out = store
+        .view(&args.out_view)
+        .map_err(|e| RouterError::NotFound(e.to_string()))?
+        .clone();
     let score_idx = out
         .features
         .iter()
         .position(|f| f.dtype == mesh_feature_store::FeatureType::F32)
-        .ok_or_else(|| RouterError::invalid(format!("view '{}' has no f32 feature to hold the score", args.out_view)))?;
+        .ok_or_else(|| {
+            RouterError::invalid(format!(
+                "view '{}' has no f32 feature to hold the score",
+                args.out_view
+            ))
+        })?;
     let keys = read_keys(&args.entities, &out.join_key, out.key_type)?;
     let bar = indicatif::ProgressBar::new(keys.len() as u64);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} entities {per_sec} eta {eta}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} entities {per_sec} eta {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let empty_num = Default::default();
     let empty_cat = Default::default();
-    let req = RequestFeatures { numeric: &empty_num, categorical: &empty_cat };
+    let req = RequestFeatures {
+        numeric: &empty_num,
+        categorical: &empty_cat,
+    };
     let max_rows = handle.config.batching.max_batch_size.get();
     let cols = handle.config.input().row_width();
     let (mut scored, mut refused) = (0u64, 0u64);
     for chunk in keys.chunks(args.chunk.max(1)) {
         let col = match out.key_type {
-            KeyType::Int64 => KeyColumn::Int64(chunk.iter().filter_map(|k| if let EntityKey::Int64(v) = k { Some(*v) } else { None }).collect()),
-            KeyType::String => KeyColumn::String(chunk.iter().filter_map(|k| if let EntityKey::String(v) = k { Some(v.clone()) } else { None }).collect()),
+            KeyType::Int64 => KeyColumn::Int64(
+                chunk
+                    .iter()
+                    .filter_map(|k| {
+                        if let EntityKey::Int64(v) = k {
+                            Some(*v)
+                        } else {
+                            None
+                        }
+                    })
+                    .collect(),
+            ),
+            KeyType::String => KeyColumn::String(
+                chunk
+                    .iter()
+                    .filter_map(|k| {
+                        if let EntityKey::String(v) = k {
+                            Some(v.clone())
+                        } else {
+                            None
+                        }
+                    })
+                    .collect(),
+            ),
         };
         let lookup = if spec.store_features.is_empty() {
             None
@@ -109,12 +161,21 @@ pub async fn run(args: BatchScoreArgs) -> Result<(), RouterError> {
             let mut lr = LookupRequest::new(spec.store_features.iter().cloned());
             // Every view the spec reads is keyed like the output view's entities.
             for v in &spec.views {
-                let jk = store.view(v).map_err(|e| RouterError::Internal(e.to_string()))?.join_key.clone();
+                let jk = store
+                    .view(v)
+                    .map_err(|e| RouterError::Internal(e.to_string()))?
+                    .join_key
+                    .clone();
                 if !lr.entities.iter().any(|(k, _)| *k == jk) {
                     lr = lr.with_keys(jk, col.clone());
                 }
             }
-            Some(store.get_online_features(lr).await.map_err(|e| RouterError::Internal(e.to_string()))?)
+            Some(
+                store
+                    .get_online_features(lr)
+                    .await
+                    .map_err(|e| RouterError::Internal(e.to_string()))?,
+            )
         };
         let mut rows: Vec<(EntityKey, Vec<f32>)> = Vec::with_capacity(chunk.len());
         for (i, k) in chunk.iter().enumerate() {
@@ -127,18 +188,36 @@ pub async fn run(args: BatchScoreArgs) -> Result<(), RouterError> {
         let mut writes = Vec::with_capacity(rows.len());
         for part in rows.chunks(max_rows) {
             let data: Vec<f32> = part.iter().flat_map(|(_, r)| r.iter().copied()).collect();
-            let o = handle.infer(Batch { rows: part.len(), cols, data }, Some(Instant::now() + Duration::from_secs(60))).await?;
+            let o = handle
+                .infer(
+                    Batch {
+                        rows: part.len(),
+                        cols,
+                        data,
+                    },
+                    Some(Instant::now() + Duration::from_secs(60)),
+                )
+                .await?;
             for ((k, _), s) in part.iter().zip(o.data.chunks(o.cols.max(1))) {
                 let mut values = vec![None; out.features.len()];
                 values[score_idx] = Some(Value::F32(s[0]));
-                writes.push(Row { key: k.clone(), event_time: now, values });
+                writes.push(Row {
+                    key: k.clone(),
+                    event_time: now,
+                    values,
+                });
             }
         }
         scored += writes.len() as u64;
-        store.push(&args.out_view, writes, Durability::Buffered).await.map_err(|e| RouterError::Internal(e.to_string()))?;
+        store
+            .push(&args.out_view, writes, Durability::Buffered)
+            .await
+            .map_err(|e| RouterError::Internal(e.to_string()))?;
         bar.inc(chunk.len() as u64);
     }
-    store.flush().map_err(|e| RouterError::Internal(e.to_string()))?;
+    store
+        .flush()
+        .map_err(|e| RouterError::Internal(e.to_string()))?;
     bar.finish_and_clear();
     let secs = started.elapsed().as_secs_f64();
     println!(

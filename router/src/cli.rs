@@ -9,7 +9,11 @@ use crate::error::RouterError;
 use crate::telemetry::LogFormat;
 
 #[derive(Debug, Parser)]
-#[command(name = "mesh", version, about = "inference-mesh: low-latency model serving for fraud and risk decisions")]
+#[command(
+    name = "mesh",
+    version,
+    about = "inference-mesh: low-latency model serving for fraud and risk decisions"
+)]
 pub struct Cli {
     /// Log format.
     #[arg(long, global = true, env = "MESH_LOG_FORMAT", value_enum)]
@@ -74,15 +78,18 @@ pub struct IngestArgs {
 
 /// `mesh features ingest`.
 pub fn ingest(args: IngestArgs) -> Result<(), RouterError> {
-    let views = mesh_feature_store::ViewsConfig::from_path(&args.views).map_err(|e| RouterError::InvalidArgument(e.to_string()))?;
-    let store = mesh_feature_store::FeatureStore::open(&args.store, &views).map_err(|e| RouterError::Unavailable(e.to_string()))?;
+    let views = mesh_feature_store::ViewsConfig::from_path(&args.views)
+        .map_err(|e| RouterError::InvalidArgument(e.to_string()))?;
+    let store = mesh_feature_store::FeatureStore::open(&args.store, &views)
+        .map_err(|e| RouterError::Unavailable(e.to_string()))?;
     let opts = mesh_feature_store::IngestOptions {
         batch_rows: args.batch_rows,
         sync_each_batch: args.sync_each_batch,
         progress: true,
         allow_missing_columns: args.allow_missing_columns,
     };
-    let r = mesh_feature_store::ingest_file(&store, &args.view, &args.file, &opts).map_err(|e| RouterError::InvalidArgument(e.to_string()))?;
+    let r = mesh_feature_store::ingest_file(&store, &args.view, &args.file, &opts)
+        .map_err(|e| RouterError::InvalidArgument(e.to_string()))?;
     println!(
         "ingested {} rows into '{}' ({} written, {} skipped as older, {} batches) in {:.1} s = {:.0} rows/s",
         r.rows_read,
@@ -178,7 +185,10 @@ pub fn set_compute_threads(n: usize) {
 /// `mesh serve`: runs until Ctrl-C or SIGTERM, then drains and stops.
 pub async fn serve(config: MeshConfig) -> Result<(), RouterError> {
     let mut running = crate::server::start_mesh(&config).await?;
-    println!("mesh serving: grpc={} http={}", running.grpc_addr, running.http_addr);
+    println!(
+        "mesh serving: grpc={} http={}",
+        running.grpc_addr, running.http_addr
+    );
     let stop = running.stopper();
     tokio::spawn(async move {
         shutdown_signal().await;
@@ -194,13 +204,14 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

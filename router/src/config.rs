@@ -123,7 +123,9 @@ mod tests {
         let c: MeshConfig = toml::from_str("[server]\ngrpc_port = 9\n").unwrap();
         assert_eq!(c.server.grpc_port, 9);
         assert_eq!(c.server.http_port, 8000);
-        let err = toml::from_str::<MeshConfig>("[server]\ngrpc_prot = 9\n").unwrap_err().to_string();
+        let err = toml::from_str::<MeshConfig>("[server]\ngrpc_prot = 9\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("grpc_prot"), "{err}");
     }
 }

@@ -42,7 +42,10 @@ fn transaction(rng: &mut impl Rng) -> (Vec<f32>, f64) {
         })
         .collect();
     let f = |i: usize| x[i] as f64;
-    let score = 1.5 * f(0) * f(1) + (2.0 * f(2)).sin() * f(3) + 0.8 * (f(4) - f(5)).max(0.0) + 0.5 * (f(6) * f(6) - 1.0)
+    let score = 1.5 * f(0) * f(1)
+        + (2.0 * f(2)).sin() * f(3)
+        + 0.8 * (f(4) - f(5)).max(0.0)
+        + 0.5 * (f(6) * f(6) - 1.0)
         - 0.6 * f(7).abs()
         + 0.25 * (8..16).map(f).sum::<f64>() / 8f64.sqrt();
     (x, score)
@@ -77,20 +80,34 @@ struct Tally {
 }
 
 pub async fn run(args: DemoArgs) -> Result<(), RouterError> {
-    let cfg = ServerConfig { grpc_port: 0, http_port: 0, models: args.models.clone(), ..ServerConfig::default() };
+    let cfg = ServerConfig {
+        grpc_port: 0,
+        http_port: 0,
+        models: args.models.clone(),
+        ..ServerConfig::default()
+    };
     let server = crate::server::start(&cfg).await?;
-    println!("mesh demo: serving {} on grpc={} http={}", args.models.display(), server.grpc_addr, server.http_addr);
+    println!(
+        "mesh demo: serving {} on grpc={} http={}",
+        args.models.display(),
+        server.grpc_addr,
+        server.http_addr
+    );
     let client = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc_addr))
         .await
         .map_err(|e| RouterError::Internal(format!("connecting to the mesh: {e}")))?;
     let tally = Arc::new(Mutex::new(Tally {
-        latency: Histogram::new_with_bounds(1, 60_000_000, 3).map_err(|e| RouterError::Internal(e.to_string()))?,
+        latency: Histogram::new_with_bounds(1, 60_000_000, 3)
+            .map_err(|e| RouterError::Internal(e.to_string()))?,
         codes: BTreeMap::new(),
         scored: Vec::new(),
     }));
     let started = Instant::now();
     let end = started + Duration::from_secs(args.seconds);
-    println!("driving {} s of traffic at concurrency {} ...", args.seconds, args.concurrency);
+    println!(
+        "driving {} s of traffic at concurrency {} ...",
+        args.seconds, args.concurrency
+    );
     let workers: Vec<_> = (0..args.concurrency)
         .map(|w| {
             let (mut client, tally) = (client.clone(), tally.clone());
@@ -119,7 +136,8 @@ pub async fn run(args: DemoArgs) -> Result<(), RouterError> {
                         Ok(r) => {
                             *g.codes.entry("OK".into()).or_default() += 1;
                             let r = r.into_inner();
-                            if let Some(b) = r.raw_output_contents.first().and_then(|b| b.get(..4)) {
+                            if let Some(b) = r.raw_output_contents.first().and_then(|b| b.get(..4))
+                            {
                                 let p = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
                                 g.scored.push((p, score));
                             }
@@ -137,7 +155,10 @@ pub async fn run(args: DemoArgs) -> Result<(), RouterError> {
     let g = tally.lock();
     let n = g.latency.len();
     println!("\n== traffic");
-    println!("requests    {n} in {elapsed:.1} s = {:.0} req/s", n as f64 / elapsed);
+    println!(
+        "requests    {n} in {elapsed:.1} s = {:.0} req/s",
+        n as f64 / elapsed
+    );
     println!(
         "latency     p50 {} µs   p99 {} µs   p99.9 {} µs   max {} µs",
         g.latency.value_at_quantile(0.5),
@@ -147,12 +168,19 @@ pub async fn run(args: DemoArgs) -> Result<(), RouterError> {
     );
     println!("status      {:?}", g.codes);
     println!("\n== server side (fraud_mlp)");
-    let core = server.core.as_ref().ok_or_else(|| RouterError::Internal("no model core".into()))?;
+    let core = server
+        .core
+        .as_ref()
+        .ok_or_else(|| RouterError::Internal("no model core".into()))?;
     for m in crate::oip::grpc::statistics(core, "fraud_mlp", "")? {
         let i = m.inference_stats.unwrap_or_default();
         let avg = |d: Option<pb::StatisticDuration>| {
             let d = d.unwrap_or_default();
-            if d.count == 0 { 0.0 } else { d.ns as f64 / d.count as f64 / 1000.0 }
+            if d.count == 0 {
+                0.0
+            } else {
+                d.ns as f64 / d.count as f64 / 1000.0
+            }
         };
         println!(
             "version {}   rows {}   batches {}   avg batch {:.1}   avg queue {:.1} µs   avg compute {:.1} µs",
@@ -170,7 +198,10 @@ pub async fn run(args: DemoArgs) -> Result<(), RouterError> {
     if let Some(&cut) = scores.get(scores.len() * 98 / 100) {
         let mut labelled: Vec<(f32, bool)> = g.scored.iter().map(|(p, s)| (*p, *s > cut)).collect();
         if let Some(auc) = roc_auc(&mut labelled) {
-            println!("\n== model quality on this traffic\nROC AUC {auc:.3} over {} scored transactions", labelled.len());
+            println!(
+                "\n== model quality on this traffic\nROC AUC {auc:.3} over {} scored transactions",
+                labelled.len()
+            );
         }
     }
     drop(g);
@@ -184,7 +215,10 @@ mod tests {
 
     #[test]
     fn auc_of_separated_reversed_and_tied_scores() {
-        assert_eq!(roc_auc(&mut [(0.1, false), (0.2, false), (0.8, true), (0.9, true)]), Some(1.0));
+        assert_eq!(
+            roc_auc(&mut [(0.1, false), (0.2, false), (0.8, true), (0.9, true)]),
+            Some(1.0)
+        );
         assert_eq!(roc_auc(&mut [(0.9, false), (0.8, true)]), Some(0.0));
         assert_eq!(roc_auc(&mut [(0.5, false), (0.5, true)]), Some(0.5));
         assert_eq!(roc_auc(&mut [(0.5, true)]), None);

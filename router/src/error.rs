@@ -50,9 +50,10 @@ impl RouterError {
                 ModelError::InvalidInput(_) => Code::InvalidArgument,
                 ModelError::Overloaded { .. } => Code::ResourceExhausted,
                 ModelError::DeadlineExceeded(_) => Code::DeadlineExceeded,
-                ModelError::Config { .. } | ModelError::Load { .. } | ModelError::Compute(_) | ModelError::Io { .. } => {
-                    Code::Internal
-                }
+                ModelError::Config { .. }
+                | ModelError::Load { .. }
+                | ModelError::Compute(_)
+                | ModelError::Io { .. } => Code::Internal,
             },
         }
     }

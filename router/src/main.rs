@@ -10,13 +10,17 @@ fn main() -> anyhow::Result<()> {
             mesh_router::telemetry::init_logs(args.log_format.unwrap_or(config.log.format));
             // Before any runtime thread exists, so setting the variable is race-free.
             cli::set_compute_threads(config.server.compute_threads);
-            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
             rt.block_on(cli::serve(config))?;
         }
         Command::Demo(demo) => {
             mesh_router::telemetry::init_logs(args.log_format.unwrap_or_default());
             cli::set_compute_threads(1);
-            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
             rt.block_on(mesh_router::demo::run(demo))?;
         }
         Command::Features(FeaturesCommand::Ingest(a)) => {
@@ -32,7 +36,9 @@ fn main() -> anyhow::Result<()> {
         Command::BatchScore(a) => {
             mesh_router::telemetry::init_logs(args.log_format.unwrap_or_default());
             cli::set_compute_threads(1);
-            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
             rt.block_on(mesh_router::batch_score::run(a))?;
         }
     }

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use mesh_prediction_log::{
-    source, FeatureLogging, FeatureUsed, LogConfig, PredictionLog, PredictionLogHandle, PredictionRecord, Role, StageMicros,
-    WriterTask,
+    source, FeatureLogging, FeatureUsed, LogConfig, PredictionLog, PredictionLogHandle,
+    PredictionRecord, Role, StageMicros, WriterTask,
 };
 use serde::Deserialize;
 
@@ -49,7 +49,8 @@ pub fn start(cfg: &PredictionLogConfig) -> Result<(PredictionLogHandle, WriterTa
         .map_err(|e| RouterError::InvalidArgument(format!("[prediction_log] features: {e}")))?;
     c.flush_interval = Duration::from_millis(cfg.flush_interval_ms);
     c.channel_capacity = cfg.channel_capacity;
-    PredictionLog::start(c).map_err(|e| RouterError::Internal(format!("prediction log at {}: {e}", cfg.dir.display())))
+    PredictionLog::start(c)
+        .map_err(|e| RouterError::Internal(format!("prediction log at {}: {e}", cfg.dir.display())))
 }
 
 /// Sends decision outcomes to the log.
@@ -65,12 +66,22 @@ fn role(r: &str) -> Role {
 
 impl OutcomeSink for LogSink {
     fn record(&self, o: &Outcome) {
-        let mut rec = PredictionRecord::new(&o.request_id, &o.model, o.version.map(|v| v.to_string()).unwrap_or_default(), role(o.role));
+        let mut rec = PredictionRecord::new(
+            &o.request_id,
+            &o.model,
+            o.version.map(|v| v.to_string()).unwrap_or_default(),
+            role(o.role),
+        );
         rec.entity_keys = o.entities.clone();
         rec.features = Some(
             o.features
                 .iter()
-                .map(|f| FeatureUsed { name: f.name.clone(), value: f.value, status: f.status.to_owned(), event_time_us: f.event_time_us })
+                .map(|f| FeatureUsed {
+                    name: f.name.clone(),
+                    value: f.value,
+                    status: f.status.to_owned(),
+                    event_time_us: f.event_time_us,
+                })
                 .collect(),
         );
         rec.score = o.score.map(f64::from);
@@ -103,7 +114,11 @@ pub fn record_oip(
 ) {
     let rows = outputs.len() / cols.max(1);
     for (i, row) in outputs.chunks(cols.max(1)).enumerate() {
-        let id = if rows == 1 { request_id.to_owned() } else { format!("{request_id}#{i}") };
+        let id = if rows == 1 {
+            request_id.to_owned()
+        } else {
+            format!("{request_id}#{i}")
+        };
         let mut rec = PredictionRecord::new(id, model, version.to_string(), Role::Primary);
         rec.features = Some(Vec::new());
         rec.score = row.first().map(|x| f64::from(*x));

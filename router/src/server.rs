@@ -3,13 +3,13 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use axum::serve::ListenerExt;
 use http::HeaderValue;
 use mesh_model_actor::{ActorSystem, ModelRepository};
 use mesh_proto::inference::grpc_inference_service_server::GrpcInferenceServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
 
 use mesh_feature_store::service::FeatureStoreService;
 use mesh_feature_store::{FeatureStore, Limits as FsLimits, ViewsConfig};
@@ -32,7 +32,10 @@ pub struct Running {
     pub engine: Option<Arc<Engine>>,
     pub store: Option<Arc<FeatureStore>>,
     /// The prediction log writer, drained at shutdown.
-    pub log: Option<(mesh_prediction_log::PredictionLogHandle, mesh_prediction_log::WriterTask)>,
+    pub log: Option<(
+        mesh_prediction_log::PredictionLogHandle,
+        mesh_prediction_log::WriterTask,
+    )>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     system: ActorSystem,
@@ -83,7 +86,9 @@ fn startup(what: &str, e: impl std::fmt::Display) -> RouterError {
 fn too_large_is_resource_exhausted<B>(mut res: http::Response<B>) -> http::Response<B> {
     let h = res.headers_mut();
     let is_size = h.get("grpc-status").is_some_and(|v| v == "11")
-        && h.get("grpc-message").and_then(|m| m.to_str().ok()).is_some_and(|m| m.contains("too%20large") || m.contains("too large"));
+        && h.get("grpc-message")
+            .and_then(|m| m.to_str().ok())
+            .is_some_and(|m| m.contains("too%20large") || m.contains("too large"));
     if is_size {
         h.insert("grpc-status", HeaderValue::from_static("8"));
     }
@@ -92,15 +97,23 @@ fn too_large_is_resource_exhausted<B>(mut res: http::Response<B>) -> http::Respo
 
 /// Model serving only, with defaults for the rest (what most tests start).
 pub async fn start(cfg: &ServerConfig) -> Result<Running, RouterError> {
-    start_mesh(&MeshConfig { server: cfg.clone(), ..MeshConfig::default() }).await
+    start_mesh(&MeshConfig {
+        server: cfg.clone(),
+        ..MeshConfig::default()
+    })
+    .await
 }
 
 /// Opens the feature store of `[features]`, if configured. A database sled cannot
 /// open fails the start with the store's own explanation.
 pub async fn open_store(cfg: &FeaturesConfig) -> Result<Option<Arc<FeatureStore>>, RouterError> {
-    let Some(path) = cfg.path.clone() else { return Ok(None) };
+    let Some(path) = cfg.path.clone() else {
+        return Ok(None);
+    };
     let views_path = cfg.views.clone().ok_or_else(|| {
-        RouterError::InvalidArgument("[features] path is set but views (the views file) is not".into())
+        RouterError::InvalidArgument(
+            "[features] path is set but views (the views file) is not".into(),
+        )
     })?;
     let store = tokio::task::spawn_blocking(move || {
         let views = ViewsConfig::from_path(&views_path)?;
@@ -132,7 +145,10 @@ pub async fn start_mesh(mesh: &MeshConfig) -> Result<Running, RouterError> {
         repo.load_all().await?;
         Some(Core {
             repo,
-            limits: Limits { max_message_bytes: cfg.max_message_bytes, max_timeout: cfg.max_timeout() },
+            limits: Limits {
+                max_message_bytes: cfg.max_message_bytes,
+                max_timeout: cfg.max_timeout(),
+            },
             log: log_handle.clone(),
         })
     } else {
@@ -140,16 +156,30 @@ pub async fn start_mesh(mesh: &MeshConfig) -> Result<Running, RouterError> {
     };
     let engine = match (&core, cfg.role) {
         (Some(core), Role::All | Role::Router) => {
-            let sink = log_handle.map(|h| Arc::new(crate::plog::LogSink(h)) as Arc<dyn crate::decide::OutcomeSink>);
-            Some(Engine::new(core.repo.clone(), store.clone(), mesh.decisions.clone(), sink)?)
+            let sink = log_handle
+                .map(|h| Arc::new(crate::plog::LogSink(h)) as Arc<dyn crate::decide::OutcomeSink>);
+            Some(Engine::new(
+                core.repo.clone(),
+                store.clone(),
+                mesh.decisions.clone(),
+                sink,
+            )?)
         }
         _ => None,
     };
 
-    let grpc_listener = TcpListener::bind((cfg.host, cfg.grpc_port)).await.map_err(|e| startup("binding the gRPC port", e))?;
-    let http_listener = TcpListener::bind((cfg.host, cfg.http_port)).await.map_err(|e| startup("binding the HTTP port", e))?;
-    let grpc_addr = grpc_listener.local_addr().map_err(|e| startup("gRPC address", e))?;
-    let http_addr = http_listener.local_addr().map_err(|e| startup("HTTP address", e))?;
+    let grpc_listener = TcpListener::bind((cfg.host, cfg.grpc_port))
+        .await
+        .map_err(|e| startup("binding the gRPC port", e))?;
+    let http_listener = TcpListener::bind((cfg.host, cfg.http_port))
+        .await
+        .map_err(|e| startup("binding the HTTP port", e))?;
+    let grpc_addr = grpc_listener
+        .local_addr()
+        .map_err(|e| startup("gRPC address", e))?;
+    let http_addr = http_listener
+        .local_addr()
+        .map_err(|e| startup("HTTP address", e))?;
     let (stop, stopped) = watch::channel(false);
 
     // Reflection in both versions: grpcurl speaks v1, older tools v1alpha.
@@ -158,8 +188,12 @@ pub async fn start_mesh(mesh: &MeshConfig) -> Result<Running, RouterError> {
             .register_encoded_file_descriptor_set(mesh_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
-    let reflection_v1 = reflection().build_v1().map_err(|e| startup("gRPC reflection", e))?;
-    let reflection_v1alpha = reflection().build_v1alpha().map_err(|e| startup("gRPC reflection", e))?;
+    let reflection_v1 = reflection()
+        .build_v1()
+        .map_err(|e| startup("gRPC reflection", e))?;
+    let reflection_v1alpha = reflection()
+        .build_v1alpha()
+        .map_err(|e| startup("gRPC reflection", e))?;
     let (health, health_service) = tonic_health::server::health_reporter();
     let oip = core.as_ref().map(|core| {
         GrpcInferenceServiceServer::new(OipGrpc::new(core.clone()))
@@ -167,11 +201,17 @@ pub async fn start_mesh(mesh: &MeshConfig) -> Result<Running, RouterError> {
             .max_encoding_message_size(usize::MAX)
     });
     if oip.is_some() {
-        health.set_serving::<GrpcInferenceServiceServer<OipGrpc>>().await;
+        health
+            .set_serving::<GrpcInferenceServiceServer<OipGrpc>>()
+            .await;
     }
-    let decisions = engine.as_ref().map(|e| DecisionsServer::new(DecisionService::new(e.clone())));
+    let decisions = engine
+        .as_ref()
+        .map(|e| DecisionsServer::new(DecisionService::new(e.clone())));
     if decisions.is_some() {
-        health.set_serving::<DecisionsServer<DecisionService>>().await;
+        health
+            .set_serving::<DecisionsServer<DecisionService>>()
+            .await;
     }
     let features = store.as_ref().map(|s| {
         let mut limits = FsLimits::default();
@@ -185,36 +225,65 @@ pub async fn start_mesh(mesh: &MeshConfig) -> Result<Running, RouterError> {
     }
     let mut rx = stopped.clone();
     let grpc = tonic::transport::Server::builder()
-        .layer(tower::util::MapResponseLayer::new(too_large_is_resource_exhausted))
+        .layer(tower::util::MapResponseLayer::new(
+            too_large_is_resource_exhausted,
+        ))
         .add_optional_service(oip)
         .add_optional_service(decisions)
         .add_optional_service(features)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(health_service)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), async move {
-            let _ = rx.wait_for(|s| *s).await;
-        });
+        .serve_with_incoming_shutdown(
+            // TCP_NODELAY: small answers must not wait for delayed ACKs (~40 ms).
+            tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            },
+        );
     let grpc_task = tokio::spawn(async move {
         if let Err(e) = grpc.await {
             tracing::error!(error = %e, "gRPC server stopped");
         }
     });
 
-    let http_state = HttpState { core: core.clone(), engine: engine.clone(), metrics: Arc::new(move || metrics.render()) };
+    let http_state = HttpState {
+        core: core.clone(),
+        engine: engine.clone(),
+        metrics: Arc::new(move || metrics.render()),
+    };
     let mut rx = stopped;
     let http_task = tokio::spawn(async move {
         let app = router(http_state);
-        if let Err(e) = axum::serve(http_listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = rx.wait_for(|s| *s).await;
-            })
-            .await
+        if let Err(e) = axum::serve(
+            http_listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            }),
+            app,
+        )
+        .with_graceful_shutdown(async move {
+            let _ = rx.wait_for(|s| *s).await;
+        })
+        .await
         {
             tracing::error!(error = %e, "HTTP server stopped");
         }
     });
-    let models: Vec<String> = core.iter().flat_map(|c| c.repo.models()).map(|m| m.config.name.clone()).collect();
+    let models: Vec<String> = core
+        .iter()
+        .flat_map(|c| c.repo.models())
+        .map(|m| m.config.name.clone())
+        .collect();
     tracing::info!(%grpc_addr, %http_addr, role = ?cfg.role, ?models, feature_store = store.is_some(), "mesh serving");
-    Ok(Running { grpc_addr, http_addr, core, engine, store, log, stop, tasks: vec![grpc_task, http_task], system })
+    Ok(Running {
+        grpc_addr,
+        http_addr,
+        core,
+        engine,
+        store,
+        log,
+        stop,
+        tasks: vec![grpc_task, http_task],
+        system,
+    })
 }

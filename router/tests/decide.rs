@@ -16,12 +16,19 @@ fn root() -> PathBuf {
 }
 
 fn samples() -> Vec<(Vec<f64>, f32)> {
-    let text = std::fs::read_to_string(root().join("../shared/reference/fraud-mlp/samples.csv")).unwrap();
+    let text =
+        std::fs::read_to_string(root().join("../shared/reference/fraud-mlp/samples.csv")).unwrap();
     text.lines()
         .skip(1)
         .map(|l| {
             let f: Vec<&str> = l.split(',').collect();
-            (f[1..33].iter().map(|v| v.parse::<f32>().unwrap() as f64).collect(), f[34].parse().unwrap())
+            (
+                f[1..33]
+                    .iter()
+                    .map(|v| v.parse::<f32>().unwrap() as f64)
+                    .collect(),
+                f[34].parse().unwrap(),
+            )
         })
         .collect()
 }
@@ -30,18 +37,30 @@ fn samples() -> Vec<(Vec<f64>, f32)> {
 /// reading f0..f30 from the request and f31 from the `card` view.
 fn repo(dir: &Path) -> PathBuf {
     let m = dir.join("models/fraud_mlp");
-    let base = std::fs::read_to_string(root().join("examples/models/fraud_mlp/model.toml")).unwrap();
-    let base: String = base.lines().filter(|l| !l.starts_with("latest")).map(|l| format!("{l}\n")).collect();
+    let base =
+        std::fs::read_to_string(root().join("examples/models/fraud_mlp/model.toml")).unwrap();
+    let base: String = base
+        .lines()
+        .filter(|l| !l.starts_with("latest"))
+        .map(|l| format!("{l}\n"))
+        .collect();
     let mut spec = String::from("\n[input_spec]\non_missing = \"default\"\n");
     for i in 0..31 {
         spec += &format!("[[input_spec.features]]\nsource = \"request:f{i}\"\n");
     }
     spec += "[[input_spec.features]]\nsource = \"card:f31\"\n";
     spec += "\n[decision]\nreview_at = 0.5\ndecline_at = 0.9\n";
-    let text = base.replace("[version_policy]", "[version_policy]\nall = true").replace("runner_instances = 2", "runner_instances = 1\nreplicas = 2") + &spec;
+    let text = base
+        .replace("[version_policy]", "[version_policy]\nall = true")
+        .replace("runner_instances = 2", "runner_instances = 1\nreplicas = 2")
+        + &spec;
     for v in ["1", "2"] {
         std::fs::create_dir_all(m.join(v)).unwrap();
-        std::fs::copy(root().join("../shared/reference/fraud-mlp/fraud_mlp.safetensors"), m.join(v).join("model.safetensors")).unwrap();
+        std::fs::copy(
+            root().join("../shared/reference/fraud-mlp/fraud_mlp.safetensors"),
+            m.join(v).join("model.safetensors"),
+        )
+        .unwrap();
     }
     std::fs::write(m.join("model.toml"), text).unwrap();
     std::fs::write(
@@ -116,11 +135,25 @@ async fn mesh(deadline_ms: u64, per_try_ms: u64, extra: &str) -> Mesh {
     let card: Vec<Row> = rows
         .iter()
         .enumerate()
-        .map(|(i, (x, _))| Row { key: EntityKey::Int64(i as i64), event_time: now, values: vec![Some(Value::F32(x[31] as f32))] })
+        .map(|(i, (x, _))| Row {
+            key: EntityKey::Int64(i as i64),
+            event_time: now,
+            values: vec![Some(Value::F32(x[31] as f32))],
+        })
         .collect();
-    store.push("card", card, Durability::Buffered).await.unwrap();
-    let client = DecisionsClient::connect(format!("http://{}", running.grpc_addr)).await.unwrap();
-    Mesh { running, client, rows, _dir: dir }
+    store
+        .push("card", card, Durability::Buffered)
+        .await
+        .unwrap();
+    let client = DecisionsClient::connect(format!("http://{}", running.grpc_addr))
+        .await
+        .unwrap();
+    Mesh {
+        running,
+        client,
+        rows,
+        _dir: dir,
+    }
 }
 
 fn request(id: usize, x: &[f64]) -> pb::DecideRequest {
@@ -129,29 +162,65 @@ fn request(id: usize, x: &[f64]) -> pb::DecideRequest {
     pb::DecideRequest {
         request_id: format!("r{id}"),
         model: "fraud_mlp".into(),
-        entities: [("card_id".to_string(), pb::EntityKey { key: Some(pb::entity_key::Key::Int64Key(id as i64)) })].into(),
+        entities: [(
+            "card_id".to_string(),
+            pb::EntityKey {
+                key: Some(pb::entity_key::Key::Int64Key(id as i64)),
+            },
+        )]
+        .into(),
         features,
         ..Default::default()
     }
 }
 
 async fn set_fault(m: &Mesh, replica: &str, delay_ms: u64, fail: bool) {
-    m.running.engine.as_ref().unwrap().fault(replica).unwrap_or_else(|| panic!("no replica {replica}")).set(Duration::from_millis(delay_ms), fail);
+    m.running
+        .engine
+        .as_ref()
+        .unwrap()
+        .fault(replica)
+        .unwrap_or_else(|| panic!("no replica {replica}"))
+        .set(Duration::from_millis(delay_ms), fail);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decisions_score_like_the_reference_and_reject_bad_input() {
     let mut m = mesh(1000, 200, "").await;
     for i in 0..100 {
-        let r = m.client.decide(request(i, &m.rows[i].0)).await.unwrap().into_inner();
+        let r = m
+            .client
+            .decide(request(i, &m.rows[i].0))
+            .await
+            .unwrap()
+            .into_inner();
         let want = m.rows[i].1;
-        assert!((r.score.unwrap() - want).abs() <= 1e-5, "row {i}: {} vs {want}", r.score.unwrap());
+        assert!(
+            (r.score.unwrap() - want).abs() <= 1e-5,
+            "row {i}: {} vs {want}",
+            r.score.unwrap()
+        );
         assert_eq!(r.source, pb::AnswerSource::Model as i32);
         assert_eq!(r.model_version, "2");
-        let expected = if want >= 0.9 { pb::Decision::Decline } else if want >= 0.5 { pb::Decision::Review } else { pb::Decision::Approve };
+        let expected = if want >= 0.9 {
+            pb::Decision::Decline
+        } else if want >= 0.5 {
+            pb::Decision::Review
+        } else {
+            pb::Decision::Approve
+        };
         assert_eq!(r.decision, expected as i32, "row {i} score {want}");
         let t = r.timings.unwrap();
-        assert!(t.validate_us + t.features_us + t.preprocess_us + t.queue_us + t.compute_us + t.postprocess_us <= t.total_us + 1, "{t:?}");
+        assert!(
+            t.validate_us
+                + t.features_us
+                + t.preprocess_us
+                + t.queue_us
+                + t.compute_us
+                + t.postprocess_us
+                <= t.total_us + 1,
+            "{t:?}"
+        );
     }
     // The rule escalates whatever the model says.
     let mut big = request(1, &m.rows[1].0);
@@ -171,19 +240,36 @@ async fn decisions_score_like_the_reference_and_reject_bad_input() {
     let mut no_id = request(0, &m.rows[0].0);
     no_id.request_id.clear();
     let mut bad_key = request(0, &m.rows[0].0);
-    bad_key.entities.insert("card_id".into(), pb::EntityKey { key: Some(pb::entity_key::Key::StringKey("x".into())) });
+    bad_key.entities.insert(
+        "card_id".into(),
+        pb::EntityKey {
+            key: Some(pb::entity_key::Key::StringKey("x".into())),
+        },
+    );
     for (what, req, code, needle) in [
         ("unknown model", unknown, Code::NotFound, "nope"),
-        ("missing entity key", no_key, Code::InvalidArgument, "card_id"),
+        (
+            "missing entity key",
+            no_key,
+            Code::InvalidArgument,
+            "card_id",
+        ),
         ("NaN feature", nan, Code::InvalidArgument, "f3"),
-        ("empty request id", no_id, Code::InvalidArgument, "request_id"),
+        (
+            "empty request id",
+            no_id,
+            Code::InvalidArgument,
+            "request_id",
+        ),
         ("wrong key type", bad_key, Code::InvalidArgument, "int64"),
     ] {
         let e = c.decide(req).await.unwrap_err();
         assert_eq!(e.code(), code, "{what}: {e:?}");
         assert!(e.message().contains(needle), "{what}: {}", e.message());
     }
-    let many = pb::DecideBatchRequest { requests: (0..501).map(|i| request(i, &m.rows[i].0)).collect() };
+    let many = pb::DecideBatchRequest {
+        requests: (0..501).map(|i| request(i, &m.rows[i].0)).collect(),
+    };
     let e = c.decide_batch(many).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
     assert!(e.message().contains("500"), "{}", e.message());
@@ -201,14 +287,27 @@ async fn a_stalled_replica_is_routed_around_within_the_deadline() {
     let mut worst = Duration::ZERO;
     for i in 0..200 {
         let t = Instant::now();
-        let r = m.client.decide(request(i, &m.rows[i].0)).await.unwrap().into_inner();
+        let r = m
+            .client
+            .decide(request(i, &m.rows[i].0))
+            .await
+            .unwrap()
+            .into_inner();
         worst = worst.max(t.elapsed());
-        assert_eq!(r.source, pb::AnswerSource::Model as i32, "request {i}: {:?}", r.reasons);
+        assert_eq!(
+            r.source,
+            pb::AnswerSource::Model as i32,
+            "request {i}: {:?}",
+            r.reasons
+        );
         assert_eq!(r.model_version, "2");
         assert!((r.score.unwrap() - m.rows[i].1).abs() <= 1e-5);
     }
     // Within the 250 ms budget (plus the client's own overhead), far below the 10 s stall.
-    assert!(worst < Duration::from_millis(350), "slowest answer took {worst:?}");
+    assert!(
+        worst < Duration::from_millis(350),
+        "slowest answer took {worst:?}"
+    );
     m.running.shutdown().await;
 }
 
@@ -217,22 +316,50 @@ async fn failing_replicas_fall_back_in_order() {
     let mut m = mesh(1000, 200, "[[decisions.deployments]]\nmodel = \"fraud_mlp\"\nbatch_score = { view = \"fraud_scores\", feature = \"score\" }\n").await;
     let store = m.running.store.clone().unwrap();
     store
-        .push("fraud_scores", vec![Row { key: EntityKey::Int64(7), event_time: mesh_feature_store::now_micros(), values: vec![Some(Value::F32(0.95))] }], Durability::Buffered)
+        .push(
+            "fraud_scores",
+            vec![Row {
+                key: EntityKey::Int64(7),
+                event_time: mesh_feature_store::now_micros(),
+                values: vec![Some(Value::F32(0.95))],
+            }],
+            Durability::Buffered,
+        )
         .await
         .unwrap();
     m.client.decide(request(7, &m.rows[7].0)).await.unwrap();
     // Version 2 fails everywhere: the previous version answers.
     set_fault(&m, "fraud_mlp/v2/local0", 0, true).await;
     set_fault(&m, "fraud_mlp/v2/local1", 0, true).await;
-    let r = m.client.decide(request(7, &m.rows[7].0)).await.unwrap().into_inner();
-    assert_eq!(r.source, pb::AnswerSource::PreviousVersion as i32, "{:?}", r.reasons);
+    let r = m
+        .client
+        .decide(request(7, &m.rows[7].0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        r.source,
+        pb::AnswerSource::PreviousVersion as i32,
+        "{:?}",
+        r.reasons
+    );
     assert_eq!(r.model_version, "1");
     assert!((r.score.unwrap() - m.rows[7].1).abs() <= 1e-5);
     // Version 1 too (stack built by the call above): the batch score answers.
     set_fault(&m, "fraud_mlp/v1/local0", 0, true).await;
     set_fault(&m, "fraud_mlp/v1/local1", 0, true).await;
-    let r = m.client.decide(request(7, &m.rows[7].0)).await.unwrap().into_inner();
-    assert_eq!(r.source, pb::AnswerSource::BatchScore as i32, "{:?}", r.reasons);
+    let r = m
+        .client
+        .decide(request(7, &m.rows[7].0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        r.source,
+        pb::AnswerSource::BatchScore as i32,
+        "{:?}",
+        r.reasons
+    );
     assert_eq!(r.score, Some(0.95));
     assert_eq!(r.decision, pb::Decision::Decline as i32);
     // No batch score for card 8: a large amount fires the rule...
@@ -243,8 +370,18 @@ async fn failing_replicas_fall_back_in_order() {
     assert_eq!(r.decision, pb::Decision::Decline as i32);
     assert_eq!(r.score, None);
     // ...and otherwise the default decision.
-    let r = m.client.decide(request(8, &m.rows[8].0)).await.unwrap().into_inner();
-    assert_eq!(r.source, pb::AnswerSource::Default as i32, "{:?}", r.reasons);
+    let r = m
+        .client
+        .decide(request(8, &m.rows[8].0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        r.source,
+        pb::AnswerSource::Default as i32,
+        "{:?}",
+        r.reasons
+    );
     assert_eq!(r.decision, pb::Decision::Review as i32);
     m.running.shutdown().await;
 }
@@ -259,8 +396,20 @@ async fn canary_share_follows_its_weight_and_shadow_answers_stay_hidden() {
     .await;
     let (mut canary, mut total) = (0usize, 0usize);
     for chunk in 0..40 {
-        let reqs: Vec<_> = (0..250).map(|i| request((chunk * 250 + i) % 1000, &m.rows[(chunk * 250 + i) % 1000].0)).collect();
-        let out = m.client.decide_batch(pb::DecideBatchRequest { requests: reqs }).await.unwrap().into_inner();
+        let reqs: Vec<_> = (0..250)
+            .map(|i| {
+                request(
+                    (chunk * 250 + i) % 1000,
+                    &m.rows[(chunk * 250 + i) % 1000].0,
+                )
+            })
+            .collect();
+        let out = m
+            .client
+            .decide_batch(pb::DecideBatchRequest { requests: reqs })
+            .await
+            .unwrap()
+            .into_inner();
         for r in out.responses {
             assert_ne!(r.role, "shadow");
             assert_eq!(r.source, pb::AnswerSource::Model as i32, "{:?}", r.reasons);
@@ -281,7 +430,9 @@ async fn canary_share_follows_its_weight_and_shadow_answers_stay_hidden() {
         mesh_router::telemetry::metrics()
             .render()
             .lines()
-            .filter(|l| l.starts_with("mesh_router_decisions_total") && l.contains("role=\"shadow\""))
+            .filter(|l| {
+                l.starts_with("mesh_router_decisions_total") && l.contains("role=\"shadow\"")
+            })
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum::<f64>()
     };

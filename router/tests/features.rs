@@ -28,7 +28,9 @@ fn views(dir: &Path) -> std::path::PathBuf {
 }
 
 fn value_f32(x: f32) -> Option<pb::FeatureValue> {
-    Some(pb::FeatureValue { value: Some(pb::feature_value::Value::F32Value(x)) })
+    Some(pb::FeatureValue {
+        value: Some(pb::feature_value::Value::F32Value(x)),
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -42,17 +44,31 @@ async fn feature_store_over_grpc_through_mesh_serve() {
     cfg.features.views = Some(views(dir.path()));
     cfg.features.max_keys_per_lookup = Some(100);
     let running = mesh_router::server::start_mesh(&cfg).await.unwrap();
-    let mut c = FeatureStoreClient::connect(format!("http://{}", running.grpc_addr)).await.unwrap();
+    let mut c = FeatureStoreClient::connect(format!("http://{}", running.grpc_addr))
+        .await
+        .unwrap();
 
-    let listed = c.list_views(pb::ListViewsRequest {}).await.unwrap().into_inner();
+    let listed = c
+        .list_views(pb::ListViewsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(listed.views.len(), 1);
     assert_eq!(listed.views[0].join_key, "card_id");
 
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as i64;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64;
     let row = |k: i64, t: i64, x: f32| pb::PushRow {
-        key: Some(pb::EntityKey { key: Some(pb::entity_key::Key::Int64Key(k)) }),
+        key: Some(pb::EntityKey {
+            key: Some(pb::entity_key::Key::Int64Key(k)),
+        }),
         event_time_unix_micros: t,
-        values: vec![pb::NamedFeatureValue { name: "amount_sum_24h".into(), value: value_f32(x) }],
+        values: vec![pb::NamedFeatureValue {
+            name: "amount_sum_24h".into(),
+            value: value_f32(x),
+        }],
     };
     let two_hours = 2 * 3600 * 1_000_000;
     let pushed = c
@@ -67,26 +83,75 @@ async fn feature_store_over_grpc_through_mesh_serve() {
     assert_eq!(pushed.rows_written, 2);
     assert!(pushed.synced);
     // An older event never overwrites a newer one.
-    let older = c.push(pb::PushRequest { view: "card".into(), rows: vec![row(1, now - 1000, 99.0)], wait_for_sync: false }).await.unwrap().into_inner();
+    let older = c
+        .push(pb::PushRequest {
+            view: "card".into(),
+            rows: vec![row(1, now - 1000, 99.0)],
+            wait_for_sync: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(older.rows_skipped_older, 1);
 
     let get = |keys: Vec<i64>| pb::GetOnlineFeaturesRequest {
         features: vec!["card:amount_sum_24h".into(), "card:txn_count_1h".into()],
-        entities: vec![pb::EntityKeyColumn { join_key: "card_id".into(), int64_keys: keys, string_keys: vec![] }],
+        entities: vec![pb::EntityKeyColumn {
+            join_key: "card_id".into(),
+            int64_keys: keys,
+            string_keys: vec![],
+        }],
     };
-    let resp = c.get_online_features(get(vec![1, 2, 3])).await.unwrap().into_inner();
+    let resp = c
+        .get_online_features(get(vec![1, 2, 3]))
+        .await
+        .unwrap()
+        .into_inner();
     let amount = &resp.columns[0];
     use pb::FeatureStatus as S;
-    assert_eq!(amount.statuses, vec![S::Present as i32, S::OutsideMaxAge as i32, S::NotFound as i32]);
+    assert_eq!(
+        amount.statuses,
+        vec![
+            S::Present as i32,
+            S::OutsideMaxAge as i32,
+            S::NotFound as i32
+        ]
+    );
     assert_eq!(amount.f32_values[0], 10.0);
     // A feature the push did not name is NULL for a stored row.
     assert_eq!(resp.columns[1].statuses[0], S::Null as i32);
 
     for (what, req, code, needle) in [
-        ("unknown view", pb::GetOnlineFeaturesRequest { features: vec!["nope:x".into()], ..get(vec![1]) }, Code::NotFound, "nope"),
-        ("unknown feature", pb::GetOnlineFeaturesRequest { features: vec!["card:x".into()], ..get(vec![1]) }, Code::NotFound, "x"),
-        ("empty", pb::GetOnlineFeaturesRequest::default(), Code::InvalidArgument, ""),
-        ("too many keys", get((0..101).collect()), Code::InvalidArgument, "100"),
+        (
+            "unknown view",
+            pb::GetOnlineFeaturesRequest {
+                features: vec!["nope:x".into()],
+                ..get(vec![1])
+            },
+            Code::NotFound,
+            "nope",
+        ),
+        (
+            "unknown feature",
+            pb::GetOnlineFeaturesRequest {
+                features: vec!["card:x".into()],
+                ..get(vec![1])
+            },
+            Code::NotFound,
+            "x",
+        ),
+        (
+            "empty",
+            pb::GetOnlineFeaturesRequest::default(),
+            Code::InvalidArgument,
+            "",
+        ),
+        (
+            "too many keys",
+            get((0..101).collect()),
+            Code::InvalidArgument,
+            "100",
+        ),
     ] {
         let e = c.get_online_features(req).await.unwrap_err();
         assert_eq!(e.code(), code, "{what}: {e:?}");
@@ -95,9 +160,23 @@ async fn feature_store_over_grpc_through_mesh_serve() {
     // A push with one bad row writes nothing.
     let mut bad = row(5, now, 1.0);
     bad.values[0].name = "not_a_feature".into();
-    let e = c.push(pb::PushRequest { view: "card".into(), rows: vec![row(4, now, 1.0), bad], wait_for_sync: false }).await.unwrap_err();
-    assert!(matches!(e.code(), Code::NotFound | Code::InvalidArgument), "{e:?}");
-    let resp = c.get_online_features(get(vec![4])).await.unwrap().into_inner();
+    let e = c
+        .push(pb::PushRequest {
+            view: "card".into(),
+            rows: vec![row(4, now, 1.0), bad],
+            wait_for_sync: false,
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e.code(), Code::NotFound | Code::InvalidArgument),
+        "{e:?}"
+    );
+    let resp = c
+        .get_online_features(get(vec![4]))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(resp.columns[0].statuses, vec![S::NotFound as i32]);
     running.shutdown().await;
 }

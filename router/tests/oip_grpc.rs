@@ -14,12 +14,16 @@ fn root() -> PathBuf {
 }
 
 fn samples() -> Vec<(Vec<f32>, f32)> {
-    let text = std::fs::read_to_string(root().join("../shared/reference/fraud-mlp/samples.csv")).unwrap();
+    let text =
+        std::fs::read_to_string(root().join("../shared/reference/fraud-mlp/samples.csv")).unwrap();
     text.lines()
         .skip(1)
         .map(|l| {
             let f: Vec<&str> = l.split(',').collect();
-            (f[1..33].iter().map(|v| v.parse().unwrap()).collect(), f[34].parse().unwrap())
+            (
+                f[1..33].iter().map(|v| v.parse().unwrap()).collect(),
+                f[34].parse().unwrap(),
+            )
         })
         .collect()
 }
@@ -56,27 +60,54 @@ fn raw_request(model: &str, rows: &[&[f32]]) -> pb::ModelInferRequest {
 }
 
 fn outputs(resp: &pb::ModelInferResponse) -> Vec<f32> {
-    resp.raw_output_contents[0].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+    resp.raw_output_contents[0]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn model_infer_reproduces_the_reference_and_rejects_bad_input() {
     let server = serve(1 << 20).await;
-    let mut c = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc_addr)).await.unwrap();
+    let mut c = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc_addr))
+        .await
+        .unwrap();
     let rows = samples();
 
-    assert!(c.server_live(pb::ServerLiveRequest {}).await.unwrap().into_inner().live);
-    assert!(c.server_ready(pb::ServerReadyRequest {}).await.unwrap().into_inner().ready);
-    let meta = c.server_metadata(pb::ServerMetadataRequest {}).await.unwrap().into_inner();
+    assert!(
+        c.server_live(pb::ServerLiveRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .live
+    );
+    assert!(
+        c.server_ready(pb::ServerReadyRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .ready
+    );
+    let meta = c
+        .server_metadata(pb::ServerMetadataRequest {})
+        .await
+        .unwrap()
+        .into_inner();
     assert!(meta.extensions.contains(&"statistics".to_string()));
     let cfg = c
-        .model_config(pb::ModelConfigRequest { name: "fraud_mlp".into(), version: String::new() })
+        .model_config(pb::ModelConfigRequest {
+            name: "fraud_mlp".into(),
+            version: String::new(),
+        })
         .await
         .unwrap()
         .into_inner()
         .config
         .unwrap();
-    assert_eq!((cfg.max_batch_size, cfg.input[0].dims.clone()), (64, vec![32]));
+    assert_eq!(
+        (cfg.max_batch_size, cfg.input[0].dims.clone()),
+        (64, vec![32])
+    );
 
     // One row per request, 16 callers at a time.
     let mut worst = 0f32;
@@ -97,7 +128,11 @@ async fn model_infer_reproduces_the_reference_and_rejects_bad_input() {
     for size in [3usize, 64] {
         for chunk in rows.chunks(size) {
             let xs: Vec<&[f32]> = chunk.iter().map(|(x, _)| x.as_slice()).collect();
-            let resp = c.model_infer(raw_request("fraud_mlp", &xs)).await.unwrap().into_inner();
+            let resp = c
+                .model_infer(raw_request("fraud_mlp", &xs))
+                .await
+                .unwrap()
+                .into_inner();
             assert_eq!(resp.outputs[0].shape, vec![chunk.len() as i64, 1]);
             for (got, (_, want)) in outputs(&resp).iter().zip(chunk) {
                 assert!((got - want).abs() <= 1e-5, "batch {size}: {got} vs {want}");
@@ -106,14 +141,22 @@ async fn model_infer_reproduces_the_reference_and_rejects_bad_input() {
     }
     let mut typed = raw_request("fraud_mlp", &[&rows[0].0]);
     typed.raw_input_contents.clear();
-    typed.inputs[0].contents = Some(pb::InferTensorContents { fp32_contents: rows[0].0.clone(), ..Default::default() });
+    typed.inputs[0].contents = Some(pb::InferTensorContents {
+        fp32_contents: rows[0].0.clone(),
+        ..Default::default()
+    });
     let resp = c.model_infer(typed).await.unwrap().into_inner();
     assert!((outputs(&resp)[0] - rows[0].1).abs() <= 1e-5);
 
     // Bad input: each answers with its status and a message naming the problem.
     let x = &rows[0].0[..];
     let mut cases: Vec<(&str, pb::ModelInferRequest, Code, &str)> = Vec::new();
-    cases.push(("unknown model", raw_request("nope", &[x]), Code::NotFound, "nope"));
+    cases.push((
+        "unknown model",
+        raw_request("nope", &[x]),
+        Code::NotFound,
+        "nope",
+    ));
     let mut r = raw_request("fraud_mlp", &[x]);
     r.model_version = "9".into();
     cases.push(("unknown version", r, Code::NotFound, "9"));
@@ -131,23 +174,51 @@ async fn model_infer_reproduces_the_reference_and_rejects_bad_input() {
     cases.push(("wrong input name", r, Code::InvalidArgument, "features"));
     let mut nan = x.to_vec();
     nan[3] = f32::NAN;
-    cases.push(("NaN", raw_request("fraud_mlp", &[&nan]), Code::InvalidArgument, "NaN"));
+    cases.push((
+        "NaN",
+        raw_request("fraud_mlp", &[&nan]),
+        Code::InvalidArgument,
+        "NaN",
+    ));
     let many: Vec<&[f32]> = (0..65).map(|_| x).collect();
-    cases.push(("too many rows", raw_request("fraud_mlp", &many), Code::InvalidArgument, "64"));
+    cases.push((
+        "too many rows",
+        raw_request("fraud_mlp", &many),
+        Code::InvalidArgument,
+        "64",
+    ));
     let big: Vec<&[f32]> = (0..9000).map(|_| x).collect();
-    cases.push(("over the size limit", raw_request("fraud_mlp", &big), Code::ResourceExhausted, "too large"));
+    cases.push((
+        "over the size limit",
+        raw_request("fraud_mlp", &big),
+        Code::ResourceExhausted,
+        "too large",
+    ));
     let mut r = raw_request("fraud_mlp", &[x]);
-    r.outputs = vec![pb::model_infer_request::InferRequestedOutputTensor { name: "score".into(), ..Default::default() }];
+    r.outputs = vec![pb::model_infer_request::InferRequestedOutputTensor {
+        name: "score".into(),
+        ..Default::default()
+    }];
     cases.push(("unknown output", r, Code::InvalidArgument, "score"));
     for (what, req, code, needle) in cases {
-        let err = tokio::time::timeout(Duration::from_secs(10), c.model_infer(req)).await.expect(what).unwrap_err();
+        let err = tokio::time::timeout(Duration::from_secs(10), c.model_infer(req))
+            .await
+            .expect(what)
+            .unwrap_err();
         assert_eq!(err.code(), code, "{what}: {err:?}");
-        assert!(err.message().contains(needle), "{what}: message '{}' lacks '{needle}'", err.message());
+        assert!(
+            err.message().contains(needle),
+            "{what}: message '{}' lacks '{needle}'",
+            err.message()
+        );
     }
 
     // Server-side statistics count what ran.
     let stats = c
-        .model_statistics(pb::ModelStatisticsRequest { name: "fraud_mlp".into(), version: String::new() })
+        .model_statistics(pb::ModelStatisticsRequest {
+            name: "fraud_mlp".into(),
+            version: String::new(),
+        })
         .await
         .unwrap()
         .into_inner();
@@ -162,7 +233,9 @@ async fn model_infer_reproduces_the_reference_and_rejects_bad_input() {
     let body = serde_json::json!({
         "inputs": [{"name": "input", "shape": [1, 32], "datatype": "FP32", "data": rows[1].0}]
     });
-    let (status, text) = http.post("/v2/models/fraud_mlp/infer", &body.to_string()).await;
+    let (status, text) = http
+        .post("/v2/models/fraud_mlp/infer", &body.to_string())
+        .await;
     assert_eq!(status, 200, "{text}");
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     let got = v["outputs"][0]["data"][0].as_f64().unwrap() as f32;
@@ -170,12 +243,23 @@ async fn model_infer_reproduces_the_reference_and_rejects_bad_input() {
     assert_eq!(v["model_version"], "1");
     let (status, text) = http.post("/v2/models/nope/infer", &body.to_string()).await;
     assert_eq!(status, 404);
-    assert!(serde_json::from_str::<serde_json::Value>(&text).unwrap()["error"].as_str().unwrap().contains("nope"));
+    assert!(
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()["error"]
+            .as_str()
+            .unwrap()
+            .contains("nope")
+    );
     let (status, text) = http.post("/v2/models/fraud_mlp/infer", "{not json").await;
     assert_eq!(status, 400, "{text}");
     let (status, metrics) = http.get("/metrics").await;
     assert_eq!(status, 200);
-    for name in ["mesh_router_requests_total", "mesh_model_queue_wait_seconds_bucket", "mesh_model_batch_size_bucket", "mesh_model_compute_seconds_bucket", "mesh_model_queue_length"] {
+    for name in [
+        "mesh_router_requests_total",
+        "mesh_model_queue_wait_seconds_bucket",
+        "mesh_model_batch_size_bucket",
+        "mesh_model_compute_seconds_bucket",
+        "mesh_model_queue_length",
+    ] {
         assert!(metrics.contains(name), "/metrics lacks {name}");
     }
     assert_eq!(http.get("/readyz").await.0, 200);
@@ -189,7 +273,9 @@ struct Http {
 }
 
 fn reqwest_lite(addr: &str) -> Http {
-    Http { addr: addr.to_owned() }
+    Http {
+        addr: addr.to_owned(),
+    }
 }
 
 impl Http {
@@ -206,7 +292,10 @@ impl Http {
         s.read_to_end(&mut buf).await.unwrap();
         let text = String::from_utf8_lossy(&buf).into_owned();
         let status = text[9..12].parse().unwrap();
-        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
         (status, body)
     }
     async fn get(&self, path: &str) -> (u16, String) {

@@ -18,8 +18,13 @@ async fn every_prediction_is_logged_once() {
     // The example model with an input spec of 32 request features.
     let m = dir.path().join("models/fraud_mlp");
     std::fs::create_dir_all(m.join("3")).unwrap();
-    std::fs::copy(root().join("../shared/reference/fraud-mlp/fraud_mlp.safetensors"), m.join("3/model.safetensors")).unwrap();
-    let mut toml_text = std::fs::read_to_string(root().join("examples/models/fraud_mlp/model.toml")).unwrap();
+    std::fs::copy(
+        root().join("../shared/reference/fraud-mlp/fraud_mlp.safetensors"),
+        m.join("3/model.safetensors"),
+    )
+    .unwrap();
+    let mut toml_text =
+        std::fs::read_to_string(root().join("examples/models/fraud_mlp/model.toml")).unwrap();
     toml_text += "\n[input_spec]\n";
     for i in 0..32 {
         toml_text += &format!("[[input_spec.features]]\nsource = \"request:f{i}\"\n");
@@ -34,13 +39,24 @@ async fn every_prediction_is_logged_once() {
     .unwrap();
     let running = mesh_router::server::start_mesh(&cfg).await.unwrap();
     let url = format!("http://{}", running.grpc_addr);
-    let mut d = pb::decisions_client::DecisionsClient::connect(url.clone()).await.unwrap();
-    let mut o = oip::grpc_inference_service_client::GrpcInferenceServiceClient::connect(url).await.unwrap();
+    let mut d = pb::decisions_client::DecisionsClient::connect(url.clone())
+        .await
+        .unwrap();
+    let mut o = oip::grpc_inference_service_client::GrpcInferenceServiceClient::connect(url)
+        .await
+        .unwrap();
     const N: usize = 300;
     for i in 0..N {
-        let features: HashMap<String, f64> = (0..32).map(|j| (format!("f{j}"), ((i * 7 + j) % 11) as f64 / 10.0 - 0.5)).collect();
+        let features: HashMap<String, f64> = (0..32)
+            .map(|j| (format!("f{j}"), ((i * 7 + j) % 11) as f64 / 10.0 - 0.5))
+            .collect();
         let r = d
-            .decide(pb::DecideRequest { request_id: format!("d{i}"), model: "fraud_mlp".into(), features, ..Default::default() })
+            .decide(pb::DecideRequest {
+                request_id: format!("d{i}"),
+                model: "fraud_mlp".into(),
+                features,
+                ..Default::default()
+            })
             .await
             .unwrap()
             .into_inner();
@@ -55,7 +71,10 @@ async fn every_prediction_is_logged_once() {
                 name: "input".into(),
                 datatype: "FP32".into(),
                 shape: vec![1, 32],
-                contents: Some(oip::InferTensorContents { fp32_contents: vec![0.1; 32], ..Default::default() }),
+                contents: Some(oip::InferTensorContents {
+                    fp32_contents: vec![0.1; 32],
+                    ..Default::default()
+                }),
                 ..Default::default()
             }],
             ..Default::default()
@@ -64,9 +83,13 @@ async fn every_prediction_is_logged_once() {
     }
     running.shutdown().await;
 
-    let records = mesh_prediction_log::read_all(&logs, mesh_prediction_log::ReadOptions::default()).unwrap();
+    let records =
+        mesh_prediction_log::read_all(&logs, mesh_prediction_log::ReadOptions::default()).unwrap();
     assert_eq!(records.len(), N + M);
-    let decisions: Vec<_> = records.iter().filter(|r| r.request_id.starts_with('d')).collect();
+    let decisions: Vec<_> = records
+        .iter()
+        .filter(|r| r.request_id.starts_with('d'))
+        .collect();
     assert_eq!(decisions.len(), N);
     let mut ids: Vec<&str> = decisions.iter().map(|r| r.request_id.as_str()).collect();
     ids.sort();
@@ -76,7 +99,11 @@ async fn every_prediction_is_logged_once() {
         assert_eq!(r.version, "3");
         assert_eq!(r.source, "MODEL");
         let s = &r.stages;
-        assert!(s.validate + s.features + s.preprocess + s.queue + s.compute + s.postprocess <= s.total + 1, "{s:?}");
+        assert!(
+            s.validate + s.features + s.preprocess + s.queue + s.compute + s.postprocess
+                <= s.total + 1,
+            "{s:?}"
+        );
         assert!(r.score.is_some_and(|p| (0.0..=1.0).contains(&p)));
     }
     for r in decisions {

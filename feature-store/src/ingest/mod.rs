@@ -47,7 +47,12 @@ pub struct IngestOptions {
 
 impl Default for IngestOptions {
     fn default() -> Self {
-        IngestOptions { batch_rows: 10_000, sync_each_batch: false, progress: false, allow_missing_columns: false }
+        IngestOptions {
+            batch_rows: 10_000,
+            sync_each_batch: false,
+            progress: false,
+            allow_missing_columns: false,
+        }
     }
 }
 
@@ -90,15 +95,37 @@ pub(crate) struct ColumnMap {
 }
 
 impl ColumnMap {
-    pub(crate) fn new(v: &ViewInfo, names: &[String], opts: &IngestOptions, path: &Path) -> Result<Self> {
+    pub(crate) fn new(
+        v: &ViewInfo,
+        names: &[String],
+        opts: &IngestOptions,
+        path: &Path,
+    ) -> Result<Self> {
         let find = |n: &str| names.iter().position(|c| c == n);
-        let err = |what: String| FeatureStoreError::Ingest { path: path.to_path_buf(), what };
-        let key = find(&v.join_key).ok_or_else(|| err(format!("no {:?} column (the join key of view {:?})", v.join_key, v.name)))?;
-        let timestamp = find(&v.timestamp_field)
-            .ok_or_else(|| err(format!("no {:?} column (the timestamp field of view {:?})", v.timestamp_field, v.name)))?;
+        let err = |what: String| FeatureStoreError::Ingest {
+            path: path.to_path_buf(),
+            what,
+        };
+        let key = find(&v.join_key).ok_or_else(|| {
+            err(format!(
+                "no {:?} column (the join key of view {:?})",
+                v.join_key, v.name
+            ))
+        })?;
+        let timestamp = find(&v.timestamp_field).ok_or_else(|| {
+            err(format!(
+                "no {:?} column (the timestamp field of view {:?})",
+                v.timestamp_field, v.name
+            ))
+        })?;
         let features: Vec<Option<usize>> = v.features.iter().map(|f| find(&f.name)).collect();
-        let missing: Vec<String> =
-            v.features.iter().zip(&features).filter(|(_, c)| c.is_none()).map(|(f, _)| f.name.clone()).collect();
+        let missing: Vec<String> = v
+            .features
+            .iter()
+            .zip(&features)
+            .filter(|(_, c)| c.is_none())
+            .map(|(f, _)| f.name.clone())
+            .collect();
         if !missing.is_empty() && !opts.allow_missing_columns {
             return Err(err(format!(
                 "no column for feature(s) {missing:?} of view {:?}; pass allow_missing_columns to write them as null",
@@ -111,12 +138,23 @@ impl ColumnMap {
             .filter(|(i, _)| *i != key && *i != timestamp && !features.contains(&Some(*i)))
             .map(|(_, n)| n.clone())
             .collect();
-        Ok(ColumnMap { key, timestamp, features, ignored, missing })
+        Ok(ColumnMap {
+            key,
+            timestamp,
+            features,
+            ignored,
+            missing,
+        })
     }
 }
 
 /// Ingests `path` (`.csv`, or `.parquet`/`.pq`) into `view`. Blocking.
-pub fn ingest_file(store: &FeatureStore, view: &str, path: impl AsRef<Path>, opts: &IngestOptions) -> Result<IngestReport> {
+pub fn ingest_file(
+    store: &FeatureStore,
+    view: &str,
+    path: impl AsRef<Path>,
+    opts: &IngestOptions,
+) -> Result<IngestReport> {
     ingest_file_observed(store, view, path, opts, |_| {})
 }
 
@@ -131,9 +169,14 @@ pub fn ingest_file_observed(
     let path = path.as_ref();
     let v = store.view(view)?.clone();
     if opts.batch_rows == 0 {
-        return Err(FeatureStoreError::InvalidArgument("batch_rows must be > 0".into()));
+        return Err(FeatureStoreError::InvalidArgument(
+            "batch_rows must be > 0".into(),
+        ));
     }
-    let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
     let start = Instant::now();
     let mut sink = Sink {
         store,
@@ -216,13 +259,21 @@ impl Sink<'_> {
         // Data frames write missing floats as NaN: in a file, NaN means null.
         for row in &mut rows {
             for v in &mut row.values {
-                if matches!(v, Some(Value::F32(x)) if x.is_nan()) || matches!(v, Some(Value::F64(x)) if x.is_nan()) {
+                if matches!(v, Some(Value::F32(x)) if x.is_nan())
+                    || matches!(v, Some(Value::F64(x)) if x.is_nan())
+                {
                     *v = None;
                 }
             }
         }
-        let durability = if self.opts.sync_each_batch { Durability::Sync } else { Durability::Buffered };
-        let w = self.store.write_rows_from(&self.view.name, &rows, durability, WritePath::Ingest)?;
+        let durability = if self.opts.sync_each_batch {
+            Durability::Sync
+        } else {
+            Durability::Buffered
+        };
+        let w =
+            self.store
+                .write_rows_from(&self.view.name, &rows, durability, WritePath::Ingest)?;
         self.report.rows_read += rows.len() as u64;
         self.report.rows_written += w.rows_written;
         self.report.rows_skipped_older += w.rows_skipped_older;

@@ -21,12 +21,29 @@ use crate::types::{EntityKey, FeatureType, KeyType, Micros, Row, Value};
 
 type Cells<T> = std::result::Result<Vec<Option<T>>, String>;
 
-pub(crate) fn read(path: &Path, v: &ViewInfo, opts: &IngestOptions, sink: &mut Sink<'_>) -> Result<()> {
-    let err = |what: String| FeatureStoreError::Ingest { path: path.to_path_buf(), what };
-    let file = std::fs::File::open(path).map_err(|e| FeatureStoreError::Io { path: path.to_path_buf(), source: e })?;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| err(format!("not a readable Parquet file: {e}")))?;
+pub(crate) fn read(
+    path: &Path,
+    v: &ViewInfo,
+    opts: &IngestOptions,
+    sink: &mut Sink<'_>,
+) -> Result<()> {
+    let err = |what: String| FeatureStoreError::Ingest {
+        path: path.to_path_buf(),
+        what,
+    };
+    let file = std::fs::File::open(path).map_err(|e| FeatureStoreError::Io {
+        path: path.to_path_buf(),
+        source: e,
+    })?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+        .map_err(|e| err(format!("not a readable Parquet file: {e}")))?;
     let total = u64::try_from(builder.metadata().file_metadata().num_rows()).unwrap_or(0);
-    let names: Vec<String> = builder.schema().fields().iter().map(|f| f.name().clone()).collect();
+    let names: Vec<String> = builder
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
     let map = ColumnMap::new(v, &names, opts, path)?;
     let mut wanted: Vec<usize> = vec![map.key, map.timestamp];
     wanted.extend(map.features.iter().flatten().copied());
@@ -43,22 +60,42 @@ pub(crate) fn read(path: &Path, v: &ViewInfo, opts: &IngestOptions, sink: &mut S
     for batch in reader {
         let batch = batch.map_err(|e| err(format!("cannot read a record batch: {e}")))?;
         let col = |name: &str| batch.column_by_name(name).cloned();
-        let at = |what: String| err(format!("rows {}..{}: {what}", row_base, row_base + batch.num_rows()));
-        let keys = keys(col(&v.join_key).as_ref(), v.key_type).map_err(|e| at(format!("{}: {e}", v.join_key)))?;
-        let times = times(col(&v.timestamp_field).as_ref()).map_err(|e| at(format!("{}: {e}", v.timestamp_field)))?;
+        let at = |what: String| {
+            err(format!(
+                "rows {}..{}: {what}",
+                row_base,
+                row_base + batch.num_rows()
+            ))
+        };
+        let keys = keys(col(&v.join_key).as_ref(), v.key_type)
+            .map_err(|e| at(format!("{}: {e}", v.join_key)))?;
+        let times = times(col(&v.timestamp_field).as_ref())
+            .map_err(|e| at(format!("{}: {e}", v.timestamp_field)))?;
         let mut features: Vec<Option<Vec<Option<Value>>>> = Vec::with_capacity(v.features.len());
         for (f, present) in v.features.iter().zip(&map.features) {
             features.push(match present {
-                Some(_) => Some(values(col(&f.name).as_ref(), f.dtype).map_err(|e| at(format!("{}: {e}", f.name)))?),
+                Some(_) => Some(
+                    values(col(&f.name).as_ref(), f.dtype)
+                        .map_err(|e| at(format!("{}: {e}", f.name)))?,
+                ),
                 None => None,
             });
         }
         let mut rows = Vec::with_capacity(batch.num_rows());
         for (i, (key, time)) in keys.into_iter().zip(times).enumerate() {
-            let key = key.ok_or_else(|| err(format!("row {}: null {}", row_base + i, v.join_key)))?;
-            let event_time = time.ok_or_else(|| err(format!("row {}: null {}", row_base + i, v.timestamp_field)))?;
-            let values = features.iter_mut().map(|c| c.as_mut().and_then(|c| c[i].take())).collect();
-            rows.push(Row { key, event_time, values });
+            let key =
+                key.ok_or_else(|| err(format!("row {}: null {}", row_base + i, v.join_key)))?;
+            let event_time = time
+                .ok_or_else(|| err(format!("row {}: null {}", row_base + i, v.timestamp_field)))?;
+            let values = features
+                .iter_mut()
+                .map(|c| c.as_mut().and_then(|c| c[i].take()))
+                .collect();
+            rows.push(Row {
+                key,
+                event_time,
+                values,
+            });
         }
         row_base += batch.num_rows();
         sink.write(rows, row_base as u64)?;
@@ -68,7 +105,12 @@ pub(crate) fn read(path: &Path, v: &ViewInfo, opts: &IngestOptions, sink: &mut S
 
 fn prim<T: ArrowPrimitiveType>(a: &ArrayRef, f: impl Fn(T::Native) -> Option<i64>) -> Cells<i64> {
     let a = a.as_primitive_opt::<T>().ok_or("unexpected array type")?;
-    a.iter().map(|x| x.map(|x| f(x).ok_or_else(|| "value out of int64 range".to_owned())).transpose()).collect()
+    a.iter()
+        .map(|x| {
+            x.map(|x| f(x).ok_or_else(|| "value out of int64 range".to_owned()))
+                .transpose()
+        })
+        .collect()
 }
 
 fn ints(a: &ArrayRef) -> Option<Cells<i64>> {
@@ -104,11 +146,15 @@ fn keys(a: Option<&ArrayRef>, kt: KeyType) -> Cells<EntityKey> {
     let a = a.ok_or_else(missing)?;
     match kt {
         KeyType::Int64 => {
-            let v = ints(a).ok_or_else(|| format!("int64 keys need an integer column, found {}", a.data_type()))??;
+            let v = ints(a).ok_or_else(|| {
+                format!("int64 keys need an integer column, found {}", a.data_type())
+            })??;
             Ok(v.into_iter().map(|x| x.map(EntityKey::Int64)).collect())
         }
         KeyType::String => {
-            let v = strings(a).ok_or_else(|| format!("string keys need a string column, found {}", a.data_type()))?;
+            let v = strings(a).ok_or_else(|| {
+                format!("string keys need a string column, found {}", a.data_type())
+            })?;
             v.into_iter()
                 .map(|x| match x {
                     Some(s) if s.is_empty() => Err("empty key".to_owned()),
@@ -123,16 +169,31 @@ fn times(a: Option<&ArrayRef>) -> Cells<Micros> {
     let a = a.ok_or_else(missing)?;
     let scale = |mul: i64, div: i64| move |x: i64| x.checked_mul(mul).map(|m| m / div);
     match a.data_type() {
-        DataType::Timestamp(TimeUnit::Second, _) => prim::<TimestampSecondType>(a, scale(1_000_000, 1)),
-        DataType::Timestamp(TimeUnit::Millisecond, _) => prim::<TimestampMillisecondType>(a, scale(1_000, 1)),
+        DataType::Timestamp(TimeUnit::Second, _) => {
+            prim::<TimestampSecondType>(a, scale(1_000_000, 1))
+        }
+        DataType::Timestamp(TimeUnit::Millisecond, _) => {
+            prim::<TimestampMillisecondType>(a, scale(1_000, 1))
+        }
         DataType::Timestamp(TimeUnit::Microsecond, _) => prim::<TimestampMicrosecondType>(a, Some),
-        DataType::Timestamp(TimeUnit::Nanosecond, _) => prim::<TimestampNanosecondType>(a, scale(1, 1_000)),
+        DataType::Timestamp(TimeUnit::Nanosecond, _) => {
+            prim::<TimestampNanosecondType>(a, scale(1, 1_000))
+        }
         DataType::Int64 => prim::<Int64Type>(a, scale(1_000_000, 1)),
         DataType::Float64 => {
-            let f = a.as_primitive_opt::<Float64Type>().ok_or("unexpected array type")?;
-            Ok(f.iter().map(|x| x.filter(|x| x.is_finite()).map(|x| (x * 1e6).round() as i64)).collect())
+            let f = a
+                .as_primitive_opt::<Float64Type>()
+                .ok_or("unexpected array type")?;
+            Ok(f.iter()
+                .map(|x| {
+                    x.filter(|x| x.is_finite())
+                        .map(|x| (x * 1e6).round() as i64)
+                })
+                .collect())
         }
-        other => Err(format!("timestamps need a Timestamp, Int64 or Float64 (Unix seconds) column, found {other}")),
+        other => Err(format!(
+            "timestamps need a Timestamp, Int64 or Float64 (Unix seconds) column, found {other}"
+        )),
     }
 }
 
@@ -140,17 +201,24 @@ fn floats(a: &ArrayRef) -> Option<Vec<Option<f64>>> {
     if let Some(f) = a.as_primitive_opt::<Float64Type>() {
         Some(f.iter().collect())
     } else {
-        a.as_primitive_opt::<Float32Type>().map(|f| f.iter().map(|x| x.map(f64::from)).collect())
+        a.as_primitive_opt::<Float32Type>()
+            .map(|f| f.iter().map(|x| x.map(f64::from)).collect())
     }
 }
 
 fn f32_list(a: &ArrayRef) -> Option<Vec<f32>> {
-    a.as_primitive_opt::<Float32Type>().map(|f| f.values().to_vec())
+    a.as_primitive_opt::<Float32Type>()
+        .map(|f| f.values().to_vec())
 }
 
 fn values(a: Option<&ArrayRef>, t: FeatureType) -> Cells<Value> {
     let a = a.ok_or_else(missing)?;
-    let wrong = || format!("a {t} feature cannot be read from a {} column", a.data_type());
+    let wrong = || {
+        format!(
+            "a {t} feature cannot be read from a {} column",
+            a.data_type()
+        )
+    };
     Ok(match t {
         FeatureType::F32 => {
             // f32 from a Float32 column directly; from Float64 by rounding, as any
@@ -158,15 +226,34 @@ fn values(a: Option<&ArrayRef>, t: FeatureType) -> Cells<Value> {
             if let Some(f) = a.as_primitive_opt::<Float32Type>() {
                 f.iter().map(|x| x.map(Value::F32)).collect()
             } else {
-                floats(a).ok_or_else(wrong)?.into_iter().map(|x| x.map(|x| Value::F32(x as f32))).collect()
+                floats(a)
+                    .ok_or_else(wrong)?
+                    .into_iter()
+                    .map(|x| x.map(|x| Value::F32(x as f32)))
+                    .collect()
             }
         }
-        FeatureType::F64 => floats(a).ok_or_else(wrong)?.into_iter().map(|x| x.map(Value::F64)).collect(),
-        FeatureType::I64 => ints(a).ok_or_else(wrong)??.into_iter().map(|x| x.map(Value::I64)).collect(),
-        FeatureType::Bool => {
-            a.as_boolean_opt().ok_or_else(wrong)?.iter().map(|x| x.map(Value::Bool)).collect()
-        }
-        FeatureType::String => strings(a).ok_or_else(wrong)?.into_iter().map(|x| x.map(Value::String)).collect(),
+        FeatureType::F64 => floats(a)
+            .ok_or_else(wrong)?
+            .into_iter()
+            .map(|x| x.map(Value::F64))
+            .collect(),
+        FeatureType::I64 => ints(a)
+            .ok_or_else(wrong)??
+            .into_iter()
+            .map(|x| x.map(Value::I64))
+            .collect(),
+        FeatureType::Bool => a
+            .as_boolean_opt()
+            .ok_or_else(wrong)?
+            .iter()
+            .map(|x| x.map(Value::Bool))
+            .collect(),
+        FeatureType::String => strings(a)
+            .ok_or_else(wrong)?
+            .into_iter()
+            .map(|x| x.map(Value::String))
+            .collect(),
         FeatureType::F32Vector => {
             let lists: Vec<Option<ArrayRef>> = if let Some(l) = a.as_list_opt::<i32>() {
                 l.iter().collect()
@@ -179,7 +266,10 @@ fn values(a: Option<&ArrayRef>, t: FeatureType) -> Cells<Value> {
             };
             lists
                 .into_iter()
-                .map(|x| x.map(|l| f32_list(&l).map(Value::F32Vector).ok_or_else(wrong)).transpose())
+                .map(|x| {
+                    x.map(|l| f32_list(&l).map(Value::F32Vector).ok_or_else(wrong))
+                        .transpose()
+                })
                 .collect::<std::result::Result<_, _>>()?
         }
     })

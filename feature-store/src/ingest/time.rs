@@ -24,14 +24,21 @@ fn seconds_to_micros(s: &str) -> Option<Micros> {
         None => (false, s),
     };
     let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
-    if int.is_empty() || !int.bytes().all(|b| b.is_ascii_digit()) || !frac.bytes().all(|b| b.is_ascii_digit()) {
+    if int.is_empty()
+        || !int.bytes().all(|b| b.is_ascii_digit())
+        || !frac.bytes().all(|b| b.is_ascii_digit())
+    {
         return None;
     }
     let mut frac6: String = frac.chars().take(6).collect();
     while frac6.len() < 6 {
         frac6.push('0');
     }
-    let micros = int.parse::<i64>().ok()?.checked_mul(1_000_000)?.checked_add(frac6.parse::<i64>().ok()?)?;
+    let micros = int
+        .parse::<i64>()
+        .ok()?
+        .checked_mul(1_000_000)?
+        .checked_add(frac6.parse::<i64>().ok()?)?;
     Some(if neg { -micros } else { micros })
 }
 
@@ -65,7 +72,10 @@ fn parse_rfc3339(s: &str) -> Option<Micros> {
     if s.len() == 10 {
         return days.checked_mul(86_400_000_000);
     }
-    if !matches!(b.get(10), Some(b'T') | Some(b't') | Some(b' ')) || b.get(13) != Some(&b':') || b.get(16) != Some(&b':') {
+    if !matches!(b.get(10), Some(b'T') | Some(b't') | Some(b' '))
+        || b.get(13) != Some(&b':')
+        || b.get(16) != Some(&b':')
+    {
         return None;
     }
     let (h, mi, sec) = (num(s, 11..13)?, num(s, 14..16)?, num(s, 17..19)?);
@@ -92,7 +102,10 @@ fn parse_rfc3339(s: &str) -> Option<Micros> {
     }
     let offset_secs = match s.get(pos..)? {
         "Z" | "z" | "" => 0,
-        tz if tz.len() == 6 && (tz.starts_with('+') || tz.starts_with('-')) && tz.as_bytes()[3] == b':' => {
+        tz if tz.len() == 6
+            && (tz.starts_with('+') || tz.starts_with('-'))
+            && tz.as_bytes()[3] == b':' =>
+        {
             let oh = num(tz, 1..3)?;
             let om = num(tz, 4..6)?;
             let sign = if tz.starts_with('-') { -1 } else { 1 };
@@ -105,19 +118,32 @@ fn parse_rfc3339(s: &str) -> Option<Micros> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
     #[test]
     fn parses_forms() {
         assert_eq!(parse_timestamp("1970-01-01T00:00:00Z"), Ok(0));
-        assert_eq!(parse_timestamp("2024-05-01T12:00:00Z"), Ok(1_714_564_800_000_000));
-        assert_eq!(parse_timestamp("2024-05-01 14:00:00+02:00"), Ok(1_714_564_800_000_000));
-        assert_eq!(parse_timestamp("2024-05-01T12:00:00.25Z"), Ok(1_714_564_800_250_000));
+        assert_eq!(
+            parse_timestamp("2024-05-01T12:00:00Z"),
+            Ok(1_714_564_800_000_000)
+        );
+        assert_eq!(
+            parse_timestamp("2024-05-01 14:00:00+02:00"),
+            Ok(1_714_564_800_000_000)
+        );
+        assert_eq!(
+            parse_timestamp("2024-05-01T12:00:00.25Z"),
+            Ok(1_714_564_800_250_000)
+        );
         assert_eq!(parse_timestamp("1714564800"), Ok(1_714_564_800_000_000));
         assert_eq!(parse_timestamp("1714564800.5"), Ok(1_714_564_800_500_000));
         assert_eq!(parse_timestamp("2024-05-01"), Ok(1_714_521_600_000_000));
-        assert_eq!(parse_timestamp("1714564800.123456"), Ok(1_714_564_800_123_456));
+        assert_eq!(
+            parse_timestamp("1714564800.123456"),
+            Ok(1_714_564_800_123_456)
+        );
         assert_eq!(parse_timestamp("-1.5"), Ok(-1_500_000));
         assert!(parse_timestamp("1e9").is_err());
         assert!(parse_timestamp("yesterday").is_err());

@@ -1,7 +1,10 @@
 //! Shared helpers of the integration tests: a views file and a store in a temp dir.
+#![allow(clippy::unwrap_used)] // tests may unwrap
 #![allow(dead_code)]
 
-use mesh_feature_store::{now_micros, EntityKey, FeatureStore, Micros, Row, StoreOptions, Value, ViewsConfig};
+use mesh_feature_store::{
+    now_micros, EntityKey, FeatureStore, Micros, Row, StoreOptions, Value, ViewsConfig,
+};
 
 pub const VIEWS: &str = r#"
 [[entities]]
@@ -69,7 +72,11 @@ pub fn card_row(id: i64, event_time: Micros, seed: i64) -> Row {
 }
 
 pub fn merchant_row(id: &str, event_time: Micros, rate: f32, tier: Option<i64>) -> Row {
-    Row { key: EntityKey::String(id.into()), event_time, values: vec![Some(Value::F32(rate)), tier.map(Value::I64)] }
+    Row {
+        key: EntityKey::String(id.into()),
+        event_time,
+        values: vec![Some(Value::F32(rate)), tier.map(Value::I64)],
+    }
 }
 
 /// A fresh event time: one minute ago.

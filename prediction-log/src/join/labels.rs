@@ -56,12 +56,18 @@ pub(crate) fn parse_label(s: &str) -> Option<bool> {
     match t.to_ascii_lowercase().as_str() {
         "1" | "true" | "t" | "yes" | "y" => Some(true),
         "0" | "false" | "f" | "no" | "n" => Some(false),
-        _ => t.parse::<f64>().ok().filter(|v| v.is_finite()).map(|v| v > 0.5),
+        _ => t
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite())
+            .map(|v| v > 0.5),
     }
 }
 
 pub(crate) fn load(path: &Path, key_col: &str, label_col: &str) -> Result<Labels> {
-    let is_parquet = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("parquet"));
+    let is_parquet = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("parquet"));
     if is_parquet {
         load_parquet(path, key_col, label_col)
     } else {
@@ -70,14 +76,26 @@ pub(crate) fn load(path: &Path, key_col: &str, label_col: &str) -> Result<Labels
 }
 
 fn load_csv(path: &Path, key_col: &str, label_col: &str) -> Result<Labels> {
-    let csv_err = |source| LogError::Csv { path: path.to_path_buf(), source };
-    let mut rdr = csv::ReaderBuilder::new().flexible(true).from_path(path).map_err(csv_err)?;
+    let csv_err = |source| LogError::Csv {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut rdr = csv::ReaderBuilder::new()
+        .flexible(true)
+        .from_path(path)
+        .map_err(csv_err)?;
     let headers = rdr.headers().map_err(csv_err)?.clone();
     let find = |name: &str| {
-        headers.iter().position(|h| h.trim() == name).ok_or_else(|| LogError::Labels {
-            path: path.to_path_buf(),
-            reason: format!("no column {name:?} (columns: {})", headers.iter().collect::<Vec<_>>().join(", ")),
-        })
+        headers
+            .iter()
+            .position(|h| h.trim() == name)
+            .ok_or_else(|| LogError::Labels {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "no column {name:?} (columns: {})",
+                    headers.iter().collect::<Vec<_>>().join(", ")
+                ),
+            })
     };
     let (ki, li) = (find(key_col)?, find(label_col)?);
     let mut labels = Labels::default();
@@ -92,16 +110,20 @@ fn load_csv(path: &Path, key_col: &str, label_col: &str) -> Result<Labels> {
 
 fn load_parquet(path: &Path, key_col: &str, label_col: &str) -> Result<Labels> {
     let file = std::fs::File::open(path).map_err(|e| LogError::io(path, e))?;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| LogError::parquet(path, e))?;
+    let builder =
+        ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| LogError::parquet(path, e))?;
     let reader = builder.build().map_err(|e| LogError::parquet(path, e))?;
     let mut labels = Labels::default();
     for batch in reader {
         let batch = batch?;
         let get = |name: &str| {
-            batch.column_by_name(name).cloned().ok_or_else(|| LogError::Labels {
-                path: path.to_path_buf(),
-                reason: format!("no column {name:?}"),
-            })
+            batch
+                .column_by_name(name)
+                .cloned()
+                .ok_or_else(|| LogError::Labels {
+                    path: path.to_path_buf(),
+                    reason: format!("no column {name:?}"),
+                })
         };
         let (k, l) = (get(key_col)?, get(label_col)?);
         for i in 0..batch.num_rows() {

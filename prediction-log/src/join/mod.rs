@@ -5,7 +5,9 @@ mod labels;
 mod report;
 pub mod stats;
 
-pub use report::{GroupReport, JoinReport, LabelSummary, OperatingPoint, SourceShare, StagePercentiles};
+pub use report::{
+    GroupReport, JoinReport, LabelSummary, OperatingPoint, SourceShare, StagePercentiles,
+};
 
 use crate::error::Result;
 use crate::reader::{scan, ReadOptions};
@@ -30,13 +32,20 @@ pub struct JoinOptions {
 
 impl Default for JoinOptions {
     fn default() -> Self {
-        Self { key: "request_id".into(), label: "label".into(), score_thresholds: Vec::new(), include_wal: false }
+        Self {
+            key: "request_id".into(),
+            label: "label".into(),
+            score_thresholds: Vec::new(),
+            include_wal: false,
+        }
     }
 }
 
 /// The decisions counted as "flagged" at each decision operating point.
-pub(crate) const DECISION_POINTS: [(&str, &[&str]); 2] =
-    [("decision=decline", &["decline"]), ("decision in (review, decline)", &["review", "decline"])];
+pub(crate) const DECISION_POINTS: [(&str, &[&str]); 2] = [
+    ("decision=decline", &["decline"]),
+    ("decision in (review, decline)", &["review", "decline"]),
+];
 
 #[derive(Default)]
 struct GroupAcc {
@@ -62,46 +71,57 @@ pub fn join(logs_dir: &Path, labels_path: &Path, opts: &JoinOptions) -> Result<J
         if opts.key == "request_id" {
             Some(r.request_id.clone())
         } else {
-            r.entity_keys.iter().find(|(k, _)| *k == opts.key).map(|(_, v)| v.clone())
+            r.entity_keys
+                .iter()
+                .find(|(k, _)| *k == opts.key)
+                .map(|(_, v)| v.clone())
         }
     };
-    scan(logs_dir, ReadOptions { include_wal: opts.include_wal }, |r| {
-        records += 1;
-        let label = key_of(&r).and_then(|k| {
-            labels.map.get_mut(&k).map(|(label, matched)| {
-                *matched = true;
-                *label
-            })
-        });
-        let g = groups.entry((r.model.clone(), r.version.clone(), r.role)).or_insert_with(|| GroupAcc {
-            score_points: vec![Confusion::default(); opts.score_thresholds.len()],
-            ..GroupAcc::default()
-        });
-        g.predictions += 1;
-        *g.sources.entry(r.source.clone()).or_default() += 1;
-        for (v, s) in g.stages.iter_mut().zip(r.stages.as_array()) {
-            v.push(s);
-        }
-        let Some(y) = label else {
-            unlabelled += 1;
-            return;
-        };
-        g.labelled += 1;
-        g.positives += u64::from(y);
-        if let Some(d) = r.decision.as_deref() {
-            g.decided_labelled += 1;
-            let d = d.to_ascii_lowercase();
-            for (c, (_, flagged)) in g.decision_points.iter_mut().zip(DECISION_POINTS) {
-                c.add(flagged.contains(&d.as_str()), y);
+    scan(
+        logs_dir,
+        ReadOptions {
+            include_wal: opts.include_wal,
+        },
+        |r| {
+            records += 1;
+            let label = key_of(&r).and_then(|k| {
+                labels.map.get_mut(&k).map(|(label, matched)| {
+                    *matched = true;
+                    *label
+                })
+            });
+            let g = groups
+                .entry((r.model.clone(), r.version.clone(), r.role))
+                .or_insert_with(|| GroupAcc {
+                    score_points: vec![Confusion::default(); opts.score_thresholds.len()],
+                    ..GroupAcc::default()
+                });
+            g.predictions += 1;
+            *g.sources.entry(r.source.clone()).or_default() += 1;
+            for (v, s) in g.stages.iter_mut().zip(r.stages.as_array()) {
+                v.push(s);
             }
-        }
-        if let Some(s) = r.score.filter(|s| s.is_finite()) {
-            g.scored.push((s, y));
-            for (c, t) in g.score_points.iter_mut().zip(&opts.score_thresholds) {
-                c.add(s >= *t, y);
+            let Some(y) = label else {
+                unlabelled += 1;
+                return;
+            };
+            g.labelled += 1;
+            g.positives += u64::from(y);
+            if let Some(d) = r.decision.as_deref() {
+                g.decided_labelled += 1;
+                let d = d.to_ascii_lowercase();
+                for (c, (_, flagged)) in g.decision_points.iter_mut().zip(DECISION_POINTS) {
+                    c.add(flagged.contains(&d.as_str()), y);
+                }
             }
-        }
-    })?;
+            if let Some(s) = r.score.filter(|s| s.is_finite()) {
+                g.scored.push((s, y));
+                for (c, t) in g.score_points.iter_mut().zip(&opts.score_thresholds) {
+                    c.add(s >= *t, y);
+                }
+            }
+        },
+    )?;
 
     let unknown = labels.map.values().filter(|(_, matched)| !matched).count() as u64;
     let label_summary = LabelSummary {
@@ -115,7 +135,10 @@ pub fn join(logs_dir: &Path, labels_path: &Path, opts: &JoinOptions) -> Result<J
     };
     labels.map.clear();
 
-    let mut out: Vec<GroupReport> = groups.into_iter().map(|(k, g)| finish_group(k, g, opts)).collect();
+    let mut out: Vec<GroupReport> = groups
+        .into_iter()
+        .map(|(k, g)| finish_group(k, g, opts))
+        .collect();
     out.sort_by(|a, b| {
         (&a.model, a.version.parse::<u64>().ok(), &a.version, a.role).cmp(&(
             &b.model,
@@ -136,7 +159,11 @@ pub fn join(logs_dir: &Path, labels_path: &Path, opts: &JoinOptions) -> Result<J
     })
 }
 
-fn finish_group((model, version, role): (String, String, Role), mut g: GroupAcc, opts: &JoinOptions) -> GroupReport {
+fn finish_group(
+    (model, version, role): (String, String, Role),
+    mut g: GroupAcc,
+    opts: &JoinOptions,
+) -> GroupReport {
     let brier = stats::brier(&g.scored);
     let roc_auc = roc_auc(&mut g.scored);
     let mut operating_points: Vec<OperatingPoint> = DECISION_POINTS
@@ -149,11 +176,24 @@ fn finish_group((model, version, role): (String, String, Role), mut g: GroupAcc,
         operating_points.push(OperatingPoint::new(format!("score >= {t}"), scored, *c));
     }
     let n = g.predictions.max(1) as f64;
-    let fallbacks: u64 = g.sources.iter().filter(|(s, _)| s.as_str() != source::MODEL).map(|(_, c)| *c).sum();
+    let fallbacks: u64 = g
+        .sources
+        .iter()
+        .filter(|(s, _)| s.as_str() != source::MODEL)
+        .map(|(_, c)| *c)
+        .sum();
     let sources = g
         .sources
         .into_iter()
-        .map(|(s, count)| (s, SourceShare { count, rate: count as f64 / n }))
+        .map(|(s, count)| {
+            (
+                s,
+                SourceShare {
+                    count,
+                    rate: count as f64 / n,
+                },
+            )
+        })
         .collect();
     let mut stages = BTreeMap::new();
     for (name, mut v) in StageMicros::NAMES.iter().zip(g.stages) {

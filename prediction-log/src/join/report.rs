@@ -110,7 +110,12 @@ fn opt(v: Option<f64>, digits: usize) -> String {
 impl fmt::Display for JoinReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let l = &self.labels;
-        writeln!(f, "predictions: {} records in {}", self.records, self.logs_dir.display())?;
+        writeln!(
+            f,
+            "predictions: {} records in {}",
+            self.records,
+            self.logs_dir.display()
+        )?;
         writeln!(
             f,
             "labels:      {} rows in {} (key {}, label {}): {} distinct keys, {} positive",
@@ -131,7 +136,15 @@ impl fmt::Display for JoinReport {
         writeln!(
             f,
             "{:<16} {:>8} {:<8} {:>11} {:>9} {:>7} {:>7} {:>7} {:>9}",
-            "model", "version", "role", "predictions", "labelled", "pos", "AUC", "Brier", "fallback"
+            "model",
+            "version",
+            "role",
+            "predictions",
+            "labelled",
+            "pos",
+            "AUC",
+            "Brier",
+            "fallback"
         )?;
         for g in &self.groups {
             writeln!(
@@ -162,8 +175,11 @@ impl fmt::Display for JoinReport {
                     opt(p.recall, 4)
                 )?;
             }
-            let sources: Vec<String> =
-                g.sources.iter().map(|(s, c)| format!("{s} {} ({:.2}%)", c.count, c.rate * 100.0)).collect();
+            let sources: Vec<String> = g
+                .sources
+                .iter()
+                .map(|(s, c)| format!("{s} {} ({:.2}%)", c.count, c.rate * 100.0))
+                .collect();
             writeln!(f, "  sources: {}", sources.join(", "))?;
             write!(f, "  stage p50/p99 µs:")?;
             for name in StageMicros::NAMES {

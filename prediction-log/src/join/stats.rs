@@ -89,11 +89,23 @@ mod tests {
 
     #[test]
     fn auc_hand_cases() {
-        assert_eq!(auc(&[(0.1, false), (0.2, false), (0.8, true), (0.9, true)]), Some(1.0));
-        assert_eq!(auc(&[(0.1, true), (0.2, true), (0.8, false), (0.9, false)]), Some(0.0));
-        assert_eq!(auc(&[(0.5, true), (0.5, false), (0.5, true), (0.5, false)]), Some(0.5));
+        assert_eq!(
+            auc(&[(0.1, false), (0.2, false), (0.8, true), (0.9, true)]),
+            Some(1.0)
+        );
+        assert_eq!(
+            auc(&[(0.1, true), (0.2, true), (0.8, false), (0.9, false)]),
+            Some(0.0)
+        );
+        assert_eq!(
+            auc(&[(0.5, true), (0.5, false), (0.5, true), (0.5, false)]),
+            Some(0.5)
+        );
         // One inversion out of 2*2 pairs: 3/4.
-        assert_eq!(auc(&[(0.1, false), (0.3, true), (0.4, false), (0.5, true)]), Some(0.75));
+        assert_eq!(
+            auc(&[(0.1, false), (0.3, true), (0.4, false), (0.5, true)]),
+            Some(0.75)
+        );
         // A tie between one positive and one negative counts a half: (1 + 0.5) / 2.
         assert_eq!(auc(&[(0.1, false), (0.5, false), (0.5, true)]), Some(0.75));
         assert_eq!(auc(&[(0.1, true), (0.2, true)]), None);

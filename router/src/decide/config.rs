@@ -107,11 +107,16 @@ impl DecisionsConfig {
     }
 
     pub fn validate(&self) -> Result<(), String> {
-        self.stack.validate().map_err(|e| format!("[decisions.stack]: {e}"))?;
+        self.stack
+            .validate()
+            .map_err(|e| format!("[decisions.stack]: {e}"))?;
         for d in &self.deployments {
             if let Some(c) = &d.canary {
                 if !(0.0..=1.0).contains(&c.weight) {
-                    return Err(format!("deployment '{}': canary weight {} is not within 0..=1", d.model, c.weight));
+                    return Err(format!(
+                        "deployment '{}': canary weight {} is not within 0..=1",
+                        d.model, c.weight
+                    ));
                 }
             }
         }

@@ -4,7 +4,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mesh_feature_store::{FeatureStatus, FeatureStore, KeyColumn, KeyType, LookupRequest, LookupResponse};
+use mesh_feature_store::{
+    FeatureStatus, FeatureStore, KeyColumn, KeyType, LookupRequest, LookupResponse,
+};
 use mesh_model_actor::{ModelConfig, ModelRepository, VersionHandle};
 use mesh_proto::mesh::v1 as pb;
 use mesh_stack::{model_call_stack, ModelCallStack, ReplicaId};
@@ -200,10 +202,15 @@ impl Engine {
         let spec = DecisionSpec::from_model(config)
             .map_err(|e| RouterError::Internal(format!("model '{}': {e}", config.name)))?
             .ok_or_else(|| {
-                RouterError::invalid(format!("model '{}' has no [input_spec], so it cannot take decisions (use ModelInfer)", config.name))
+                RouterError::invalid(format!(
+                    "model '{}' has no [input_spec], so it cannot take decisions (use ModelInfer)",
+                    config.name
+                ))
             })?;
         let spec = Arc::new(spec);
-        self.specs.lock().insert(config.name.clone(), (key, spec.clone()));
+        self.specs
+            .lock()
+            .insert(config.name.clone(), (key, spec.clone()));
         Ok(spec)
     }
 
@@ -216,7 +223,9 @@ impl Engine {
             .get(&version)
             .cloned()
             .filter(|r| r.iter().all(|h| h.is_ready()))
-            .ok_or_else(|| RouterError::NotFound(format!("model '{model}' has no ready version {version}")))?;
+            .ok_or_else(|| {
+                RouterError::NotFound(format!("model '{model}' has no ready version {version}"))
+            })?;
         let ids: Vec<usize> = handles.iter().map(|h| Arc::as_ptr(h) as usize).collect();
         let mut stacks = self.stacks.lock().await;
         if let Some(c) = stacks.get(&(model.to_owned(), version)) {
@@ -228,31 +237,58 @@ impl Engine {
         for h in &handles {
             let id = format!("{model}/v{version}/local{}", h.replica);
             let fault = self.faults.lock().entry(id.clone()).or_default().clone();
-            replicas.push((ReplicaId::from(id), Replica::Local(LocalReplica { handle: h.clone(), fault })));
+            replicas.push((
+                ReplicaId::from(id),
+                Replica::Local(LocalReplica {
+                    handle: h.clone(),
+                    fault,
+                }),
+            ));
         }
         if let Some(d) = self.cfg.deployment(model) {
             for url in &d.remote {
                 let id = format!("{model}/v{version}/{url}");
-                let mut r = RemoteReplica::new(url, model, version, &served.config.input().name).map_err(RouterError::InvalidArgument)?;
+                let mut r = RemoteReplica::new(url, model, version, &served.config.input().name)
+                    .map_err(RouterError::InvalidArgument)?;
                 r.fault = self.faults.lock().entry(id.clone()).or_default().clone();
                 replicas.push((ReplicaId::from(id), Replica::Remote(r)));
             }
         }
-        let stack = model_call_stack(replicas, &self.cfg.stack).map_err(|e| RouterError::Internal(e.to_string()))?;
-        stacks.insert((model.to_owned(), version), CachedStack { handles: ids, stack: stack.clone() });
+        let stack = model_call_stack(replicas, &self.cfg.stack)
+            .map_err(|e| RouterError::Internal(e.to_string()))?;
+        stacks.insert(
+            (model.to_owned(), version),
+            CachedStack {
+                handles: ids,
+                stack: stack.clone(),
+            },
+        );
         Ok(stack)
     }
 
-    async fn call_model(&self, model: &str, version: u64, row: &Arc<Vec<f32>>, deadline: Instant) -> Result<ModelAnswer, RouterError> {
+    async fn call_model(
+        &self,
+        model: &str,
+        version: u64,
+        row: &Arc<Vec<f32>>,
+        deadline: Instant,
+    ) -> Result<ModelAnswer, RouterError> {
         let stack = self.stack(model, version).await?;
-        let call = ModelCall { data: row.clone(), rows: 1, cols: row.len(), deadline: deadline.into() };
+        let call = ModelCall {
+            data: row.clone(),
+            rows: 1,
+            cols: row.len(),
+            deadline: deadline.into(),
+        };
         let answer = stack.oneshot(call).await.map_err(RouterError::Stack)?;
         Ok(answer)
     }
 
     fn validate<'a>(&self, reqs: &'a [pb::DecideRequest]) -> Result<Vec<Item<'a>>, RouterError> {
         if reqs.is_empty() {
-            return Err(RouterError::invalid("DecideBatch needs at least one request"));
+            return Err(RouterError::invalid(
+                "DecideBatch needs at least one request",
+            ));
         }
         if reqs.len() > self.cfg.max_batch_items {
             return Err(RouterError::invalid(format!(
@@ -264,7 +300,13 @@ impl Engine {
         let model = &reqs[0].model;
         let mut items = Vec::with_capacity(reqs.len());
         for (i, r) in reqs.iter().enumerate() {
-            let at = |m: String| if reqs.len() > 1 { RouterError::invalid(format!("requests[{i}]: {m}")) } else { RouterError::invalid(m) };
+            let at = |m: String| {
+                if reqs.len() > 1 {
+                    RouterError::invalid(format!("requests[{i}]: {m}"))
+                } else {
+                    RouterError::invalid(m)
+                }
+            };
             if r.request_id.is_empty() {
                 return Err(at("request_id is empty".into()));
             }
@@ -272,10 +314,15 @@ impl Engine {
                 return Err(at("model is empty".into()));
             }
             if r.model != *model {
-                return Err(at(format!("model '{}' differs from requests[0]'s '{model}'; a batch is for one model", r.model)));
+                return Err(at(format!(
+                    "model '{}' differs from requests[0]'s '{model}'; a batch is for one model",
+                    r.model
+                )));
             }
             if let Some((k, v)) = r.features.iter().find(|(_, v)| !v.is_finite()) {
-                return Err(at(format!("feature '{k}' is {v}: request features must be finite")));
+                return Err(at(format!(
+                    "feature '{k}' is {v}: request features must be finite"
+                )));
             }
             let pinned = crate::oip::parse_version(&r.model, &r.version)?;
             items.push(Item { req: r, pinned });
@@ -284,11 +331,18 @@ impl Engine {
     }
 
     /// The join keys the spec's views need, with their key types.
-    fn join_keys(&self, spec: &DecisionSpec) -> Result<Vec<(String, KeyType, Vec<String>)>, RouterError> {
-        let Some(store) = &self.store else { return Ok(Vec::new()) };
+    fn join_keys(
+        &self,
+        spec: &DecisionSpec,
+    ) -> Result<Vec<(String, KeyType, Vec<String>)>, RouterError> {
+        let Some(store) = &self.store else {
+            return Ok(Vec::new());
+        };
         let mut out: Vec<(String, KeyType, Vec<String>)> = Vec::new();
         for v in &spec.views {
-            let view = store.view(v).map_err(|e| RouterError::Internal(format!("input spec reads view '{v}': {e}")))?;
+            let view = store
+                .view(v)
+                .map_err(|e| RouterError::Internal(format!("input spec reads view '{v}': {e}")))?;
             match out.iter_mut().find(|(k, _, _)| *k == view.join_key) {
                 Some((_, _, views)) => views.push(v.clone()),
                 None => out.push((view.join_key.clone(), view.key_type, vec![v.clone()])),
@@ -298,8 +352,14 @@ impl Engine {
     }
 
     /// One batched lookup for every item; `None` when the store is absent or failed.
-    async fn lookup(&self, spec: &DecisionSpec, items: &[Item<'_>]) -> Result<Option<LookupResponse>, RouterError> {
-        let Some(store) = &self.store else { return Ok(None) };
+    async fn lookup(
+        &self,
+        spec: &DecisionSpec,
+        items: &[Item<'_>],
+    ) -> Result<Option<LookupResponse>, RouterError> {
+        let Some(store) = &self.store else {
+            return Ok(None);
+        };
         if spec.store_features.is_empty() {
             return Ok(None);
         }
@@ -308,19 +368,31 @@ impl Engine {
             let mut ints = Vec::new();
             let mut strs = Vec::new();
             for (i, it) in items.iter().enumerate() {
-                let key = it.req.entities.get(&join_key).and_then(|k| k.key.clone()).ok_or_else(|| {
-                    RouterError::invalid(format!(
-                        "{}missing entity key '{join_key}' (needed by view {})",
-                        if items.len() > 1 { format!("requests[{i}]: ") } else { String::new() },
-                        views.join(", ")
-                    ))
-                })?;
+                let key = it
+                    .req
+                    .entities
+                    .get(&join_key)
+                    .and_then(|k| k.key.clone())
+                    .ok_or_else(|| {
+                        RouterError::invalid(format!(
+                            "{}missing entity key '{join_key}' (needed by view {})",
+                            if items.len() > 1 {
+                                format!("requests[{i}]: ")
+                            } else {
+                                String::new()
+                            },
+                            views.join(", ")
+                        ))
+                    })?;
                 use mesh_proto::mesh::v1::entity_key::Key;
                 match (key_type, key) {
                     (KeyType::Int64, Key::Int64Key(k)) => ints.push(k),
                     (KeyType::String, Key::StringKey(k)) if !k.is_empty() => strs.push(k),
                     (t, _) => {
-                        return Err(RouterError::invalid(format!("entity key '{join_key}' must be a non-empty {} key", t.as_str())))
+                        return Err(RouterError::invalid(format!(
+                            "entity key '{join_key}' must be a non-empty {} key",
+                            t.as_str()
+                        )))
                     }
                 }
             }
@@ -342,7 +414,11 @@ impl Engine {
 
     /// Decides every request (same model) with one feature lookup; model calls run
     /// concurrently and meet in the model's batcher.
-    pub async fn decide_batch(&self, reqs: &[pb::DecideRequest], caller_timeout: Option<Duration>) -> Result<Vec<Outcome>, RouterError> {
+    pub async fn decide_batch(
+        &self,
+        reqs: &[pb::DecideRequest],
+        caller_timeout: Option<Duration>,
+    ) -> Result<Vec<Outcome>, RouterError> {
         let started = Instant::now();
         let budget = Duration::from_millis(self.cfg.deadline_ms);
         let deadline = started + caller_timeout.map_or(budget, |t| t.min(budget));
@@ -360,10 +436,15 @@ impl Engine {
             let (spec, lookup, model, served) = (&spec, lookup.as_ref(), &model, &served);
             async move {
                 let t_pre = Instant::now();
-                let req_features = RequestFeatures { numeric: &it.req.features, categorical: &it.req.categorical };
+                let req_features = RequestFeatures {
+                    numeric: &it.req.features,
+                    categorical: &it.req.categorical,
+                };
                 let row = build_row(spec, &req_features, lookup, i);
                 let preprocess = t_pre.elapsed();
-                let mut o = self.decide_one(it, served.config.name.as_str(), row, deadline, spec).await;
+                let mut o = self
+                    .decide_one(it, served.config.name.as_str(), row, deadline, spec)
+                    .await;
                 o.model = model.clone();
                 o.timings.validate = us(t_validate);
                 o.timings.features = us(t_features);
@@ -383,7 +464,8 @@ impl Engine {
         counter!(names::DECISIONS, "model" => o.model.clone(), "source" => o.source.as_str(), "decision" => o.decision.as_str(), "role" => o.role)
             .increment(1);
         if o.source != AnswerSource::Model {
-            counter!(names::FALLBACKS, "model" => o.model.clone(), "source" => o.source.as_str()).increment(1);
+            counter!(names::FALLBACKS, "model" => o.model.clone(), "source" => o.source.as_str())
+                .increment(1);
         }
         let t = &o.timings;
         for (stage, v) in [
@@ -403,7 +485,12 @@ impl Engine {
     }
 
     /// Which version answers: pinned, canary by weight, or the primary.
-    fn route(&self, model: &str, pinned: Option<u64>, newest: Option<u64>) -> (Option<u64>, &'static str) {
+    fn route(
+        &self,
+        model: &str,
+        pinned: Option<u64>,
+        newest: Option<u64>,
+    ) -> (Option<u64>, &'static str) {
         if let Some(v) = pinned {
             return (Some(v), "primary");
         }
@@ -436,7 +523,12 @@ impl Engine {
             source: AnswerSource::Default,
             reasons: Vec::new(),
             features: Vec::new(),
-            entities: it.req.entities.iter().map(|(k, v)| (k.clone(), entity_str(v))).collect(),
+            entities: it
+                .req
+                .entities
+                .iter()
+                .map(|(k, v)| (k.clone(), entity_str(v)))
+                .collect(),
             timings: Timings::default(),
         };
         // Leave room after the model call for the cheap fallbacks.
@@ -447,13 +539,22 @@ impl Engine {
                 o.features = used;
                 let row = Arc::new(row);
                 if let Some(v) = version {
-                    match self.call_model(model, v, &row, deadline.checked_sub(reserve).unwrap_or(deadline)).await {
+                    match self
+                        .call_model(
+                            model,
+                            v,
+                            &row,
+                            deadline.checked_sub(reserve).unwrap_or(deadline),
+                        )
+                        .await
+                    {
                         Ok(a) => answered = Some((a, AnswerSource::Model)),
                         Err(e) => o.reasons.push(format!("model v{v}: {e}")),
                     }
                     self.shadow(it, model, &row, role);
                 } else {
-                    o.reasons.push(format!("model '{model}' has no ready version"));
+                    o.reasons
+                        .push(format!("model '{model}' has no ready version"));
                 }
                 Some(row)
             }
@@ -466,11 +567,20 @@ impl Engine {
         if answered.is_none() {
             if let (Some(row), Ok(served)) = (&row, self.repo.model(model)) {
                 let below = version.unwrap_or(u64::MAX);
-                for v in served.versions.keys().rev().filter(|v| **v < below).copied() {
+                for v in served
+                    .versions
+                    .keys()
+                    .rev()
+                    .filter(|v| **v < below)
+                    .copied()
+                {
                     if Instant::now() + Duration::from_micros(500) >= deadline {
                         break;
                     }
-                    match self.call_model(model, v, row, deadline - Duration::from_micros(200)).await {
+                    match self
+                        .call_model(model, v, row, deadline - Duration::from_micros(200))
+                        .await
+                    {
                         Ok(a) => {
                             answered = Some((a, AnswerSource::PreviousVersion));
                             break;
@@ -489,18 +599,26 @@ impl Engine {
             o.timings.queue = us(a.queue);
             o.timings.compute = us(a.compute);
             o.decision = spec.thresholds.verdict(f64::from(score));
-            o.reasons.push(format!("score {score:.4} -> {}", o.decision.as_str()));
+            o.reasons
+                .push(format!("score {score:.4} -> {}", o.decision.as_str()));
         } else if let Some(score) = self.batch_score(model, it).await {
             // Fallback 2: the precomputed batch score.
             o.score = Some(score);
             o.source = AnswerSource::BatchScore;
             o.decision = spec.thresholds.verdict(f64::from(score));
-            o.reasons.push(format!("batch score {score:.4} -> {}", o.decision.as_str()));
+            o.reasons
+                .push(format!("batch score {score:.4} -> {}", o.decision.as_str()));
         }
         // Rules: escalate model answers, decide on their own when nothing scored.
-        let fired: Vec<_> = self.cfg.rules.iter().filter(|r| r.fires(&it.req.features)).collect();
+        let fired: Vec<_> = self
+            .cfg
+            .rules
+            .iter()
+            .filter(|r| r.fires(&it.req.features))
+            .collect();
         for r in &fired {
-            o.reasons.push(format!("rule {} -> {}", r.name, r.decision.as_str()));
+            o.reasons
+                .push(format!("rule {} -> {}", r.name, r.decision.as_str()));
         }
         let strictest = fired.iter().map(|r| r.decision).max();
         match (o.source, strictest) {
@@ -508,7 +626,9 @@ impl Engine {
                 o.source = AnswerSource::Rules;
                 o.decision = d;
             }
-            (AnswerSource::Default, None) => o.reasons.push(format!("default -> {}", o.decision.as_str())),
+            (AnswerSource::Default, None) => o
+                .reasons
+                .push(format!("default -> {}", o.decision.as_str())),
             (_, Some(d)) => o.decision = o.decision.max(d),
             _ => {}
         }
@@ -528,7 +648,12 @@ impl Engine {
             Key::StringKey(k) => KeyColumn::String(vec![k]),
         };
         let name = format!("{}:{}", bs.view, bs.feature);
-        let resp = store.get_online_features(LookupRequest::new([name.clone()]).with_keys(view.join_key.clone(), col)).await.ok()?;
+        let resp = store
+            .get_online_features(
+                LookupRequest::new([name.clone()]).with_keys(view.join_key.clone(), col),
+            )
+            .await
+            .ok()?;
         let c = resp.column(&name)?;
         if c.statuses.first() != Some(&FeatureStatus::Present) {
             return None;
@@ -543,13 +668,20 @@ impl Engine {
     /// Sends a copy to the shadow version; its answer is recorded, never returned,
     /// and nothing waits for it.
     fn shadow(&self, it: &Item<'_>, model: &str, row: &Arc<Vec<f32>>, role: &'static str) {
-        let Some(v) = self.cfg.deployment(model).and_then(|d| d.shadow) else { return };
+        let Some(v) = self.cfg.deployment(model).and_then(|d| d.shadow) else {
+            return;
+        };
         if role != "primary" || it.pinned.is_some() {
             return;
         }
         let Some(me) = self.self_ref() else { return };
         let (model, row, rid) = (model.to_owned(), row.clone(), it.req.request_id.clone());
-        let entities: Vec<(String, String)> = it.req.entities.iter().map(|(k, v)| (k.clone(), entity_str(v))).collect();
+        let entities: Vec<(String, String)> = it
+            .req
+            .entities
+            .iter()
+            .map(|(k, v)| (k.clone(), entity_str(v)))
+            .collect();
         let budget = Duration::from_millis(self.cfg.deadline_ms);
         tokio::spawn(async move {
             let t = Instant::now();
@@ -558,7 +690,11 @@ impl Engine {
                 Ok(a) => (a.scores.first().copied(), vec![]),
                 Err(e) => (None, vec![format!("shadow v{v}: {e}")]),
             };
-            let spec = me.repo.model(&model).ok().and_then(|m| me.spec(&m.config).ok());
+            let spec = me
+                .repo
+                .model(&model)
+                .ok()
+                .and_then(|m| me.spec(&m.config).ok());
             let decision = match (score, spec) {
                 (Some(s), Some(spec)) => spec.thresholds.verdict(f64::from(s)),
                 _ => me.cfg.default_decision,
@@ -576,7 +712,10 @@ impl Engine {
                     reasons,
                     features: Vec::new(),
                     entities,
-                    timings: Timings { total: us(t.elapsed()), ..Timings::default() },
+                    timings: Timings {
+                        total: us(t.elapsed()),
+                        ..Timings::default()
+                    },
                 });
             }
         });

@@ -67,10 +67,16 @@ pub fn build_row(
             Source::Store { .. } => match lookup.and_then(|l| l.column(&name)) {
                 None => (None, "unavailable", None),
                 Some(col) => {
-                    let status = col.statuses.get(row).copied().unwrap_or(FeatureStatus::NotFound);
+                    let status = col
+                        .statuses
+                        .get(row)
+                        .copied()
+                        .unwrap_or(FeatureStatus::NotFound);
                     let et = col.event_times.get(row).copied().filter(|t| *t != 0);
                     match status {
-                        FeatureStatus::Present => (column_value(&col.values, row), status_str(status), et),
+                        FeatureStatus::Present => {
+                            (column_value(&col.values, row), status_str(status), et)
+                        }
                         // Stale values are reported (for the log) but never used as live.
                         other => (None, status_str(other), et),
                     }
@@ -81,7 +87,12 @@ pub fn build_row(
             if e.on_missing == OnMissing::Refuse {
                 return Err(format!("{name} is {status}"));
             }
-            used.push(FeatureUsed { name, value: None, status, event_time_us: event_time });
+            used.push(FeatureUsed {
+                name,
+                value: None,
+                status,
+                event_time_us: event_time,
+            });
             match &e.one_hot {
                 Some(cats) => out.extend(std::iter::repeat_n(0.0, cats.len())),
                 None => out.push(e.default as f32),
@@ -95,14 +106,26 @@ pub fn build_row(
                     Raw::Number(n) => n.to_string(),
                 };
                 out.extend(cats.iter().map(|c| if *c == text { 1.0 } else { 0.0 }));
-                used.push(FeatureUsed { name, value: cats.iter().position(|c| *c == text).map(|i| i as f64), status, event_time_us: event_time });
+                used.push(FeatureUsed {
+                    name,
+                    value: cats.iter().position(|c| *c == text).map(|i| i as f64),
+                    status,
+                    event_time_us: event_time,
+                });
             }
             (None, Raw::Number(x)) => {
                 out.push(e.transform(x) as f32);
-                used.push(FeatureUsed { name, value: Some(x), status, event_time_us: event_time });
+                used.push(FeatureUsed {
+                    name,
+                    value: Some(x),
+                    status,
+                    event_time_us: event_time,
+                });
             }
             (None, Raw::Text(_)) => {
-                return Err(format!("{name} is text but the spec uses it as a number (give it one_hot categories)"));
+                return Err(format!(
+                    "{name} is text but the spec uses it as a number (give it one_hot categories)"
+                ));
             }
         }
     }

@@ -48,11 +48,15 @@ pub struct Fault {
 
 impl Fault {
     pub fn set(&self, delay: Duration, fail: bool) {
-        self.delay_us.store(delay.as_micros() as u64, Ordering::Relaxed);
+        self.delay_us
+            .store(delay.as_micros() as u64, Ordering::Relaxed);
         self.fail.store(fail, Ordering::Relaxed);
     }
     pub fn get(&self) -> (Duration, bool) {
-        (Duration::from_micros(self.delay_us.load(Ordering::Relaxed)), self.fail.load(Ordering::Relaxed))
+        (
+            Duration::from_micros(self.delay_us.load(Ordering::Relaxed)),
+            self.fail.load(Ordering::Relaxed),
+        )
     }
     async fn apply(&self) -> Result<(), StackError> {
         let (delay, fail) = self.get();
@@ -70,7 +74,9 @@ impl Fault {
 pub fn classify(e: ModelError) -> StackError {
     match e {
         ModelError::Overloaded { .. } => StackError::ReplicaOverloaded(Box::new(e)),
-        ModelError::Unavailable { .. } | ModelError::NotReady(_) => StackError::ReplicaUnavailable(Box::new(e)),
+        ModelError::Unavailable { .. } | ModelError::NotReady(_) => {
+            StackError::ReplicaUnavailable(Box::new(e))
+        }
         ModelError::DeadlineExceeded(_) => StackError::DeadlineExceeded,
         ModelError::Compute(_) => StackError::ModelFault(Box::new(e)),
         other => StackError::Internal(other.to_string()),
@@ -97,8 +103,15 @@ impl tower::Service<ModelCall> for LocalReplica {
         let (h, fault) = (self.handle.clone(), self.fault.clone());
         Box::pin(async move {
             fault.apply().await?;
-            let batch = Batch { rows: call.rows, cols: call.cols, data: call.data.as_ref().clone() };
-            let out = h.infer(batch, Some(call.deadline.into_std())).await.map_err(classify)?;
+            let batch = Batch {
+                rows: call.rows,
+                cols: call.cols,
+                data: call.data.as_ref().clone(),
+            };
+            let out = h
+                .infer(batch, Some(call.deadline.into_std()))
+                .await
+                .map_err(classify)?;
             Ok(ModelAnswer {
                 scores: out.data.chunks(out.cols.max(1)).map(|r| r[0]).collect(),
                 version: out.version,
@@ -142,7 +155,9 @@ fn classify_status(s: tonic::Status) -> StackError {
     use tonic::Code;
     match s.code() {
         Code::ResourceExhausted => StackError::ReplicaOverloaded(Box::new(s)),
-        Code::Unavailable | Code::NotFound | Code::Cancelled | Code::Unknown => StackError::ReplicaUnavailable(Box::new(s)),
+        Code::Unavailable | Code::NotFound | Code::Cancelled | Code::Unknown => {
+            StackError::ReplicaUnavailable(Box::new(s))
+        }
         Code::DeadlineExceeded => StackError::DeadlineExceeded,
         Code::Internal => StackError::ModelFault(Box::new(s)),
         _ => StackError::Internal(s.to_string()),
@@ -160,7 +175,12 @@ impl tower::Service<ModelCall> for RemoteReplica {
 
     fn call(&mut self, call: ModelCall) -> Self::Future {
         let mut client = self.client.clone();
-        let (model, version, input, fault) = (self.model.clone(), self.version, self.input.clone(), self.fault.clone());
+        let (model, version, input, fault) = (
+            self.model.clone(),
+            self.version,
+            self.input.clone(),
+            self.fault.clone(),
+        );
         Box::pin(async move {
             fault.apply().await?;
             let raw: Vec<u8> = call.data.iter().flat_map(|x| x.to_le_bytes()).collect();
@@ -178,16 +198,26 @@ impl tower::Service<ModelCall> for RemoteReplica {
             });
             req.set_timeout(call.deadline.saturating_duration_since(Instant::now()));
             let t = std::time::Instant::now();
-            let resp = client.model_infer(req).await.map_err(classify_status)?.into_inner();
+            let resp = client
+                .model_infer(req)
+                .await
+                .map_err(classify_status)?
+                .into_inner();
             let took = t.elapsed();
-            let bytes = resp.raw_output_contents.first().ok_or_else(|| StackError::Internal("remote answer has no output".into()))?;
+            let bytes = resp
+                .raw_output_contents
+                .first()
+                .ok_or_else(|| StackError::Internal("remote answer has no output".into()))?;
             let cols = resp
                 .outputs
                 .first()
                 .and_then(|o| o.shape.get(1..))
                 .map(|d| d.iter().product::<i64>().max(1) as usize)
                 .unwrap_or(1);
-            let values: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            let values: Vec<f32> = bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
             Ok(ModelAnswer {
                 scores: values.chunks(cols).map(|r| r[0]).collect(),
                 version: resp.model_version.parse().unwrap_or(version),

@@ -19,23 +19,37 @@ impl DecisionService {
 }
 
 fn timeout_of<T>(req: &Request<T>) -> Option<Duration> {
-    req.metadata().get("grpc-timeout").and_then(|v| v.to_str().ok()).and_then(crate::oip::parse_grpc_timeout)
+    req.metadata()
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(crate::oip::parse_grpc_timeout)
 }
 
 #[tonic::async_trait]
 impl Decisions for DecisionService {
-    async fn decide(&self, req: Request<pb::DecideRequest>) -> Result<Response<pb::DecideResponse>, Status> {
+    async fn decide(
+        &self,
+        req: Request<pb::DecideRequest>,
+    ) -> Result<Response<pb::DecideResponse>, Status> {
         let timeout = timeout_of(&req);
         let r = req.into_inner();
-        let mut out = self.engine.decide_batch(std::slice::from_ref(&r), timeout).await?;
+        let mut out = self
+            .engine
+            .decide_batch(std::slice::from_ref(&r), timeout)
+            .await?;
         let o = out.pop().ok_or_else(|| Status::internal("no outcome"))?;
         Ok(Response::new(o.to_proto()))
     }
 
-    async fn decide_batch(&self, req: Request<pb::DecideBatchRequest>) -> Result<Response<pb::DecideBatchResponse>, Status> {
+    async fn decide_batch(
+        &self,
+        req: Request<pb::DecideBatchRequest>,
+    ) -> Result<Response<pb::DecideBatchResponse>, Status> {
         let timeout = timeout_of(&req);
         let r = req.into_inner();
         let out = self.engine.decide_batch(&r.requests, timeout).await?;
-        Ok(Response::new(pb::DecideBatchResponse { responses: out.iter().map(|o| o.to_proto()).collect() }))
+        Ok(Response::new(pb::DecideBatchResponse {
+            responses: out.iter().map(|o| o.to_proto()).collect(),
+        }))
     }
 }

@@ -72,7 +72,10 @@ pub enum Source {
     /// A request feature (numeric or categorical), by name.
     Request(String),
     /// A feature-store feature: `view:feature`.
-    Store { view: String, feature: String },
+    Store {
+        view: String,
+        feature: String,
+    },
     Const(f64),
 }
 
@@ -124,7 +127,10 @@ pub struct Thresholds {
 
 impl Default for Thresholds {
     fn default() -> Self {
-        Self { review_at: 0.5, decline_at: 0.9 }
+        Self {
+            review_at: 0.5,
+            decline_at: 0.9,
+        }
     }
 }
 
@@ -173,7 +179,9 @@ pub struct DecisionSpec {
 fn parse_transform(t: RawTransform) -> Result<Transform, String> {
     match t {
         RawTransform::Name(n) if n == "log1p" => Ok(Transform::Log1p),
-        RawTransform::Name(n) => Err(format!("unknown transform '{n}' (log1p, standardize, clip)")),
+        RawTransform::Name(n) => Err(format!(
+            "unknown transform '{n}' (log1p, standardize, clip)"
+        )),
         RawTransform::Table(Transform::Standardize { std, .. }) if !(std > 0.0) => {
             Err("standardize needs std > 0".into())
         }
@@ -182,14 +190,22 @@ fn parse_transform(t: RawTransform) -> Result<Transform, String> {
 }
 
 fn parse_source(s: &str) -> Result<Source, String> {
-    let (kind, name) = s.split_once(':').ok_or_else(|| format!("source '{s}' is not 'request:x', 'view:x' or 'const:n'"))?;
+    let (kind, name) = s
+        .split_once(':')
+        .ok_or_else(|| format!("source '{s}' is not 'request:x', 'view:x' or 'const:n'"))?;
     if name.is_empty() {
         return Err(format!("source '{s}' names nothing"));
     }
     Ok(match kind {
         "request" => Source::Request(name.to_owned()),
-        "const" => Source::Const(name.parse().map_err(|_| format!("source '{s}': not a number"))?),
-        view => Source::Store { view: view.to_owned(), feature: name.to_owned() },
+        "const" => Source::Const(
+            name.parse()
+                .map_err(|_| format!("source '{s}': not a number"))?,
+        ),
+        view => Source::Store {
+            view: view.to_owned(),
+            feature: name.to_owned(),
+        },
     })
 }
 
@@ -197,10 +213,18 @@ impl DecisionSpec {
     /// Reads `[input_spec]` and `[decision]` of a model. A model without an input
     /// spec cannot take decisions (it is still served over OIP).
     pub fn from_model(config: &ModelConfig) -> Result<Option<Self>, String> {
-        let Some(raw) = config.extra.get("input_spec") else { return Ok(None) };
-        let raw: RawSpec = raw.clone().try_into().map_err(|e| format!("[input_spec]: {e}"))?;
+        let Some(raw) = config.extra.get("input_spec") else {
+            return Ok(None);
+        };
+        let raw: RawSpec = raw
+            .clone()
+            .try_into()
+            .map_err(|e| format!("[input_spec]: {e}"))?;
         let thresholds = match config.extra.get("decision") {
-            Some(d) => d.clone().try_into().map_err(|e| format!("[decision]: {e}"))?,
+            Some(d) => d
+                .clone()
+                .try_into()
+                .map_err(|e| format!("[decision]: {e}"))?,
             None => Thresholds::default(),
         };
         if !(thresholds.review_at <= thresholds.decline_at) {
@@ -210,7 +234,12 @@ impl DecisionSpec {
         for (i, e) in raw.features.into_iter().enumerate() {
             let ctx = |m: String| format!("[input_spec].features[{i}]: {m}");
             let source = parse_source(&e.source).map_err(ctx)?;
-            let transforms = e.transforms.into_iter().map(parse_transform).collect::<Result<Vec<_>, _>>().map_err(ctx)?;
+            let transforms = e
+                .transforms
+                .into_iter()
+                .map(parse_transform)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(ctx)?;
             if e.one_hot.as_ref().is_some_and(Vec::is_empty) {
                 return Err(ctx("one_hot needs at least one category".into()));
             }
@@ -225,7 +254,10 @@ impl DecisionSpec {
         let width: usize = entries.iter().map(Entry::width).sum();
         let want = config.input().row_width();
         if width != want {
-            return Err(format!("[input_spec] fills {width} positions but model '{}' takes {want}", config.name));
+            return Err(format!(
+                "[input_spec] fills {width} positions but model '{}' takes {want}",
+                config.name
+            ));
         }
         let mut store_features = Vec::new();
         let mut views = BTreeSet::new();
@@ -236,7 +268,12 @@ impl DecisionSpec {
             }
         }
         store_features.dedup();
-        Ok(Some(Self { entries, thresholds, store_features, views }))
+        Ok(Some(Self {
+            entries,
+            thresholds,
+            store_features,
+            views,
+        }))
     }
 }
 
@@ -302,9 +339,13 @@ mod tests {
     #[test]
     fn width_mismatch_and_bad_sources_are_named() {
         let c = model("[input_spec]\n[[input_spec.features]]\nsource = \"request:a\"\n");
-        assert!(DecisionSpec::from_model(&c).unwrap_err().contains("fills 1 positions"));
+        assert!(DecisionSpec::from_model(&c)
+            .unwrap_err()
+            .contains("fills 1 positions"));
         let c = model("[input_spec]\n[[input_spec.features]]\nsource = \"nocolon\"\none_hot=[\"a\",\"b\",\"c\",\"d\"]\n");
-        assert!(DecisionSpec::from_model(&c).unwrap_err().contains("nocolon"));
+        assert!(DecisionSpec::from_model(&c)
+            .unwrap_err()
+            .contains("nocolon"));
         let c = model("[input_spec]\n[[input_spec.features]]\nsource = \"request:a\"\ntransforms=[\"sqrt\"]\none_hot=[\"a\",\"b\",\"c\",\"d\"]\n");
         assert!(DecisionSpec::from_model(&c).unwrap_err().contains("sqrt"));
     }

@@ -31,7 +31,9 @@ impl Elements {
     /// Decodes little-endian raw bytes of `datatype`.
     pub fn from_raw(datatype: DataType, raw: &[u8]) -> Self {
         fn chunks<const N: usize, T>(raw: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
-            raw.chunks_exact(N).map(|c| f(c.try_into().unwrap_or([0; N]))).collect()
+            raw.chunks_exact(N)
+                .map(|c| f(c.try_into().unwrap_or([0; N])))
+                .collect()
         }
         match datatype {
             DataType::Fp32 => Self::Fp32(chunks(raw, f32::from_le_bytes)),
@@ -82,7 +84,9 @@ pub fn element_count(name: &str, shape: &[i64]) -> Result<usize, RouterError> {
         usize::try_from(d)
             .ok()
             .and_then(|d| acc.checked_mul(d))
-            .ok_or_else(|| RouterError::invalid(format!("input '{name}' has an invalid shape {shape:?}")))
+            .ok_or_else(|| {
+                RouterError::invalid(format!("input '{name}' has an invalid shape {shape:?}"))
+            })
     })
 }
 
@@ -91,7 +95,10 @@ pub fn element_count(name: &str, shape: &[i64]) -> Result<usize, RouterError> {
 pub fn to_batch(config: &ModelConfig, inputs: Vec<InputTensor>) -> Result<Batch, RouterError> {
     let spec = config.input();
     if inputs.is_empty() {
-        return Err(RouterError::invalid(format!("the request has no inputs; model '{}' expects '{}'", config.name, spec.name)));
+        return Err(RouterError::invalid(format!(
+            "the request has no inputs; model '{}' expects '{}'",
+            config.name, spec.name
+        )));
     }
     if let Some(extra) = inputs.iter().find(|t| t.name != spec.name) {
         return Err(RouterError::invalid(format!(
@@ -100,7 +107,11 @@ pub fn to_batch(config: &ModelConfig, inputs: Vec<InputTensor>) -> Result<Batch,
         )));
     }
     if inputs.len() > 1 {
-        return Err(RouterError::invalid(format!("input '{}' is given {} times", spec.name, inputs.len())));
+        return Err(RouterError::invalid(format!(
+            "input '{}' is given {} times",
+            spec.name,
+            inputs.len()
+        )));
     }
     let Some(t) = inputs.into_iter().next() else {
         return Err(RouterError::invalid("the request has no inputs"));
@@ -111,7 +122,11 @@ pub fn to_batch(config: &ModelConfig, inputs: Vec<InputTensor>) -> Result<Batch,
             "input '{}' has shape {:?}, but the model expects [N, {}] with N >= 1",
             t.name,
             t.shape,
-            want_shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+            want_shape
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         )));
     }
     let expected = element_count(&t.name, &t.shape)?;
@@ -132,7 +147,10 @@ pub fn to_batch(config: &ModelConfig, inputs: Vec<InputTensor>) -> Result<Batch,
 }
 
 /// Checks that every requested output exists.
-pub fn check_outputs<'a>(config: &ModelConfig, requested: impl IntoIterator<Item = &'a str>) -> Result<(), RouterError> {
+pub fn check_outputs<'a>(
+    config: &ModelConfig,
+    requested: impl IntoIterator<Item = &'a str>,
+) -> Result<(), RouterError> {
     for name in requested {
         if !config.outputs.iter().any(|o| o.name == name) {
             return Err(RouterError::invalid(format!(
@@ -180,21 +198,42 @@ mod tests {
     }
 
     fn input(shape: Vec<i64>, data: Elements) -> InputTensor {
-        InputTensor { name: "input".into(), datatype: "FP32".into(), shape, data }
+        InputTensor {
+            name: "input".into(),
+            datatype: "FP32".into(),
+            shape,
+            data,
+        }
     }
 
     #[test]
     fn good_input_becomes_a_batch() {
-        let b = to_batch(&cfg(), vec![input(vec![2, 2], Elements::Fp32(vec![1.0, 2.0, 3.0, 4.0]))]).unwrap();
+        let b = to_batch(
+            &cfg(),
+            vec![input(vec![2, 2], Elements::Fp32(vec![1.0, 2.0, 3.0, 4.0]))],
+        )
+        .unwrap();
         assert_eq!((b.rows, b.cols, b.data), (2, 2, vec![1.0, 2.0, 3.0, 4.0]));
     }
 
     #[test]
     fn every_datatype_decodes_from_raw() {
-        assert_eq!(Elements::from_raw(DataType::Fp32, &1.5f32.to_le_bytes()), Elements::Fp32(vec![1.5]));
-        assert_eq!(Elements::from_raw(DataType::Fp64, &2.5f64.to_le_bytes()), Elements::Fp64(vec![2.5]));
-        assert_eq!(Elements::from_raw(DataType::Int32, &(-3i32).to_le_bytes()), Elements::Int32(vec![-3]));
-        assert_eq!(Elements::from_raw(DataType::Int64, &7i64.to_le_bytes()), Elements::Int64(vec![7]));
+        assert_eq!(
+            Elements::from_raw(DataType::Fp32, &1.5f32.to_le_bytes()),
+            Elements::Fp32(vec![1.5])
+        );
+        assert_eq!(
+            Elements::from_raw(DataType::Fp64, &2.5f64.to_le_bytes()),
+            Elements::Fp64(vec![2.5])
+        );
+        assert_eq!(
+            Elements::from_raw(DataType::Int32, &(-3i32).to_le_bytes()),
+            Elements::Int32(vec![-3])
+        );
+        assert_eq!(
+            Elements::from_raw(DataType::Int64, &7i64.to_le_bytes()),
+            Elements::Int64(vec![7])
+        );
         assert_eq!(Elements::Int64(vec![7, -1]).into_f32(), Ok(vec![7.0, -1.0]));
         assert_eq!(Elements::Fp64(vec![0.5]).into_f32(), Ok(vec![0.5]));
     }
@@ -203,15 +242,33 @@ mod tests {
     fn bad_inputs_are_named() {
         let c = cfg();
         let msg = |r: Result<Batch, RouterError>| r.unwrap_err().to_string();
-        assert!(msg(to_batch(&c, vec![input(vec![1, 3], Elements::Fp32(vec![0.0; 3]))])).contains("shape [1, 3]"));
-        assert!(msg(to_batch(&c, vec![input(vec![2, 2], Elements::Fp32(vec![0.0; 3]))])).contains("3 elements"));
-        assert!(msg(to_batch(&c, vec![input(vec![1, 2], Elements::Fp32(vec![f32::NAN, 0.0]))])).contains("NaN"));
+        assert!(msg(to_batch(
+            &c,
+            vec![input(vec![1, 3], Elements::Fp32(vec![0.0; 3]))]
+        ))
+        .contains("shape [1, 3]"));
+        assert!(msg(to_batch(
+            &c,
+            vec![input(vec![2, 2], Elements::Fp32(vec![0.0; 3]))]
+        ))
+        .contains("3 elements"));
+        assert!(msg(to_batch(
+            &c,
+            vec![input(vec![1, 2], Elements::Fp32(vec![f32::NAN, 0.0]))]
+        ))
+        .contains("NaN"));
         let mut wrong = input(vec![1, 2], Elements::Fp32(vec![0.0; 2]));
         wrong.name = "x".into();
         assert!(msg(to_batch(&c, vec![wrong])).contains("unknown input 'x'"));
         assert!(msg(to_batch(&c, vec![])).contains("no inputs"));
-        assert!(parse_datatype("input", "FP64", DataType::Fp32).unwrap_err().to_string().contains("FP64"));
+        assert!(parse_datatype("input", "FP64", DataType::Fp32)
+            .unwrap_err()
+            .to_string()
+            .contains("FP64"));
         assert!(element_count("input", &[-1, 2]).is_err());
-        assert!(check_outputs(&c, ["q"]).unwrap_err().to_string().contains("unknown output 'q'"));
+        assert!(check_outputs(&c, ["q"])
+            .unwrap_err()
+            .to_string()
+            .contains("unknown output 'q'"));
     }
 }

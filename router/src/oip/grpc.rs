@@ -8,13 +8,20 @@ use mesh_proto::inference as pb;
 use pb::grpc_inference_service_server::GrpcInferenceService;
 use tonic::{Request, Response, Status};
 
-use super::codec::{check_outputs, element_count, f32_to_le_bytes, parse_datatype, to_batch, Elements, InputTensor};
+use super::codec::{
+    check_outputs, element_count, f32_to_le_bytes, parse_datatype, to_batch, Elements, InputTensor,
+};
 use super::{parse_grpc_timeout, parse_version, Core};
 use crate::error::RouterError;
 
 /// Extensions announced in ServerMetadata. `statistics` and `model_configuration`
 /// are what perf_analyzer looks for before asking for the server-side breakdown.
-pub const EXTENSIONS: &[&str] = &["model_repository", "model_configuration", "statistics", "schedule_policy"];
+pub const EXTENSIONS: &[&str] = &[
+    "model_repository",
+    "model_configuration",
+    "statistics",
+    "schedule_policy",
+];
 
 pub struct OipGrpc {
     core: Core,
@@ -27,11 +34,17 @@ impl OipGrpc {
 }
 
 fn timeout_of<T>(req: &Request<T>) -> Option<Duration> {
-    req.metadata().get("grpc-timeout").and_then(|v| v.to_str().ok()).and_then(parse_grpc_timeout)
+    req.metadata()
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_grpc_timeout)
 }
 
 /// Decodes the inputs of a ModelInferRequest, from typed contents or raw bytes.
-fn decode_inputs(req: &mut pb::ModelInferRequest, want: DataType) -> Result<Vec<InputTensor>, RouterError> {
+fn decode_inputs(
+    req: &mut pb::ModelInferRequest,
+    want: DataType,
+) -> Result<Vec<InputTensor>, RouterError> {
     let raw = std::mem::take(&mut req.raw_input_contents);
     if !raw.is_empty() && raw.len() != req.inputs.len() {
         return Err(RouterError::invalid(format!(
@@ -71,19 +84,33 @@ fn decode_inputs(req: &mut pb::ModelInferRequest, want: DataType) -> Result<Vec<
                 DataType::Int64 => Elements::Int64(c.int64_contents),
             },
             (None, None) => {
-                return Err(RouterError::invalid(format!("input '{}' has no data (neither contents nor raw)", t.name)))
+                return Err(RouterError::invalid(format!(
+                    "input '{}' has no data (neither contents nor raw)",
+                    t.name
+                )))
             }
         };
-        out.push(InputTensor { name: t.name, datatype: t.datatype, shape: t.shape, data });
+        out.push(InputTensor {
+            name: t.name,
+            datatype: t.datatype,
+            shape: t.shape,
+            data,
+        });
     }
     Ok(out)
 }
 
-pub fn tensor_meta(name: &str, dt: &str, dims: &[usize]) -> pb::model_metadata_response::TensorMetadata {
+pub fn tensor_meta(
+    name: &str,
+    dt: &str,
+    dims: &[usize],
+) -> pb::model_metadata_response::TensorMetadata {
     pb::model_metadata_response::TensorMetadata {
         name: name.to_owned(),
         datatype: dt.to_owned(),
-        shape: std::iter::once(-1).chain(dims.iter().map(|&d| d as i64)).collect(),
+        shape: std::iter::once(-1)
+            .chain(dims.iter().map(|&d| d as i64))
+            .collect(),
     }
 }
 
@@ -100,19 +127,27 @@ fn config_datatype(d: DataType) -> i32 {
 pub fn model_config(c: &ModelConfig) -> pb::ModelConfig {
     use mesh_model_actor::config::VersionPolicy;
     let policy = match &c.version_policy {
-        VersionPolicy::Latest(n) => pb::model_version_policy::PolicyChoice::Latest(pb::model_version_policy::Latest {
-            num_versions: n.get() as u32,
-        }),
-        VersionPolicy::All => pb::model_version_policy::PolicyChoice::All(pb::model_version_policy::All {}),
-        VersionPolicy::Specific(v) => pb::model_version_policy::PolicyChoice::Specific(pb::model_version_policy::Specific {
-            versions: v.iter().map(|&x| x as i64).collect(),
-        }),
+        VersionPolicy::Latest(n) => {
+            pb::model_version_policy::PolicyChoice::Latest(pb::model_version_policy::Latest {
+                num_versions: n.get() as u32,
+            })
+        }
+        VersionPolicy::All => {
+            pb::model_version_policy::PolicyChoice::All(pb::model_version_policy::All {})
+        }
+        VersionPolicy::Specific(v) => {
+            pb::model_version_policy::PolicyChoice::Specific(pb::model_version_policy::Specific {
+                versions: v.iter().map(|&x| x as i64).collect(),
+            })
+        }
     };
     pb::ModelConfig {
         name: c.name.clone(),
         platform: c.platform.clone(),
         backend: "candle".to_owned(),
-        version_policy: Some(pb::ModelVersionPolicy { policy_choice: Some(policy) }),
+        version_policy: Some(pb::ModelVersionPolicy {
+            policy_choice: Some(policy),
+        }),
         max_batch_size: c.batching.max_batch_size.get() as i32,
         input: c
             .inputs
@@ -143,11 +178,13 @@ pub fn model_config(c: &ModelConfig) -> pb::ModelConfig {
                 pb::model_instance_group::Kind::Gpu as i32
             },
         }],
-        scheduling_choice: Some(pb::model_config::SchedulingChoice::DynamicBatching(pb::ModelDynamicBatching {
-            preferred_batch_size: vec![],
-            max_queue_delay_microseconds: c.batching.max_queue_delay_us,
-            preserve_ordering: false,
-        })),
+        scheduling_choice: Some(pb::model_config::SchedulingChoice::DynamicBatching(
+            pb::ModelDynamicBatching {
+                preferred_batch_size: vec![],
+                max_queue_delay_microseconds: c.batching.max_queue_delay_us,
+                preserve_ordering: false,
+            },
+        )),
         parameters: Default::default(),
         model_warmup: vec![pb::ModelWarmup {
             name: "zeros".to_owned(),
@@ -187,17 +224,34 @@ pub fn model_statistics(h: &VersionHandle) -> pb::ModelStatistics {
             .iter()
             .map(|(size, b)| pb::InferBatchStatistics {
                 batch_size: *size,
-                compute_input: Some(pb::StatisticDuration { count: b.count, ns: b.input_ns }),
-                compute_infer: Some(pb::StatisticDuration { count: b.count, ns: b.infer_ns }),
-                compute_output: Some(pb::StatisticDuration { count: b.count, ns: b.output_ns }),
+                compute_input: Some(pb::StatisticDuration {
+                    count: b.count,
+                    ns: b.input_ns,
+                }),
+                compute_infer: Some(pb::StatisticDuration {
+                    count: b.count,
+                    ns: b.infer_ns,
+                }),
+                compute_output: Some(pb::StatisticDuration {
+                    count: b.count,
+                    ns: b.output_ns,
+                }),
             })
             .collect(),
     }
 }
 
 /// Statistics for `name` ("" = every model) and `version` ("" = every served version).
-pub fn statistics(core: &Core, name: &str, version: &str) -> Result<Vec<pb::ModelStatistics>, RouterError> {
-    let models = if name.is_empty() { core.repo.models() } else { vec![core.repo.model(name)?] };
+pub fn statistics(
+    core: &Core,
+    name: &str,
+    version: &str,
+) -> Result<Vec<pb::ModelStatistics>, RouterError> {
+    let models = if name.is_empty() {
+        core.repo.models()
+    } else {
+        vec![core.repo.model(name)?]
+    };
     let wanted = parse_version(name, version)?;
     let mut out = Vec::new();
     for m in models {
@@ -208,27 +262,42 @@ pub fn statistics(core: &Core, name: &str, version: &str) -> Result<Vec<pb::Mode
         }
     }
     if out.is_empty() && wanted.is_some() {
-        return Err(RouterError::NotFound(format!("model '{name}' has no version '{version}'")));
+        return Err(RouterError::NotFound(format!(
+            "model '{name}' has no version '{version}'"
+        )));
     }
     Ok(out)
 }
 
 #[tonic::async_trait]
 impl GrpcInferenceService for OipGrpc {
-    async fn server_live(&self, _: Request<pb::ServerLiveRequest>) -> Result<Response<pb::ServerLiveResponse>, Status> {
+    async fn server_live(
+        &self,
+        _: Request<pb::ServerLiveRequest>,
+    ) -> Result<Response<pb::ServerLiveResponse>, Status> {
         Ok(Response::new(pb::ServerLiveResponse { live: true }))
     }
 
-    async fn server_ready(&self, _: Request<pb::ServerReadyRequest>) -> Result<Response<pb::ServerReadyResponse>, Status> {
-        Ok(Response::new(pb::ServerReadyResponse { ready: self.core.ready() }))
+    async fn server_ready(
+        &self,
+        _: Request<pb::ServerReadyRequest>,
+    ) -> Result<Response<pb::ServerReadyResponse>, Status> {
+        Ok(Response::new(pb::ServerReadyResponse {
+            ready: self.core.ready(),
+        }))
     }
 
-    async fn model_ready(&self, req: Request<pb::ModelReadyRequest>) -> Result<Response<pb::ModelReadyResponse>, Status> {
+    async fn model_ready(
+        &self,
+        req: Request<pb::ModelReadyRequest>,
+    ) -> Result<Response<pb::ModelReadyResponse>, Status> {
         let r = req.into_inner();
         let v = parse_version(&r.name, &r.version)?;
         // An unknown model is NOT_FOUND; a known one answers ready true/false.
         self.core.repo.model(&r.name).map_err(RouterError::from)?;
-        Ok(Response::new(pb::ModelReadyResponse { ready: self.core.repo.get(&r.name, v).is_ok() }))
+        Ok(Response::new(pb::ModelReadyResponse {
+            ready: self.core.repo.get(&r.name, v).is_ok(),
+        }))
     }
 
     async fn server_metadata(
@@ -255,12 +324,23 @@ impl GrpcInferenceService for OipGrpc {
             name: c.name.clone(),
             versions: m.versions.keys().map(|v| v.to_string()).collect(),
             platform: c.platform.clone(),
-            inputs: c.inputs.iter().map(|t| tensor_meta(&t.name, t.datatype.as_str(), &t.dims)).collect(),
-            outputs: c.outputs.iter().map(|t| tensor_meta(&t.name, t.datatype.as_str(), &t.dims)).collect(),
+            inputs: c
+                .inputs
+                .iter()
+                .map(|t| tensor_meta(&t.name, t.datatype.as_str(), &t.dims))
+                .collect(),
+            outputs: c
+                .outputs
+                .iter()
+                .map(|t| tensor_meta(&t.name, t.datatype.as_str(), &t.dims))
+                .collect(),
         }))
     }
 
-    async fn model_infer(&self, req: Request<pb::ModelInferRequest>) -> Result<Response<pb::ModelInferResponse>, Status> {
+    async fn model_infer(
+        &self,
+        req: Request<pb::ModelInferRequest>,
+    ) -> Result<Response<pb::ModelInferResponse>, Status> {
         let timeout = timeout_of(&req);
         let mut r = req.into_inner();
         let version = parse_version(&r.model_name, &r.model_version)?;
@@ -290,7 +370,9 @@ impl GrpcInferenceService for OipGrpc {
             outputs: vec![pb::model_infer_response::InferOutputTensor {
                 name: spec.name.clone(),
                 datatype: "FP32".to_owned(),
-                shape: std::iter::once(out.rows as i64).chain(spec.dims.iter().map(|&d| d as i64)).collect(),
+                shape: std::iter::once(out.rows as i64)
+                    .chain(spec.dims.iter().map(|&d| d as i64))
+                    .collect(),
                 parameters: Default::default(),
                 contents: None,
             }],
@@ -299,11 +381,16 @@ impl GrpcInferenceService for OipGrpc {
         }))
     }
 
-    async fn model_config(&self, req: Request<pb::ModelConfigRequest>) -> Result<Response<pb::ModelConfigResponse>, Status> {
+    async fn model_config(
+        &self,
+        req: Request<pb::ModelConfigRequest>,
+    ) -> Result<Response<pb::ModelConfigResponse>, Status> {
         let r = req.into_inner();
         let v = parse_version(&r.name, &r.version)?;
         let h = self.core.repo.get(&r.name, v).map_err(RouterError::from)?;
-        Ok(Response::new(pb::ModelConfigResponse { config: Some(model_config(&h.config)) }))
+        Ok(Response::new(pb::ModelConfigResponse {
+            config: Some(model_config(&h.config)),
+        }))
     }
 
     async fn model_statistics(
@@ -311,7 +398,9 @@ impl GrpcInferenceService for OipGrpc {
         req: Request<pb::ModelStatisticsRequest>,
     ) -> Result<Response<pb::ModelStatisticsResponse>, Status> {
         let r = req.into_inner();
-        Ok(Response::new(pb::ModelStatisticsResponse { model_stats: statistics(&self.core, &r.name, &r.version)? }))
+        Ok(Response::new(pb::ModelStatisticsResponse {
+            model_stats: statistics(&self.core, &r.name, &r.version)?,
+        }))
     }
 
     async fn repository_index(
@@ -340,7 +429,11 @@ impl GrpcInferenceService for OipGrpc {
         req: Request<pb::RepositoryModelLoadRequest>,
     ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
         let name = req.into_inner().model_name;
-        self.core.repo.load(&name).await.map_err(RouterError::from)?;
+        self.core
+            .repo
+            .load(&name)
+            .await
+            .map_err(RouterError::from)?;
         Ok(Response::new(pb::RepositoryModelLoadResponse {}))
     }
 
@@ -349,7 +442,11 @@ impl GrpcInferenceService for OipGrpc {
         req: Request<pb::RepositoryModelUnloadRequest>,
     ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
         let name = req.into_inner().model_name;
-        self.core.repo.unload(&name).await.map_err(RouterError::from)?;
+        self.core
+            .repo
+            .unload(&name)
+            .await
+            .map_err(RouterError::from)?;
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
     }
 }

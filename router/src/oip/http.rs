@@ -31,7 +31,11 @@ pub struct HttpState {
 
 impl IntoResponse for RouterError {
     fn into_response(self) -> Response {
-        (self.http_status(), Json(json!({ "error": self.to_string() }))).into_response()
+        (
+            self.http_status(),
+            Json(json!({ "error": self.to_string() })),
+        )
+            .into_response()
     }
 }
 
@@ -60,9 +64,15 @@ fn oip_routes(limit: usize) -> Router<HttpState> {
         .route("/v2/health/live", get(|| async { StatusCode::OK }))
         .route("/v2/health/ready", get(ready))
         .route("/v2/models/{model}", get(model_metadata))
-        .route("/v2/models/{model}/versions/{version}", get(model_metadata_v))
+        .route(
+            "/v2/models/{model}/versions/{version}",
+            get(model_metadata_v),
+        )
         .route("/v2/models/{model}/ready", get(model_ready))
-        .route("/v2/models/{model}/versions/{version}/ready", get(model_ready_v))
+        .route(
+            "/v2/models/{model}/versions/{version}/ready",
+            get(model_ready_v),
+        )
         .route("/v2/models/{model}/infer", post(infer))
         .route("/v2/models/{model}/versions/{version}/infer", post(infer_v))
         .route("/v2/models/{model}/config", get(config))
@@ -76,11 +86,16 @@ fn oip_routes(limit: usize) -> Router<HttpState> {
 
 /// The core of a state that serves models (routes that need one exist only then).
 fn core(s: &HttpState) -> Result<&Core, RouterError> {
-    s.core.as_ref().ok_or_else(|| RouterError::NotFound("this process does not serve models".into()))
+    s.core
+        .as_ref()
+        .ok_or_else(|| RouterError::NotFound("this process does not serve models".into()))
 }
 
 async fn replicas(State(s): State<HttpState>) -> HttpResult {
-    let engine = s.engine.as_ref().ok_or_else(|| RouterError::NotFound("no decision engine in this process".into()))?;
+    let engine = s
+        .engine
+        .as_ref()
+        .ok_or_else(|| RouterError::NotFound("no decision engine in this process".into()))?;
     let list: Vec<Value> = engine
         .replicas()
         .into_iter()
@@ -103,19 +118,28 @@ struct FaultJson {
 
 /// Injects (or clears, with zeros) trouble into one replica: for drills and demos.
 async fn set_fault(State(s): State<HttpState>, body: Body) -> HttpResult {
-    let engine = s.engine.as_ref().ok_or_else(|| RouterError::NotFound("no decision engine in this process".into()))?;
+    let engine = s
+        .engine
+        .as_ref()
+        .ok_or_else(|| RouterError::NotFound("no decision engine in this process".into()))?;
     let body = body.map_err(|e| RouterError::invalid(format!("request body: {e}")))?;
-    let f: FaultJson = serde_json::from_slice(&body).map_err(|e| RouterError::invalid(format!("fault: {e}")))?;
-    let fault = engine
-        .fault(&f.replica)
-        .ok_or_else(|| RouterError::NotFound(format!("no replica '{}' (see GET /admin/replicas)", f.replica)))?;
+    let f: FaultJson =
+        serde_json::from_slice(&body).map_err(|e| RouterError::invalid(format!("fault: {e}")))?;
+    let fault = engine.fault(&f.replica).ok_or_else(|| {
+        RouterError::NotFound(format!(
+            "no replica '{}' (see GET /admin/replicas)",
+            f.replica
+        ))
+    })?;
     fault.set(Duration::from_millis(f.delay_ms), f.fail);
     tracing::warn!(replica = %f.replica, delay_ms = f.delay_ms, fail = f.fail, "fault injected");
     Ok(StatusCode::OK.into_response())
 }
 
 async fn server_metadata() -> Json<Value> {
-    Json(json!({ "name": "inference-mesh", "version": env!("CARGO_PKG_VERSION"), "extensions": EXTENSIONS }))
+    Json(
+        json!({ "name": "inference-mesh", "version": env!("CARGO_PKG_VERSION"), "extensions": EXTENSIONS }),
+    )
 }
 
 async fn ready(State(s): State<HttpState>) -> Response {
@@ -127,22 +151,33 @@ async fn ready(State(s): State<HttpState>) -> Response {
 }
 
 async fn metrics(State(s): State<HttpState>) -> Response {
-    ([(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], (s.metrics)()).into_response()
+    (
+        [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        (s.metrics)(),
+    )
+        .into_response()
 }
 
 fn tensor_json(name: &str, dt: &str, dims: &[usize]) -> Value {
-    let shape: Vec<i64> = std::iter::once(-1).chain(dims.iter().map(|&d| d as i64)).collect();
+    let shape: Vec<i64> = std::iter::once(-1)
+        .chain(dims.iter().map(|&d| d as i64))
+        .collect();
     json!({ "name": name, "datatype": dt, "shape": shape })
 }
 
 async fn model_metadata(s: State<HttpState>, Path(model): Path<String>) -> HttpResult {
     metadata(s, model, String::new()).await
 }
-async fn model_metadata_v(s: State<HttpState>, Path((model, version)): Path<(String, String)>) -> HttpResult {
+async fn model_metadata_v(
+    s: State<HttpState>,
+    Path((model, version)): Path<(String, String)>,
+) -> HttpResult {
     metadata(s, model, version).await
 }
 async fn metadata(State(s): State<HttpState>, model: String, version: String) -> HttpResult {
-    let h = core(&s)?.repo.get(&model, parse_version(&model, &version)?)?;
+    let h = core(&s)?
+        .repo
+        .get(&model, parse_version(&model, &version)?)?;
     let m = core(&s)?.repo.model(&model)?;
     let c = &h.config;
     Ok(Json(json!({
@@ -158,11 +193,16 @@ async fn metadata(State(s): State<HttpState>, model: String, version: String) ->
 async fn model_ready(s: State<HttpState>, Path(model): Path<String>) -> HttpResult {
     readiness(s, model, String::new()).await
 }
-async fn model_ready_v(s: State<HttpState>, Path((model, version)): Path<(String, String)>) -> HttpResult {
+async fn model_ready_v(
+    s: State<HttpState>,
+    Path((model, version)): Path<(String, String)>,
+) -> HttpResult {
     readiness(s, model, version).await
 }
 async fn readiness(State(s): State<HttpState>, model: String, version: String) -> HttpResult {
-    core(&s)?.repo.get(&model, parse_version(&model, &version)?)?;
+    core(&s)?
+        .repo
+        .get(&model, parse_version(&model, &version)?)?;
     Ok(StatusCode::OK.into_response())
 }
 
@@ -199,29 +239,52 @@ fn flatten_numbers(v: &Value, out: &mut Vec<Value>) {
 fn json_elements(name: &str, dt: DataType, data: &Value) -> Result<Elements, RouterError> {
     let mut flat = Vec::new();
     flatten_numbers(data, &mut flat);
-    let bad = |i: usize| RouterError::invalid(format!("input '{name}' element {i} is not a {} number", dt.as_str()));
+    let bad = |i: usize| {
+        RouterError::invalid(format!(
+            "input '{name}' element {i} is not a {} number",
+            dt.as_str()
+        ))
+    };
     Ok(match dt {
         DataType::Fp32 => Elements::Fp32(
-            flat.iter().enumerate().map(|(i, v)| v.as_f64().map(|x| x as f32).ok_or_else(|| bad(i))).collect::<Result<_, _>>()?,
+            flat.iter()
+                .enumerate()
+                .map(|(i, v)| v.as_f64().map(|x| x as f32).ok_or_else(|| bad(i)))
+                .collect::<Result<_, _>>()?,
         ),
-        DataType::Fp64 => {
-            Elements::Fp64(flat.iter().enumerate().map(|(i, v)| v.as_f64().ok_or_else(|| bad(i))).collect::<Result<_, _>>()?)
-        }
+        DataType::Fp64 => Elements::Fp64(
+            flat.iter()
+                .enumerate()
+                .map(|(i, v)| v.as_f64().ok_or_else(|| bad(i)))
+                .collect::<Result<_, _>>()?,
+        ),
         DataType::Int32 => Elements::Int32(
             flat.iter()
                 .enumerate()
-                .map(|(i, v)| v.as_i64().and_then(|x| i32::try_from(x).ok()).ok_or_else(|| bad(i)))
+                .map(|(i, v)| {
+                    v.as_i64()
+                        .and_then(|x| i32::try_from(x).ok())
+                        .ok_or_else(|| bad(i))
+                })
                 .collect::<Result<_, _>>()?,
         ),
-        DataType::Int64 => {
-            Elements::Int64(flat.iter().enumerate().map(|(i, v)| v.as_i64().ok_or_else(|| bad(i))).collect::<Result<_, _>>()?)
-        }
+        DataType::Int64 => Elements::Int64(
+            flat.iter()
+                .enumerate()
+                .map(|(i, v)| v.as_i64().ok_or_else(|| bad(i)))
+                .collect::<Result<_, _>>()?,
+        ),
     })
 }
 
 type Body = Result<Bytes, BytesRejection>;
 
-async fn infer(s: State<HttpState>, Path(model): Path<String>, headers: HeaderMap, body: Body) -> HttpResult {
+async fn infer(
+    s: State<HttpState>,
+    Path(model): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> HttpResult {
     do_infer(s, model, String::new(), headers, body).await
 }
 async fn infer_v(
@@ -233,7 +296,13 @@ async fn infer_v(
     do_infer(s, model, version, headers, body).await
 }
 
-async fn do_infer(State(s): State<HttpState>, model: String, version: String, headers: HeaderMap, body: Body) -> HttpResult {
+async fn do_infer(
+    State(s): State<HttpState>,
+    model: String,
+    version: String,
+    headers: HeaderMap,
+    body: Body,
+) -> HttpResult {
     let body = body.map_err(|e| match e.status() {
         StatusCode::PAYLOAD_TOO_LARGE => RouterError::TooLarge(format!(
             "request body is larger than the limit of {} bytes (max_message_bytes)",
@@ -241,8 +310,11 @@ async fn do_infer(State(s): State<HttpState>, model: String, version: String, he
         )),
         _ => RouterError::invalid(format!("request body: {e}")),
     })?;
-    let req: InferRequestJson =
-        serde_json::from_slice(&body).map_err(|e| RouterError::invalid(format!("request body is not a valid inference request: {e}")))?;
+    let req: InferRequestJson = serde_json::from_slice(&body).map_err(|e| {
+        RouterError::invalid(format!(
+            "request body is not a valid inference request: {e}"
+        ))
+    })?;
     // Optional per-request timeout in milliseconds, the REST analogue of grpc-timeout.
     let timeout = headers
         .get("x-mesh-timeout-ms")
@@ -278,7 +350,9 @@ async fn do_infer(State(s): State<HttpState>, model: String, version: String, he
         )
         .await?;
     let spec = h.config.output();
-    let shape: Vec<i64> = std::iter::once(out.rows as i64).chain(spec.dims.iter().map(|&d| d as i64)).collect();
+    let shape: Vec<i64> = std::iter::once(out.rows as i64)
+        .chain(spec.dims.iter().map(|&d| d as i64))
+        .collect();
     let mut body = json!({
         "model_name": h.config.name,
         "model_version": out.version.to_string(),

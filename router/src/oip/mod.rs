@@ -31,7 +31,10 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_message_bytes: 16 << 20, max_timeout: Duration::from_secs(30) }
+        Self {
+            max_message_bytes: 16 << 20,
+            max_timeout: Duration::from_secs(30),
+        }
     }
 }
 
@@ -51,7 +54,10 @@ fn next_request_id() -> String {
     static START: OnceLock<u128> = OnceLock::new();
     static N: AtomicU64 = AtomicU64::new(0);
     let start = START.get_or_init(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros()).unwrap_or(0)
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros())
+            .unwrap_or(0)
     });
     format!("oip-{start:x}-{}", N.fetch_add(1, Ordering::Relaxed))
 }
@@ -61,9 +67,11 @@ pub fn parse_version(model: &str, v: &str) -> Result<Option<u64>, RouterError> {
     if v.is_empty() {
         return Ok(None);
     }
-    v.parse::<u64>()
-        .map(Some)
-        .map_err(|_| RouterError::NotFound(format!("model '{model}' has no version '{v}' (versions are numbers)")))
+    v.parse::<u64>().map(Some).map_err(|_| {
+        RouterError::NotFound(format!(
+            "model '{model}' has no version '{v}' (versions are numbers)"
+        ))
+    })
 }
 
 impl Core {
@@ -93,16 +101,27 @@ impl Core {
         .await;
         let (version_label, code) = match &result {
             Ok((h, _)) => (h.version.to_string(), "ok"),
-            Err(e) => (version.map(|v| v.to_string()).unwrap_or_default(), e.code_label()),
+            Err(e) => (
+                version.map(|v| v.to_string()).unwrap_or_default(),
+                e.code_label(),
+            ),
         };
         // Unknown model names are client input: keep them out of label values.
-        let model_label = if self.repo.model(model).is_ok() { model.to_owned() } else { "unknown".to_owned() };
+        let model_label = if self.repo.model(model).is_ok() {
+            model.to_owned()
+        } else {
+            "unknown".to_owned()
+        };
         counter!(names::REQUESTS, "model" => model_label.clone(), "version" => version_label, "protocol" => protocol, "code" => code)
             .increment(1);
         histogram!(names::REQUEST_DURATION, "model" => model_label, "protocol" => protocol)
             .record(started.elapsed().as_secs_f64());
         if let (Some(log), Ok((h, out))) = (&self.log, &result) {
-            let id = if request_id.is_empty() { next_request_id() } else { request_id.to_owned() };
+            let id = if request_id.is_empty() {
+                next_request_id()
+            } else {
+                request_id.to_owned()
+            };
             let us = |d: Duration| d.as_micros() as u64;
             let stages = mesh_prediction_log::StageMicros {
                 validate: us(validate),
@@ -155,6 +174,9 @@ mod tests {
     fn versions_are_numbers() {
         assert_eq!(parse_version("m", "").unwrap(), None);
         assert_eq!(parse_version("m", "3").unwrap(), Some(3));
-        assert!(matches!(parse_version("m", "latest"), Err(RouterError::NotFound(_))));
+        assert!(matches!(
+            parse_version("m", "latest"),
+            Err(RouterError::NotFound(_))
+        ));
     }
 }
