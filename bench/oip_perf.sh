@@ -35,8 +35,8 @@ mkdir -p "$HEAVY"
 wait_port 8201; wait_port 8202; wait_port 8203
 
 run_pa() { # name port model concurrency
-    "$PA" -m "$3" -u "127.0.0.1:$2" -i grpc --concurrency-range "$4" -p "$WINDOW_MS" \
-        --max-trials 6 --percentile 99 -f "$OUT/$1-c$4.csv" >"$OUT/$1-c$4.txt" 2>&1 \
+    "$PA" -m "$3" -x 1 -u "127.0.0.1:$2" -i grpc --concurrency-range "$4" -p "$WINDOW_MS" \
+        --max-trials 10 --stability-percentage 25 --percentile 99 -f "$OUT/$1-c$4.csv" >"$OUT/$1-c$4.txt" 2>&1 \
         || { echo "perf_analyzer failed for $1 c=$4:"; tail -5 "$OUT/$1-c$4.txt"; }
 }
 

@@ -7,13 +7,11 @@ use std::time::{Duration, Instant};
 use actix::{
     Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, SpawnHandle, WrapFuture,
 };
-use metrics::{counter, gauge};
 
 use crate::batching::{assemble, decide, triage, Decision, Drop, Policy, Waiting};
 use crate::error::ModelError;
 use crate::model::Batch;
-use crate::runner::{Labels, Pending, RunBatch, Runner};
-use crate::stats::names;
+use crate::runner::{Pending, RunBatch, Runner};
 
 impl Message for Pending {
     type Result = ();
@@ -31,7 +29,7 @@ pub(crate) struct Batcher {
     timer: Option<(Instant, SpawnHandle)>,
     /// Smoothed forward-pass time, kept free before deadlines.
     compute_ewma: Duration,
-    labels: Labels,
+    meters: std::sync::Arc<crate::stats::Meters>,
 }
 
 impl Batcher {
@@ -40,7 +38,7 @@ impl Batcher {
         policy: Policy,
         cols: usize,
         instances: usize,
-        labels: Labels,
+        meters: std::sync::Arc<crate::stats::Meters>,
     ) -> Self {
         Self {
             queue: VecDeque::new(),
@@ -51,7 +49,7 @@ impl Batcher {
             max_in_flight: instances + 1,
             timer: None,
             compute_ewma: policy.compute_reserve,
-            labels,
+            meters,
         }
     }
 
@@ -82,7 +80,10 @@ impl Batcher {
                             }
                             Drop::Cancelled => "cancelled",
                         };
-                        counter!(names::DROPPED, "model" => self.labels.model.to_string(), "version" => self.labels.version.to_string(), "reason" => reason).increment(1);
+                        match reason {
+                            "expired" => self.meters.expired.increment(1),
+                            _ => self.meters.cancelled.increment(1),
+                        }
                     }
                 }
             }
@@ -104,7 +105,7 @@ impl Batcher {
                 }
             }
         }
-        gauge!(names::QUEUE_LENGTH, &self.labels.pairs()).set(self.queue.len() as f64);
+        self.meters.queue_length.set(self.queue.len() as f64);
     }
 
     fn arm(&mut self, at: Instant, ctx: &mut Context<Self>) {
@@ -147,7 +148,7 @@ impl Actor for Batcher {
     type Context = Context<Self>;
 
     fn stopped(&mut self, _: &mut Self::Context) {
-        gauge!(names::QUEUE_LENGTH, &self.labels.pairs()).set(0.0);
+        self.meters.queue_length.set(0.0);
     }
 }
 

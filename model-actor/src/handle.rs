@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::{Actor, Addr, SyncArbiter};
-use metrics::{counter, gauge};
+use metrics::gauge;
 use tokio::sync::{oneshot, Semaphore};
 use tracing::Instrument;
 
@@ -30,6 +30,7 @@ pub struct VersionHandle {
     pub stats: Arc<VersionStats>,
     ready: AtomicBool,
     labels: Labels,
+    meters: Arc<crate::stats::Meters>,
 }
 
 impl std::fmt::Debug for VersionHandle {
@@ -62,13 +63,19 @@ impl VersionHandle {
         let cols = config.input().row_width();
         let labels = Labels::new(Arc::from(config.name.as_str()), version, replica);
         let stats = Arc::new(VersionStats::default());
-        let (st, lb, lb2) = (stats.clone(), labels.clone(), labels.clone());
+        let meters = Arc::new(crate::stats::Meters::new(&config.name, version, replica));
+        let (st, lb, m1, m2) = (
+            stats.clone(),
+            labels.clone(),
+            meters.clone(),
+            meters.clone(),
+        );
         let batcher = system
             .run(move || {
                 let runner = SyncArbiter::start(instances, move || {
-                    Runner::new(factory(), st.clone(), lb.clone())
+                    Runner::new(factory(), st.clone(), lb.clone(), m1.clone())
                 });
-                Batcher::new(runner, policy, cols, instances, lb2).start()
+                Batcher::new(runner, policy, cols, instances, m2).start()
             })
             .map_err(|e| ModelError::Load {
                 model: config.name.clone(),
@@ -86,6 +93,7 @@ impl VersionHandle {
             stats,
             ready: AtomicBool::new(false),
             labels,
+            meters,
         })
     }
 
@@ -145,14 +153,14 @@ impl VersionHandle {
             )));
         }
         let Ok(permit) = self.permits.clone().try_acquire_owned() else {
-            counter!(names::DROPPED, "model" => self.config.name.clone(), "version" => self.version.to_string(), "reason" => "overloaded").increment(1);
+            self.meters.overloaded.increment(1);
             return Err(ModelError::Overloaded {
                 model: self.config.name.clone(),
                 version: self.version,
                 capacity: self.capacity,
             });
         };
-        gauge!(names::IN_FLIGHT, &self.labels.pairs()).set(self.in_flight() as f64);
+        self.meters.in_flight.set(self.in_flight() as f64);
         let deadline = deadline.unwrap_or(now + self.config.batching.default_timeout());
         let (tx, rx) = oneshot::channel();
         let span = tracing::debug_span!("model", model = %self.config.name, version = self.version);
@@ -168,7 +176,7 @@ impl VersionHandle {
         let res = tokio::time::timeout_at(deadline.into(), rx)
             .instrument(span)
             .await;
-        gauge!(names::IN_FLIGHT, &self.labels.pairs()).set(self.in_flight() as f64);
+        self.meters.in_flight.set(self.in_flight() as f64);
         match res {
             Err(_) => Err(ModelError::DeadlineExceeded("waiting for the model")),
             Ok(Err(_)) => Err(ModelError::Unavailable {

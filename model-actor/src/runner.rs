@@ -4,13 +4,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::{Actor, Handler, Message, SyncContext};
-use metrics::{counter, histogram};
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
 use crate::batching::split;
 use crate::error::ModelError;
 use crate::model::{Batch, Model};
-use crate::stats::{names, VersionStats};
+use crate::stats::VersionStats;
 
 /// The answer to one request.
 #[derive(Debug, Clone)]
@@ -83,14 +82,21 @@ pub(crate) struct Runner {
     model: Box<dyn Model>,
     stats: Arc<VersionStats>,
     labels: Labels,
+    meters: Arc<crate::stats::Meters>,
 }
 
 impl Runner {
-    pub fn new(model: Box<dyn Model>, stats: Arc<VersionStats>, labels: Labels) -> Self {
+    pub fn new(
+        model: Box<dyn Model>,
+        stats: Arc<VersionStats>,
+        labels: Labels,
+        meters: Arc<crate::stats::Meters>,
+    ) -> Self {
         Self {
             model,
             stats,
             labels,
+            meters,
         }
     }
 }
@@ -106,21 +112,19 @@ impl Handler<RunBatch> for Runner {
         let RunBatch { batch, items } = msg;
         // Everyone left while the batch waited for this runner: skip the work.
         if items.iter().all(|p| p.reply.is_closed()) {
-            counter!(names::DROPPED, "model" => self.labels.model.to_string(), "version" => self.labels.version.to_string(), "reason" => "cancelled")
-                .increment(items.len() as u64);
+            self.meters.cancelled.increment(items.len() as u64);
             return None;
         }
         let started = Instant::now();
-        let labels = self.labels.pairs();
         for p in &items {
             let waited = started.saturating_duration_since(p.enqueued_at);
             self.stats.queue.add(1, waited);
-            histogram!(names::QUEUE_WAIT, &labels).record(waited.as_secs_f64());
+            self.meters.queue_wait.record(waited.as_secs_f64());
         }
         let result = self.model.forward(&batch);
         let compute = started.elapsed();
-        histogram!(names::COMPUTE, &labels).record(compute.as_secs_f64());
-        histogram!(names::BATCH_SIZE, &labels).record(batch.rows as f64);
+        self.meters.compute.record(compute.as_secs_f64());
+        self.meters.batch_size.record(batch.rows as f64);
         let rows: Vec<usize> = items.iter().map(|p| p.rows).collect();
         match result.and_then(|f| {
             let parts = split(&f.data, f.cols, &rows).ok_or_else(|| {

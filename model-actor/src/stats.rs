@@ -46,6 +46,40 @@ pub fn buckets() -> Vec<(&'static str, Vec<f64>)> {
     ]
 }
 
+/// The metric handles of one actor group, registered once (the request path only
+/// touches atomics).
+pub struct Meters {
+    pub queue_length: metrics::Gauge,
+    pub in_flight: metrics::Gauge,
+    pub queue_wait: metrics::Histogram,
+    pub compute: metrics::Histogram,
+    pub batch_size: metrics::Histogram,
+    pub expired: metrics::Counter,
+    pub cancelled: metrics::Counter,
+    pub overloaded: metrics::Counter,
+}
+
+impl Meters {
+    pub fn new(model: &str, version: u64, replica: usize) -> Self {
+        let l = [
+            ("model", model.to_owned()),
+            ("version", version.to_string()),
+            ("replica", replica.to_string()),
+        ];
+        let dropped = |reason: &'static str| metrics::counter!(names::DROPPED, "model" => model.to_owned(), "version" => version.to_string(), "reason" => reason);
+        Self {
+            queue_length: metrics::gauge!(names::QUEUE_LENGTH, &l),
+            in_flight: metrics::gauge!(names::IN_FLIGHT, &l),
+            queue_wait: metrics::histogram!(names::QUEUE_WAIT, &l),
+            compute: metrics::histogram!(names::COMPUTE, &l),
+            batch_size: metrics::histogram!(names::BATCH_SIZE, &l),
+            expired: dropped("expired"),
+            cancelled: dropped("cancelled"),
+            overloaded: dropped("overloaded"),
+        }
+    }
+}
+
 /// A count and a total duration, as Triton's `StatisticDuration`.
 #[derive(Debug, Default)]
 pub struct Duration2 {

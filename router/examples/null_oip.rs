@@ -14,6 +14,8 @@ use tonic::{Request, Response, Status};
 
 struct Null {
     config: ModelConfig,
+    /// Requests answered (reported as successes with zero time, as Triton would).
+    served: std::sync::atomic::AtomicU64,
 }
 
 #[tonic::async_trait]
@@ -108,7 +110,29 @@ impl GrpcInferenceService for Null {
         &self,
         _: Request<pb::ModelStatisticsRequest>,
     ) -> Result<Response<pb::ModelStatisticsResponse>, Status> {
-        Ok(Response::new(pb::ModelStatisticsResponse::default()))
+        // perf_analyzer reads the statistics of the version it loaded: counts, no time.
+        let n = self.served.load(std::sync::atomic::Ordering::Relaxed);
+        let zero = || Some(pb::StatisticDuration { count: n, ns: 0 });
+        Ok(Response::new(pb::ModelStatisticsResponse {
+            model_stats: vec![pb::ModelStatistics {
+                name: self.config.name.clone(),
+                version: "1".into(),
+                last_inference: 1,
+                inference_count: n,
+                execution_count: n,
+                inference_stats: Some(pb::InferStatistics {
+                    success: zero(),
+                    fail: zero(),
+                    queue: zero(),
+                    compute_input: zero(),
+                    compute_infer: zero(),
+                    compute_output: zero(),
+                    cache_hit: zero(),
+                    cache_miss: zero(),
+                }),
+                ..Default::default()
+            }],
+        }))
     }
     async fn repository_index(
         &self,
@@ -142,7 +166,7 @@ async fn main() -> anyhow::Result<()> {
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     println!("null OIP server for '{}' on {addr}", config.name);
     tonic::transport::Server::builder()
-        .add_service(GrpcInferenceServiceServer::new(Null { config }))
+        .add_service(GrpcInferenceServiceServer::new(Null { config, served: Default::default() }))
         .serve(addr)
         .await?;
     Ok(())

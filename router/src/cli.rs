@@ -33,6 +33,8 @@ pub enum Command {
     Features(FeaturesCommand),
     /// Score every entity of a Parquet file offline and write the scores into a feature view.
     BatchScore(crate::batch_score::BatchScoreArgs),
+    /// Drive load at a running mesh and report latency percentiles and throughput.
+    Bench(crate::bench::BenchArgs),
     /// The prediction log: label joins and a live tail.
     #[command(subcommand)]
     Logs(LogsCommand),
@@ -50,6 +52,39 @@ pub enum LogsCommand {
 pub enum FeaturesCommand {
     /// Materialize a view from a Parquet or CSV file (atomic batches, newest event time wins).
     Ingest(IngestArgs),
+    /// Fill the `card` and `merchant` views of the example views file with synthetic rows.
+    Demo(FeaturesDemoArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct FeaturesDemoArgs {
+    #[arg(long, env = "MESH_FEATURES", default_value = "data/features")]
+    pub store: PathBuf,
+    #[arg(
+        long,
+        env = "MESH_VIEWS",
+        default_value = "examples/features/views.toml"
+    )]
+    pub views: PathBuf,
+    #[arg(long, default_value_t = 10_000)]
+    pub cards: u64,
+    #[arg(long, default_value_t = 1_000)]
+    pub merchants: u64,
+}
+
+/// `mesh features demo`.
+pub fn features_demo(args: FeaturesDemoArgs) -> Result<(), RouterError> {
+    let views = mesh_feature_store::ViewsConfig::from_path(&args.views)
+        .map_err(|e| RouterError::InvalidArgument(e.to_string()))?;
+    let store = mesh_feature_store::FeatureStore::open(&args.store, &views)
+        .map_err(|e| RouterError::Unavailable(e.to_string()))?;
+    let r = mesh_feature_store::generate_demo_features(&store, args.cards, args.merchants, 7)
+        .map_err(|e| RouterError::Internal(e.to_string()))?;
+    store
+        .flush()
+        .map_err(|e| RouterError::Internal(e.to_string()))?;
+    println!("demo features written to {}: {r:?}", args.store.display());
+    Ok(())
 }
 
 #[derive(Debug, Args)]

@@ -1,6 +1,7 @@
 //! The inference-mesh router: the serving front ends (Open Inference Protocol v2
 //! over gRPC and HTTP), configuration, telemetry, and the `mesh` command line.
 pub mod batch_score;
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod decide;

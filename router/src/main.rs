@@ -23,9 +23,26 @@ fn main() -> anyhow::Result<()> {
                 .build()?;
             rt.block_on(mesh_router::demo::run(demo))?;
         }
+        Command::Features(FeaturesCommand::Demo(a)) => {
+            mesh_router::telemetry::init_logs(args.log_format.unwrap_or_default());
+            cli::features_demo(a)?;
+        }
         Command::Features(FeaturesCommand::Ingest(a)) => {
             mesh_router::telemetry::init_logs(args.log_format.unwrap_or_default());
             cli::ingest(a)?;
+        }
+        Command::Bench(a) => {
+            mesh_router::telemetry::init_logs(args.log_format.unwrap_or_default());
+            let json = a.json;
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            let report = rt.block_on(mesh_router::bench::run(a))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{report}");
+            }
         }
         Command::Logs(LogsCommand::Join(a)) => {
             mesh_prediction_log::cli::run_join(&a, &mut std::io::stdout().lock())?;

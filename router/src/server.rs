@@ -158,12 +158,14 @@ pub async fn start_mesh(mesh: &MeshConfig) -> Result<Running, RouterError> {
         (Some(core), Role::All | Role::Router) => {
             let sink = log_handle
                 .map(|h| Arc::new(crate::plog::LogSink(h)) as Arc<dyn crate::decide::OutcomeSink>);
-            Some(Engine::new(
+            let engine = Engine::new(
                 core.repo.clone(),
                 store.clone(),
                 mesh.decisions.clone(),
                 sink,
-            )?)
+            )?;
+            engine.check_specs()?;
+            Some(engine)
         }
         _ => None,
     };

@@ -174,6 +174,17 @@ impl Engine {
         }))
     }
 
+    /// Checks the input spec of every served model that has one, so a broken spec
+    /// fails the start instead of the first decision.
+    pub fn check_specs(&self) -> Result<(), RouterError> {
+        for m in self.repo.models() {
+            if m.config.extra.contains_key("input_spec") {
+                self.spec(&m.config)?;
+            }
+        }
+        Ok(())
+    }
+
     fn self_ref(&self) -> Option<Arc<Self>> {
         self.me.upgrade()
     }

@@ -47,6 +47,28 @@ pub struct Core {
     pub log: Option<mesh_prediction_log::PredictionLogHandle>,
 }
 
+type OkMeters = (metrics::Counter, metrics::Histogram);
+
+/// The success counter and duration histogram of (model, version, protocol),
+/// registered on first use.
+fn ok_meters(model: &str, version: u64, protocol: &'static str) -> OkMeters {
+    use std::collections::HashMap;
+    use std::sync::OnceLock;
+    static CACHE: OnceLock<parking_lot::RwLock<HashMap<(String, u64, &'static str), OkMeters>>> =
+        OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let key = (model.to_owned(), version, protocol);
+    if let Some(m) = cache.read().get(&key) {
+        return m.clone();
+    }
+    let m = (
+        counter!(names::REQUESTS, "model" => model.to_owned(), "version" => version.to_string(), "protocol" => protocol, "code" => "ok"),
+        histogram!(names::REQUEST_DURATION, "model" => model.to_owned(), "protocol" => protocol),
+    );
+    cache.write().insert(key, m.clone());
+    m
+}
+
 /// An id for requests that bring none: process start time and a counter.
 fn next_request_id() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -99,23 +121,27 @@ impl Core {
             Ok::<_, RouterError>((handle, out))
         }
         .await;
-        let (version_label, code) = match &result {
-            Ok((h, _)) => (h.version.to_string(), "ok"),
-            Err(e) => (
-                version.map(|v| v.to_string()).unwrap_or_default(),
-                e.code_label(),
-            ),
-        };
-        // Unknown model names are client input: keep them out of label values.
-        let model_label = if self.repo.model(model).is_ok() {
-            model.to_owned()
-        } else {
-            "unknown".to_owned()
-        };
-        counter!(names::REQUESTS, "model" => model_label.clone(), "version" => version_label, "protocol" => protocol, "code" => code)
-            .increment(1);
-        histogram!(names::REQUEST_DURATION, "model" => model_label, "protocol" => protocol)
-            .record(started.elapsed().as_secs_f64());
+        match &result {
+            Ok((h, _)) => {
+                // The common case touches only cached handles.
+                let (ok, duration) = ok_meters(h.name(), h.version, protocol);
+                ok.increment(1);
+                duration.record(started.elapsed().as_secs_f64());
+            }
+            Err(e) => {
+                // Unknown model names are client input: keep them out of label values.
+                let model_label = if self.repo.model(model).is_ok() {
+                    model.to_owned()
+                } else {
+                    "unknown".to_owned()
+                };
+                let version_label = version.map(|v| v.to_string()).unwrap_or_default();
+                counter!(names::REQUESTS, "model" => model_label.clone(), "version" => version_label, "protocol" => protocol, "code" => e.code_label())
+                    .increment(1);
+                histogram!(names::REQUEST_DURATION, "model" => model_label, "protocol" => protocol)
+                    .record(started.elapsed().as_secs_f64());
+            }
+        }
         if let (Some(log), Ok((h, out))) = (&self.log, &result) {
             let id = if request_id.is_empty() {
                 next_request_id()
