@@ -166,7 +166,10 @@ async fn main() -> anyhow::Result<()> {
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     println!("null OIP server for '{}' on {addr}", config.name);
     tonic::transport::Server::builder()
-        .add_service(GrpcInferenceServiceServer::new(Null { config, served: Default::default() }))
+        .add_service(GrpcInferenceServiceServer::new(Null {
+            config,
+            served: Default::default(),
+        }))
         .serve(addr)
         .await?;
     Ok(())

@@ -194,36 +194,58 @@ pub fn model_config(c: &ModelConfig) -> pb::ModelConfig {
     }
 }
 
-fn duration(d: &mesh_model_actor::stats::Duration2) -> Option<pb::StatisticDuration> {
-    let (count, ns) = d.get();
+fn sum(
+    handles: &[std::sync::Arc<VersionHandle>],
+    f: impl Fn(&mesh_model_actor::stats::VersionStats) -> &mesh_model_actor::stats::Duration2,
+) -> Option<pb::StatisticDuration> {
+    let (count, ns) = handles
+        .iter()
+        .map(|h| f(&h.stats).get())
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
     Some(pb::StatisticDuration { count, ns })
 }
 
-/// Triton-shaped statistics of one version.
-pub fn model_statistics(h: &VersionHandle) -> pb::ModelStatistics {
-    let s = &h.stats;
-    pb::ModelStatistics {
-        name: h.config.name.clone(),
-        version: h.version.to_string(),
-        last_inference: s.last_inference_ms.load(Relaxed),
-        inference_count: s.inference_count.load(Relaxed),
-        execution_count: s.execution_count.load(Relaxed),
+/// Triton-shaped statistics of one version: the sum over its actor groups.
+pub fn model_statistics(handles: &[std::sync::Arc<VersionHandle>]) -> Option<pb::ModelStatistics> {
+    let first = handles.first()?;
+    let total = |f: fn(&mesh_model_actor::stats::VersionStats) -> u64| {
+        handles.iter().map(|h| f(&h.stats)).sum::<u64>()
+    };
+    let mut by_size: std::collections::BTreeMap<u64, mesh_model_actor::stats::BatchStat> =
+        Default::default();
+    for h in handles {
+        for (size, b) in h.stats.by_batch_size.lock().iter() {
+            let e = by_size.entry(*size).or_default();
+            e.count += b.count;
+            e.input_ns += b.input_ns;
+            e.infer_ns += b.infer_ns;
+            e.output_ns += b.output_ns;
+        }
+    }
+    Some(pb::ModelStatistics {
+        name: first.config.name.clone(),
+        version: first.version.to_string(),
+        last_inference: handles
+            .iter()
+            .map(|h| h.stats.last_inference_ms.load(Relaxed))
+            .max()
+            .unwrap_or(0),
+        inference_count: total(|s| s.inference_count.load(Relaxed)),
+        execution_count: total(|s| s.execution_count.load(Relaxed)),
         inference_stats: Some(pb::InferStatistics {
-            success: duration(&s.success),
-            fail: duration(&s.fail),
-            queue: duration(&s.queue),
-            compute_input: duration(&s.compute_input),
-            compute_infer: duration(&s.compute_infer),
-            compute_output: duration(&s.compute_output),
+            success: sum(handles, |s| &s.success),
+            fail: sum(handles, |s| &s.fail),
+            queue: sum(handles, |s| &s.queue),
+            compute_input: sum(handles, |s| &s.compute_input),
+            compute_infer: sum(handles, |s| &s.compute_infer),
+            compute_output: sum(handles, |s| &s.compute_output),
             cache_hit: Some(pb::StatisticDuration::default()),
             cache_miss: Some(pb::StatisticDuration::default()),
         }),
-        batch_stats: s
-            .by_batch_size
-            .lock()
-            .iter()
+        batch_stats: by_size
+            .into_iter()
             .map(|(size, b)| pb::InferBatchStatistics {
-                batch_size: *size,
+                batch_size: size,
                 compute_input: Some(pb::StatisticDuration {
                     count: b.count,
                     ns: b.input_ns,
@@ -238,7 +260,7 @@ pub fn model_statistics(h: &VersionHandle) -> pb::ModelStatistics {
                 }),
             })
             .collect(),
-    }
+    })
 }
 
 /// Statistics for `name` ("" = every model) and `version` ("" = every served version).
@@ -255,9 +277,9 @@ pub fn statistics(
     let wanted = parse_version(name, version)?;
     let mut out = Vec::new();
     for m in models {
-        for (v, h) in &m.versions {
+        for (v, replicas) in &m.replicas {
             if wanted.is_none_or(|w| w == *v) {
-                out.push(model_statistics(h));
+                out.extend(model_statistics(replicas));
             }
         }
     }

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Issue-4/5 benchmark: Decide with a 2-view feature lookup (card + merchant) through
+# `mesh serve` on the example configuration. Finds the closed-loop saturation
+# throughput, then runs open loop (latency from the intended send time) at 25, 50
+# and 75 % of it; then 50 % with one of the two replicas stalled far past the
+# deadline; then 50 % with the prediction log off, for the log on/off comparison.
+#
+#   bench/decide_bench.sh     (after: cargo build --release -p mesh-router --bin mesh)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${CARGO_TARGET_DIR:-target}/release/mesh
+OUT=${OUT:-$(mktemp -d)}
+SECS=${SECS:-8}
+DATA=$OUT/data
+mkdir -p "$DATA"
+pid=
+cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null || true; }
+trap cleanup EXIT
+wait_port() { for _ in $(seq 150); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.2; done; echo "port $1 never opened" >&2; exit 1; }
+
+"$BIN" features demo --store "$DATA/features" --views examples/features/views.toml --cards 10000 --merchants 1000
+
+serve() { # log on|off
+    local cfg=$OUT/mesh-$1.toml
+    sed -e "s#data/features#$DATA/features#" -e "s#data/predictions#$DATA/predictions-$1#" \
+        -e "s#grpc_port = 8001#grpc_port = 8401#" -e "s#http_port = 8000#http_port = 8400#" examples/mesh.toml >"$cfg"
+    if [ "$1" = off ]; then sed -i '/^\[prediction_log\]/,/^$/d' "$cfg"; fi
+    "$BIN" serve --config "$cfg" >"$OUT/serve-$1.log" 2>&1 &
+    pid=$!
+    wait_port 8401
+}
+stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=; }
+bench() { # name args...
+    local name=$1; shift
+    "$BIN" bench --addr http://127.0.0.1:8401 --target decide --seconds "$SECS" --json "$@" >"$OUT/$name.json" 2>/dev/null
+}
+
+serve on
+bench warmup --concurrency 8 --seconds 2
+bench saturation --concurrency 32
+SAT=$(python3 -c "import json;print(json.load(open('$OUT/saturation.json'))['throughput'])")
+for pct in 25 50 75; do
+    bench "open-$pct" --rate "$(python3 -c "print(round($SAT*$pct/100))")" --concurrency 32
+done
+curl -s -X POST -H 'content-type: application/json' -d '{"replica":"fraud_mlp/v1/local0","delay_ms":2000}' http://127.0.0.1:8400/admin/faults
+bench "stalled-50" --rate "$(python3 -c "print(round($SAT*0.5))")" --concurrency 32
+curl -s -X POST -H 'content-type: application/json' -d '{"replica":"fraud_mlp/v1/local0","delay_ms":0}' http://127.0.0.1:8400/admin/faults
+stop
+serve off
+bench warmup-off --concurrency 8 --seconds 2
+bench "log-off-50" --rate "$(python3 -c "print(round($SAT*0.5))")" --concurrency 32
+stop
+
+python3 - "$OUT" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+print(f"{'run':<14}{'req/s':>9}{'p50 us':>9}{'p99 us':>9}{'p99.9 us':>10}{'max us':>9}  sources / errors")
+for n in ["saturation", "open-25", "open-50", "open-75", "stalled-50", "log-off-50"]:
+    p = f"{out}/{n}.json"
+    if not os.path.exists(p):
+        continue
+    r = json.load(open(p))
+    print(f"{n:<14}{r['throughput']:>9.0f}{r['p50_us']:>9}{r['p99_us']:>9}{r['p999_us']:>10}{r['max_us']:>9}  {r['sources']} {dict((k, v) for k, v in r['codes'].items() if k != 'OK')}")
+    if n == "open-50":
+        print("              server stages (mean µs):", {k: round(v) for k, v in r["stages_us"].items()})
+print(f"raw output in {out}")
+PY
