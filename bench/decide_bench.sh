@@ -30,25 +30,25 @@ serve() { # log on|off
     wait_port 8401
 }
 stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=; }
-bench() { # name args...
-    local name=$1; shift
-    "$BIN" bench --addr http://127.0.0.1:8401 --target decide --seconds "$SECS" --json "$@" >"$OUT/$name.json" 2>/dev/null
+bench() { # name seconds args...
+    local name=$1 secs=$2; shift 2
+    "$BIN" bench --addr http://127.0.0.1:8401 --target decide --seconds "$secs" --json "$@" >"$OUT/$name.json" 2>"$OUT/$name.err"
 }
 
 serve on
-bench warmup --concurrency 8 --seconds 2
-bench saturation --concurrency 32
+bench warmup 2 --concurrency 8
+bench saturation "$SECS" --concurrency 32
 SAT=$(python3 -c "import json;print(json.load(open('$OUT/saturation.json'))['throughput'])")
 for pct in 25 50 75; do
-    bench "open-$pct" --rate "$(python3 -c "print(round($SAT*$pct/100))")" --concurrency 32
+    bench "open-$pct" "$SECS" --rate "$(python3 -c "print(round($SAT*$pct/100))")" --concurrency 32
 done
 curl -s -X POST -H 'content-type: application/json' -d '{"replica":"fraud_mlp/v1/local0","delay_ms":2000}' http://127.0.0.1:8400/admin/faults
-bench "stalled-50" --rate "$(python3 -c "print(round($SAT*0.5))")" --concurrency 32
+bench "stalled-50" "$SECS" --rate "$(python3 -c "print(round($SAT*0.5))")" --concurrency 32
 curl -s -X POST -H 'content-type: application/json' -d '{"replica":"fraud_mlp/v1/local0","delay_ms":0}' http://127.0.0.1:8400/admin/faults
 stop
 serve off
-bench warmup-off --concurrency 8 --seconds 2
-bench "log-off-50" --rate "$(python3 -c "print(round($SAT*0.5))")" --concurrency 32
+bench warmup-off 2 --concurrency 8
+bench "log-off-50" "$SECS" --rate "$(python3 -c "print(round($SAT*0.5))")" --concurrency 32
 stop
 
 python3 - "$OUT" <<'PY'
