@@ -51,28 +51,6 @@ fn transaction(rng: &mut impl Rng) -> (Vec<f32>, f64) {
     (x, score)
 }
 
-/// ROC AUC by the rank-sum (Mann-Whitney) formula, ties counted half.
-pub fn roc_auc(scored: &mut [(f32, bool)]) -> Option<f64> {
-    scored.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let pos = scored.iter().filter(|s| s.1).count() as f64;
-    let neg = scored.len() as f64 - pos;
-    if pos == 0.0 || neg == 0.0 {
-        return None;
-    }
-    let mut rank_sum = 0.0;
-    let mut i = 0;
-    while i < scored.len() {
-        let mut j = i;
-        while j < scored.len() && scored[j].0 == scored[i].0 {
-            j += 1;
-        }
-        let avg_rank = (i + j + 1) as f64 / 2.0;
-        rank_sum += avg_rank * scored[i..j].iter().filter(|s| s.1).count() as f64;
-        i = j;
-    }
-    Some((rank_sum - pos * (pos + 1.0) / 2.0) / (pos * neg))
-}
-
 struct Tally {
     latency: Histogram<u64>,
     codes: BTreeMap<String, u64>,
@@ -196,8 +174,12 @@ pub async fn run(args: DemoArgs) -> Result<(), RouterError> {
     let mut scores: Vec<f64> = g.scored.iter().map(|s| s.1).collect();
     scores.sort_by(f64::total_cmp);
     if let Some(&cut) = scores.get(scores.len() * 98 / 100) {
-        let mut labelled: Vec<(f32, bool)> = g.scored.iter().map(|(p, s)| (*p, *s > cut)).collect();
-        if let Some(auc) = roc_auc(&mut labelled) {
+        let mut labelled: Vec<(f64, bool)> = g
+            .scored
+            .iter()
+            .map(|(p, s)| (f64::from(*p), *s > cut))
+            .collect();
+        if let Some(auc) = mesh_prediction_log::join::stats::roc_auc(&mut labelled) {
             println!(
                 "\n== model quality on this traffic\nROC AUC {auc:.3} over {} scored transactions",
                 labelled.len()
@@ -207,20 +189,4 @@ pub async fn run(args: DemoArgs) -> Result<(), RouterError> {
     drop(g);
     server.shutdown().await;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn auc_of_separated_reversed_and_tied_scores() {
-        assert_eq!(
-            roc_auc(&mut [(0.1, false), (0.2, false), (0.8, true), (0.9, true)]),
-            Some(1.0)
-        );
-        assert_eq!(roc_auc(&mut [(0.9, false), (0.8, true)]), Some(0.0));
-        assert_eq!(roc_auc(&mut [(0.5, false), (0.5, true)]), Some(0.5));
-        assert_eq!(roc_auc(&mut [(0.5, true)]), None);
-    }
 }
