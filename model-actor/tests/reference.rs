@@ -229,3 +229,42 @@ async fn hot_load_under_load_fails_nothing_and_a_broken_version_keeps_the_old() 
         .iter()
         .any(|e| e.version == 3 && e.state == "UNAVAILABLE" && !e.reason.is_empty()));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_precision_weights_stay_close_to_the_reference() {
+    let rows = samples();
+    for (dtype, tolerance) in [("f16", 5e-3f32), ("bf16", 5e-2f32)] {
+        let dir = tempfile::tempdir().unwrap();
+        copy_repo(dir.path());
+        let toml = dir.path().join("fraud_mlp/model.toml");
+        let text = std::fs::read_to_string(&toml)
+            .unwrap()
+            .replace("dtype = \"f32\"", &format!("dtype = \"{dtype}\""));
+        std::fs::write(&toml, text).unwrap();
+        let repo = ModelRepository::new(dir.path(), ActorSystem::start().unwrap()).unwrap();
+        repo.load_all().await.unwrap();
+        let h = repo.get("fraud_mlp", None).unwrap();
+        let mut worst = 0f32;
+        for chunk in rows[..256].chunks(64) {
+            let data: Vec<f32> = chunk.iter().flat_map(|(x, _)| x.iter().copied()).collect();
+            let out = h
+                .infer(
+                    Batch {
+                        rows: chunk.len(),
+                        cols: 32,
+                        data,
+                    },
+                    deadline(),
+                )
+                .await
+                .unwrap();
+            for (got, (_, want)) in out.data.iter().zip(chunk) {
+                worst = worst.max((got - want).abs());
+            }
+        }
+        println!("{dtype}: max abs error {worst}");
+        assert!(worst <= tolerance, "{dtype}: max abs error {worst}");
+        // Not the f32 path in disguise: some rounding must show.
+        assert!(worst > 1e-6, "{dtype}: error {worst} suspiciously small");
+    }
+}
