@@ -97,6 +97,14 @@ pub async fn run(args: BatchScoreArgs) -> Result<(), RouterError> {
         .ok_or_else(|| {
             RouterError::invalid(format!("model '{}' has no [input_spec]", args.model))
         })?;
+    // Offline there are no request-time features: they take their defaults here even
+    // where the online path would refuse to score without them.
+    let mut spec = spec;
+    for e in &mut spec.entries {
+        if matches!(e.source, crate::decide::spec::Source::Request(_)) {
+            e.on_missing = crate::decide::spec::OnMissing::Default;
+        }
+    }
     let out = store
         .view(&args.out_view)
         .map_err(|e| RouterError::NotFound(e.to_string()))?
@@ -112,6 +120,29 @@ pub async fn run(args: BatchScoreArgs) -> Result<(), RouterError> {
             ))
         })?;
     let keys = read_keys(&args.entities, &out.join_key, out.key_type)?;
+    let mut keyed_views = 0;
+    let mut keyed_features = Vec::new();
+    for v in &spec.views {
+        if store
+            .view(v)
+            .map_err(|e| RouterError::Internal(e.to_string()))?
+            .join_key
+            == out.join_key
+        {
+            keyed_views += 1;
+            keyed_features.extend(
+                spec.store_features
+                    .iter()
+                    .filter(|f| f.starts_with(&format!("{v}:")))
+                    .cloned(),
+            );
+        }
+    }
+    // One lookup reads rows x views keys; stay within the store's limit.
+    let chunk_size = args.chunk.clamp(
+        1,
+        store.options().limits.max_keys_per_lookup / keyed_views.max(1),
+    );
     let bar = indicatif::ProgressBar::new(keys.len() as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
@@ -128,7 +159,7 @@ pub async fn run(args: BatchScoreArgs) -> Result<(), RouterError> {
     let max_rows = handle.config.batching.max_batch_size.get();
     let cols = handle.config.input().row_width();
     let (mut scored, mut refused) = (0u64, 0u64);
-    for chunk in keys.chunks(args.chunk.max(1)) {
+    for chunk in keys.chunks(chunk_size.max(1)) {
         let col = match out.key_type {
             KeyType::Int64 => KeyColumn::Int64(
                 chunk
@@ -155,21 +186,14 @@ pub async fn run(args: BatchScoreArgs) -> Result<(), RouterError> {
                     .collect(),
             ),
         };
-        let lookup = if spec.store_features.is_empty() {
+        // Only the views keyed like the output view can be read offline (there is no
+        // merchant key, say, when scoring cards); the spec's defaults or refusals
+        // cover the rest, as they would for a missing value online.
+        let lookup = if keyed_features.is_empty() {
             None
         } else {
-            let mut lr = LookupRequest::new(spec.store_features.iter().cloned());
-            // Every view the spec reads is keyed like the output view's entities.
-            for v in &spec.views {
-                let jk = store
-                    .view(v)
-                    .map_err(|e| RouterError::Internal(e.to_string()))?
-                    .join_key
-                    .clone();
-                if !lr.entities.iter().any(|(k, _)| *k == jk) {
-                    lr = lr.with_keys(jk, col.clone());
-                }
-            }
+            let lr = LookupRequest::new(keyed_features.iter().cloned())
+                .with_keys(out.join_key.clone(), col);
             Some(
                 store
                     .get_online_features(lr)
@@ -209,6 +233,10 @@ pub async fn run(args: BatchScoreArgs) -> Result<(), RouterError> {
             }
         }
         scored += writes.len() as u64;
+        if writes.is_empty() {
+            bar.inc(chunk.len() as u64);
+            continue;
+        }
         store
             .push(&args.out_view, writes, Durability::Buffered)
             .await
