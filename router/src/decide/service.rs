@@ -1,6 +1,5 @@
 //! `mesh.v1.Decisions` over gRPC.
 use std::sync::Arc;
-use std::time::Duration;
 
 use mesh_proto::mesh::v1 as pb;
 use pb::decisions_server::Decisions;
@@ -18,20 +17,13 @@ impl DecisionService {
     }
 }
 
-fn timeout_of<T>(req: &Request<T>) -> Option<Duration> {
-    req.metadata()
-        .get("grpc-timeout")
-        .and_then(|v| v.to_str().ok())
-        .and_then(crate::oip::parse_grpc_timeout)
-}
-
 #[tonic::async_trait]
 impl Decisions for DecisionService {
     async fn decide(
         &self,
         req: Request<pb::DecideRequest>,
     ) -> Result<Response<pb::DecideResponse>, Status> {
-        let timeout = timeout_of(&req);
+        let timeout = crate::oip::timeout_of(&req);
         let r = req.into_inner();
         let mut out = self
             .engine
@@ -45,7 +37,7 @@ impl Decisions for DecisionService {
         &self,
         req: Request<pb::DecideBatchRequest>,
     ) -> Result<Response<pb::DecideBatchResponse>, Status> {
-        let timeout = timeout_of(&req);
+        let timeout = crate::oip::timeout_of(&req);
         let r = req.into_inner();
         let out = self.engine.decide_batch(&r.requests, timeout).await?;
         Ok(Response::new(pb::DecideBatchResponse {

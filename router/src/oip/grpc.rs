@@ -1,7 +1,6 @@
 //! `inference.GRPCInferenceService`: the Open Inference Protocol v2 over gRPC, with
 //! Triton's ModelConfig, ModelStatistics and repository RPCs.
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Duration;
 
 use mesh_model_actor::{DataType, ModelConfig, VersionHandle};
 use mesh_proto::inference as pb;
@@ -11,7 +10,7 @@ use tonic::{Request, Response, Status};
 use super::codec::{
     check_outputs, element_count, f32_to_le_bytes, parse_datatype, to_batch, Elements, InputTensor,
 };
-use super::{parse_grpc_timeout, parse_version, Core};
+use super::{parse_version, Core};
 use crate::error::RouterError;
 
 /// Extensions announced in ServerMetadata. `statistics` and `model_configuration`
@@ -31,13 +30,6 @@ impl OipGrpc {
     pub fn new(core: Core) -> Self {
         Self { core }
     }
-}
-
-fn timeout_of<T>(req: &Request<T>) -> Option<Duration> {
-    req.metadata()
-        .get("grpc-timeout")
-        .and_then(|v| v.to_str().ok())
-        .and_then(parse_grpc_timeout)
 }
 
 /// Decodes the inputs of a ModelInferRequest, from typed contents or raw bytes.
@@ -363,7 +355,7 @@ impl GrpcInferenceService for OipGrpc {
         &self,
         req: Request<pb::ModelInferRequest>,
     ) -> Result<Response<pb::ModelInferResponse>, Status> {
-        let timeout = timeout_of(&req);
+        let timeout = super::timeout_of(&req);
         let mut r = req.into_inner();
         let version = parse_version(&r.model_name, &r.model_version)?;
         let requested: Vec<String> = r.outputs.iter().map(|o| o.name.clone()).collect();

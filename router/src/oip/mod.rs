@@ -168,6 +168,14 @@ impl Core {
     }
 }
 
+/// The caller's deadline budget from a gRPC request's `grpc-timeout` header.
+pub fn timeout_of<T>(req: &tonic::Request<T>) -> Option<Duration> {
+    req.metadata()
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_grpc_timeout)
+}
+
 /// Parses a `grpc-timeout` header value (`<digits><H|M|S|m|u|n>`).
 pub fn parse_grpc_timeout(v: &str) -> Option<Duration> {
     let (num, unit) = v.split_at(v.len().checked_sub(1)?);
