@@ -74,6 +74,15 @@ impl RouterError {
         }
     }
 
+    /// Whether the server (overload, deadline, an unavailable or faulty model) rather
+    /// than the request is the cause.
+    pub fn is_server_side(&self) -> bool {
+        !matches!(
+            self.code(),
+            Code::InvalidArgument | Code::NotFound | Code::OutOfRange | Code::Cancelled
+        ) && !matches!(self, Self::TooLarge(_))
+    }
+
     /// Low-cardinality label for metrics.
     pub fn code_label(&self) -> &'static str {
         code_label(self.code())

@@ -644,6 +644,11 @@ impl Engine {
             _ => {}
         }
         o.timings.postprocess = us(t_post.elapsed());
+        if o.source == AnswerSource::Model {
+            tracing::debug!(request_id = %o.request_id, version = ?o.version, score = ?o.score, decision = o.decision.as_str(), "decided");
+        } else {
+            tracing::debug!(request_id = %o.request_id, source = o.source.as_str(), decision = o.decision.as_str(), reasons = ?o.reasons, "answered by a fallback");
+        }
         o
     }
 

@@ -1,5 +1,8 @@
 //! `mesh.v1.Decisions` over gRPC.
 use std::sync::Arc;
+use std::time::Instant;
+
+use tracing::Instrument;
 
 use mesh_proto::mesh::v1 as pb;
 use pb::decisions_server::Decisions;
@@ -25,11 +28,15 @@ impl Decisions for DecisionService {
     ) -> Result<Response<pb::DecideResponse>, Status> {
         let timeout = crate::oip::timeout_of(&req);
         let r = req.into_inner();
-        let mut out = self
+        let span = tracing::info_span!("decide", request_id = %r.request_id, model = %r.model);
+        let started = Instant::now();
+        let out = self
             .engine
             .decide_batch(std::slice::from_ref(&r), timeout)
-            .await?;
-        let o = out.pop().ok_or_else(|| Status::internal("no outcome"))?;
+            .instrument(span.clone())
+            .await;
+        span.in_scope(|| crate::oip::log_result(&out, started));
+        let o = out?.pop().ok_or_else(|| Status::internal("no outcome"))?;
         Ok(Response::new(o.to_proto()))
     }
 
@@ -39,7 +46,17 @@ impl Decisions for DecisionService {
     ) -> Result<Response<pb::DecideBatchResponse>, Status> {
         let timeout = crate::oip::timeout_of(&req);
         let r = req.into_inner();
-        let out = self.engine.decide_batch(&r.requests, timeout).await?;
+        // Each item's request_id is on its own log lines; the batch carries the first.
+        let first = r.requests.first().map(|q| q.request_id.as_str()).unwrap_or("");
+        let span = tracing::info_span!("decide_batch", request_id = %first, items = r.requests.len());
+        let started = Instant::now();
+        let out = self
+            .engine
+            .decide_batch(&r.requests, timeout)
+            .instrument(span.clone())
+            .await;
+        span.in_scope(|| crate::oip::log_result(&out, started));
+        let out = out?;
         Ok(Response::new(pb::DecideBatchResponse {
             responses: out.iter().map(|o| o.to_proto()).collect(),
         }))

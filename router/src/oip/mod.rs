@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mesh_model_actor::{Batch, ModelRepository, Output, VersionHandle};
+use tracing::Instrument;
 use metrics::{counter, histogram};
 
 use crate::error::RouterError;
@@ -69,6 +70,19 @@ fn ok_meters(model: &str, version: u64, protocol: &'static str) -> OkMeters {
     m
 }
 
+/// One line per request at debug; failures the server caused at warn, the
+/// caller's own mistakes at debug (they are the caller's to log).
+pub(crate) fn log_result<T>(result: &Result<T, RouterError>, started: Instant) {
+    let us = started.elapsed().as_micros() as u64;
+    match result {
+        Ok(_) => tracing::debug!(latency_us = us, "answered"),
+        Err(e) if e.is_server_side() => {
+            tracing::warn!(latency_us = us, code = e.code_label(), error = %e, "request failed")
+        }
+        Err(e) => tracing::debug!(latency_us = us, code = e.code_label(), error = %e, "request rejected"),
+    }
+}
+
 /// An id for requests that bring none: process start time and a counter.
 fn next_request_id() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -110,6 +124,13 @@ impl Core {
     ) -> Result<(Arc<VersionHandle>, Output), RouterError> {
         let started = Instant::now();
         let mut validate = Duration::ZERO;
+        // The id that logs and the prediction log share; generated when the caller sent none.
+        let id = if request_id.is_empty() {
+            next_request_id()
+        } else {
+            request_id.to_owned()
+        };
+        let span = tracing::info_span!("infer", request_id = %id, model, protocol);
         let result = async {
             let handle = self.repo.get(model, version)?;
             let batch = make_batch(&handle)?;
@@ -120,7 +141,9 @@ impl Core {
             let out = handle.infer(batch, Some(started + timeout)).await?;
             Ok::<_, RouterError>((handle, out))
         }
+        .instrument(span.clone())
         .await;
+        span.in_scope(|| log_result(&result, started));
         match &result {
             Ok((h, _)) => {
                 // The common case touches only cached handles.
@@ -143,11 +166,6 @@ impl Core {
             }
         }
         if let (Some(log), Ok((h, out))) = (&self.log, &result) {
-            let id = if request_id.is_empty() {
-                next_request_id()
-            } else {
-                request_id.to_owned()
-            };
             let us = |d: Duration| d.as_micros() as u64;
             let stages = mesh_prediction_log::StageMicros {
                 validate: us(validate),

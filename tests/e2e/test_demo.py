@@ -1,0 +1,47 @@
+"""`mesh demo`, shortened: it must serve real traffic, fall back while both replicas
+are stalled, open a breaker, log every decision, and the label join must show a
+model that separates fraud from the rest."""
+import json
+import subprocess
+
+from conftest import ROOT, mesh_binary
+
+
+def test_demo_summary_is_sane(tmp_path):
+    data = tmp_path / "demo"
+    out = subprocess.run(
+        [mesh_binary(), "demo", "--seconds", "8", "--data-dir", str(data), "--cards", "3000", "--merchants", "300"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    s = json.loads((data / "summary.json").read_text())
+    report = out.stdout
+
+    assert s["decisions"] > 0 and s["throughput"] > 0, report
+    assert not s["errors"], report
+    # Every decision answered reaches the log and gets an outcome.
+    assert s["log_records"] == s["decisions"] == s["transactions"], report
+    assert 0 < s["fraud"] < s["transactions"] * 0.05, report
+
+    phases = {p["name"]: p for p in s["phases"]}
+    assert phases["steady"]["fallbacks"] == 0 or phases["steady"]["fallbacks"] < phases["steady"]["decisions"] * 0.01, report
+    assert s["fallbacks_during_stall"] > 0, report
+    assert phases["both replicas stalled"]["fallbacks"] > 0, report
+    # The stalled replica's breaker opened.
+    assert any(k.endswith("-> open") for k in s["breaker_transitions"]), report
+    # After the faults clear, the model answers again.
+    rec = phases["recovered"]
+    assert rec["sources"].get("MODEL", 0) > rec["fallbacks"], report
+
+    model = [v for v in s["versions"] if v["version"] == "1" and v["role"] == "primary"]
+    assert model, report
+    assert model[0]["roc_auc"] is not None and model[0]["roc_auc"] > 0.9, report
+
+    for name in ("config", "features", "predictions", "outcomes", "join", "metrics"):
+        assert (ROOT / s["files"][name]).exists() or s["files"][name].startswith("/"), name
+    assert "mesh_router_fallbacks_total" in (data / "metrics.prom").read_text()
+    # The printed summary names the phases and the per-version table.
+    assert "both replicas stalled" in report and "ROC AUC" in report

@@ -1,0 +1,58 @@
+"""`--log-format json`: one JSON object per line, each request's lines carrying its id."""
+import json
+import subprocess
+import threading
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import ROOT, Mesh, mesh_binary
+
+
+def test_json_logs_carry_the_request_id(monkeypatch):
+    monkeypatch.setenv("RUST_LOG", "info,mesh_router=debug")
+    m = Mesh(ROOT / "examples" / "models", "--log-format", "json")
+    # Drain the log as it is written: a full pipe would block the server.
+    rest = []
+    reader = threading.Thread(target=lambda: rest.extend(m.proc.stdout), daemon=True)
+    reader.start()
+    try:
+        c = grpcclient.InferenceServerClient(m.grpc)
+        ok = grpcclient.InferInput("input", [1, 32], "FP32")
+        ok.set_data_from_numpy(np.zeros((1, 32), np.float32))
+        c.infer("fraud_mlp", [ok], request_id="log-ok-1")
+        bad = grpcclient.InferInput("input", [1, 31], "FP32")
+        bad.set_data_from_numpy(np.zeros((1, 31), np.float32))
+        with pytest.raises(InferenceServerException):
+            c.infer("fraud_mlp", [bad], request_id="log-bad-2")
+        # Decisions through the mesh's own load generator (request ids bench-<n>).
+        out = subprocess.run(
+            [mesh_binary(), "bench", "--addr", f"http://{m.grpc}", "--target", "decide",
+             "--seconds", "0.5", "--concurrency", "1", "--json"],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["codes"].get("OK", 0) > 0, out.stdout
+    finally:
+        m.stop()
+    reader.join(timeout=20)
+    text = "".join(m.lines) + "".join(rest)
+    records = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            records.append(json.loads(line))  # every log line is a JSON object
+    assert records, text[:2000]
+    assert all({"timestamp", "level", "target"} <= r.keys() for r in records)
+
+    def of(rid):
+        return [r for r in records if r.get("span", {}).get("request_id") == rid or r.get("request_id") == rid]
+
+    answered = of("log-ok-1")
+    assert any(r["message"] == "answered" and r["span"]["name"] == "infer" for r in answered), answered
+    rejected = of("log-bad-2")
+    assert any(r.get("code") == "invalid_argument" and "shape" in r.get("error", "") for r in rejected), rejected
+    decided = of("bench-0")
+    assert any(r["message"] in ("decided", "answered by a fallback") for r in decided), decided
+    assert any(r.get("span", {}).get("name") == "decide" for r in decided), decided
