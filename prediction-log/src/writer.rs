@@ -115,6 +115,10 @@ impl PredictionLog {
             metrics::counter!("mesh_log_recovered_records_total")
                 .increment(recovered.records as u64);
         }
+        // Exported at zero from the start, so dashboards show them and an `increase()`
+        // alert sees the first drop (a counter born at 5 has no increase).
+        metrics::counter!("mesh_log_dropped_records_total").increment(0);
+        metrics::counter!("mesh_log_lost_records_total").increment(0);
         let (tx, rx) = mpsc::sync_channel(config.channel_capacity);
         let (done_tx, done_rx) = watch::channel(false);
         let shared = Arc::new(Shared::default());

@@ -2,6 +2,7 @@
 //! over gRPC and HTTP), configuration, telemetry, and the `mesh` command line.
 pub mod batch_score;
 pub mod bench;
+pub mod bench_html;
 pub mod cli;
 pub mod config;
 pub mod decide;

@@ -44,6 +44,9 @@ fn builder() -> Result<PrometheusBuilder, metrics_exporter_prometheus::BuildErro
     for (name, buckets) in mesh_model_actor::stats::buckets() {
         b = b.set_buckets_for_metric(Matcher::Full(name.to_owned()), &buckets)?;
     }
+    for (name, buckets) in mesh_feature_store::metrics::histogram_buckets() {
+        b = b.set_buckets_for_metric(Matcher::Full(name.to_owned()), buckets)?;
+    }
     b.set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), ROUTER_LATENCY)
 }
 

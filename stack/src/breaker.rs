@@ -181,6 +181,20 @@ impl<S> Layer<S> for BreakerLayer {
         self.registry.register(&shared);
         metrics::gauge!(m::BREAKER_STATE, "replica" => self.replica.to_string())
             .set(BreakerPhase::Closed.gauge_value());
+        // Transition counters exist at zero from the start, so rate()/increase() see
+        // the first transition (a counter born at 1 has no increase).
+        for to in [
+            BreakerPhase::Closed,
+            BreakerPhase::Open,
+            BreakerPhase::HalfOpen,
+        ] {
+            metrics::counter!(
+                m::BREAKER_TRANSITIONS_TOTAL,
+                "replica" => self.replica.to_string(),
+                "to" => to.as_str()
+            )
+            .increment(0);
+        }
         Breaker {
             inner,
             shared,

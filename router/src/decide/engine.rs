@@ -27,7 +27,7 @@ pub mod names {
     pub const DECISIONS: &str = "mesh_router_decisions_total";
     /// Counter: answers that came from a fallback, by `model`, `source`.
     pub const FALLBACKS: &str = "mesh_router_fallbacks_total";
-    /// Histogram: time per stage (`stage` = validate, features, preprocess, model, postprocess, total).
+    /// Histogram: time per stage (`stage` = validate, features, preprocess, queue, compute, postprocess, total).
     pub const STAGE: &str = "mesh_router_stage_seconds";
 }
 
@@ -180,6 +180,16 @@ impl Engine {
         for m in self.repo.models() {
             if m.config.extra.contains_key("input_spec") {
                 self.spec(&m.config)?;
+                // Series at zero from the start, so rates and alerts see the first fallback.
+                for source in [
+                    AnswerSource::PreviousVersion,
+                    AnswerSource::BatchScore,
+                    AnswerSource::Rules,
+                    AnswerSource::Default,
+                ] {
+                    counter!(names::FALLBACKS, "model" => m.config.name.clone(), "source" => source.as_str())
+                        .increment(0);
+                }
             }
         }
         Ok(())

@@ -47,8 +47,13 @@ impl Decisions for DecisionService {
         let timeout = crate::oip::timeout_of(&req);
         let r = req.into_inner();
         // Each item's request_id is on its own log lines; the batch carries the first.
-        let first = r.requests.first().map(|q| q.request_id.as_str()).unwrap_or("");
-        let span = tracing::info_span!("decide_batch", request_id = %first, items = r.requests.len());
+        let first = r
+            .requests
+            .first()
+            .map(|q| q.request_id.as_str())
+            .unwrap_or("");
+        let span =
+            tracing::info_span!("decide_batch", request_id = %first, items = r.requests.len());
         let started = Instant::now();
         let out = self
             .engine

@@ -80,7 +80,11 @@ fn prepare_dir(dir: &Path) -> Result<(), RouterError> {
         std::fs::remove_dir_all(dir).map_err(io)?;
     }
     std::fs::create_dir_all(dir).map_err(io)?;
-    std::fs::write(dir.join(MARKER), "made by mesh demo; emptied by the next run\n").map_err(io)
+    std::fs::write(
+        dir.join(MARKER),
+        "made by mesh demo; emptied by the next run\n",
+    )
+    .map_err(io)
 }
 
 /// Phases of the traffic, as fractions of the run.
@@ -206,7 +210,11 @@ batch_score = {{ view = "fraud_scores", feature = "score" }}
 }
 
 /// Writes the world's cards and merchants into the store (then closes it).
-async fn write_features(args: &DemoArgs, world: Arc<World>, store_dir: PathBuf) -> Result<(u64, u64), RouterError> {
+async fn write_features(
+    args: &DemoArgs,
+    world: Arc<World>,
+    store_dir: PathBuf,
+) -> Result<(u64, u64), RouterError> {
     let views = args.views.clone();
     tokio::task::spawn_blocking(move || {
         let err = internal("feature store");
@@ -240,7 +248,9 @@ async fn write_features(args: &DemoArgs, world: Arc<World>, store_dir: PathBuf) 
 fn write_card_ids(path: &Path, world: &World) -> Result<(), RouterError> {
     use arrow_array::{ArrayRef, Int64Array, RecordBatch};
     let err = internal("cards.parquet");
-    let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(world.cards.iter().map(|c| c.id)));
+    let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(
+        world.cards.iter().map(|c| c.id),
+    ));
     let batch = RecordBatch::try_from_iter([("card_id", ids)]).map_err(|e| err(e.to_string()))?;
     let file = std::fs::File::create(path).map_err(|e| err(e.to_string()))?;
     let mut w = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None)
@@ -284,7 +294,11 @@ fn decide_request(n: u64, t: &world::Txn) -> pb::DecideRequest {
 
 fn source_name(s: i32) -> String {
     pb::AnswerSource::try_from(s)
-        .map(|s| s.as_str_name().trim_start_matches("ANSWER_SOURCE_").to_owned())
+        .map(|s| {
+            s.as_str_name()
+                .trim_start_matches("ANSWER_SOURCE_")
+                .to_owned()
+        })
         .unwrap_or_else(|_| format!("SOURCE_{s}"))
 }
 
@@ -302,7 +316,10 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<String, Rout
     s.read_to_string(&mut body)
         .await
         .map_err(|e| err(e.to_string()))?;
-    Ok(body.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or(body))
+    Ok(body
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or(body))
 }
 
 /// `mesh_router_breaker_transitions_total{replica="…",to="…"} N` lines as `replica -> to`.
@@ -362,7 +379,8 @@ pub async fn run(args: DemoArgs) -> Result<(), RouterError> {
     let toml_text = mesh_toml(&args, &dir);
     let cfg_path = dir.join("mesh.toml");
     std::fs::write(&cfg_path, &toml_text).map_err(|e| internal("mesh.toml")(e.to_string()))?;
-    let cfg: MeshConfig = toml::from_str(&toml_text).map_err(|e| internal("mesh.toml")(e.to_string()))?;
+    let cfg: MeshConfig =
+        toml::from_str(&toml_text).map_err(|e| internal("mesh.toml")(e.to_string()))?;
     let server = crate::server::start_mesh(&cfg).await?;
     let engine = server
         .engine
@@ -438,7 +456,10 @@ pub async fn run(args: DemoArgs) -> Result<(), RouterError> {
                             f.set(Duration::ZERO, false);
                         }
                     }
-                    eprintln!("      {:>5.1} s  {name}: faults cleared", started.elapsed().as_secs_f64());
+                    eprintln!(
+                        "      {:>5.1} s  {name}: faults cleared",
+                        started.elapsed().as_secs_f64()
+                    );
                 } else {
                     for r in &targets {
                         if let Some(f) = engine.fault(r) {
@@ -502,7 +523,12 @@ pub async fn run(args: DemoArgs) -> Result<(), RouterError> {
                 for p in phases.iter() {
                     let g = p.lock();
                     n += g.latency.len();
-                    fb += g.sources.iter().filter(|(k, _)| *k != "MODEL").map(|(_, v)| v).sum::<u64>();
+                    fb += g
+                        .sources
+                        .iter()
+                        .filter(|(k, _)| *k != "MODEL")
+                        .map(|(_, v)| v)
+                        .sum::<u64>();
                 }
                 eprintln!(
                     "      {:>5.1} s  {n:>8} decisions  {fb:>6} from fallbacks",
@@ -517,7 +543,9 @@ pub async fn run(args: DemoArgs) -> Result<(), RouterError> {
     progress.abort();
     control.abort();
     let elapsed = started.elapsed().as_secs_f64();
-    let metrics = http_get(server.http_addr, "/metrics").await.unwrap_or_default();
+    let metrics = http_get(server.http_addr, "/metrics")
+        .await
+        .unwrap_or_default();
     let metrics_file = dir.join("metrics.prom");
     std::fs::write(&metrics_file, &metrics).map_err(|e| internal("metrics.prom")(e.to_string()))?;
     let transitions = breaker_transitions(&metrics);
@@ -528,14 +556,20 @@ pub async fn run(args: DemoArgs) -> Result<(), RouterError> {
     let mut log_records = 0u64;
     mesh_prediction_log::scan(&log_dir, Default::default(), |_| log_records += 1)
         .map_err(|e| internal("reading the prediction log")(e.to_string()))?;
-    println!("[5/6] mesh stopped; prediction log: {log_records} records in {}", log_dir.display());
+    println!(
+        "[5/6] mesh stopped; prediction log: {log_records} records in {}",
+        log_dir.display()
+    );
 
     // The outcomes: which transactions turned out to be fraud (the top 2% of the
     // world's hidden score, as the reference data was labelled).
     let truths = std::mem::take(&mut *truths.lock());
     let mut sorted: Vec<f64> = truths.iter().map(|t| t.1).collect();
     sorted.sort_by(f64::total_cmp);
-    let cut = sorted.get(sorted.len() * 98 / 100).copied().unwrap_or(f64::INFINITY);
+    let cut = sorted
+        .get(sorted.len() * 98 / 100)
+        .copied()
+        .unwrap_or(f64::INFINITY);
     let outcomes_file = dir.join("outcomes.csv");
     let mut csv = String::from("request_id,label\n");
     let mut fraud = 0u64;
@@ -587,12 +621,21 @@ pub async fn run(args: DemoArgs) -> Result<(), RouterError> {
             throughput: g.latency.len() as f64 / (to_s - from_s).max(1e-9),
             p50_us: g.latency.value_at_quantile(0.5),
             p99_us: g.latency.value_at_quantile(0.99),
-            fallbacks: g.sources.iter().filter(|(k, _)| *k != "MODEL").map(|(_, v)| v).sum(),
+            fallbacks: g
+                .sources
+                .iter()
+                .filter(|(k, _)| *k != "MODEL")
+                .map(|(_, v)| v)
+                .sum(),
             sources: g.sources.clone(),
             errors: g.errors.clone(),
         });
     }
-    let fallbacks = sources.iter().filter(|(k, _)| *k != "MODEL").map(|(_, v)| v).sum();
+    let fallbacks = sources
+        .iter()
+        .filter(|(k, _)| *k != "MODEL")
+        .map(|(_, v)| v)
+        .sum();
     let summary = Summary {
         seconds: elapsed,
         concurrency: args.concurrency,
@@ -623,7 +666,11 @@ pub async fn run(args: DemoArgs) -> Result<(), RouterError> {
                 positives: g.positives,
                 roc_auc: g.roc_auc,
                 fallback_rate: g.fallback_rate,
-                sources: g.sources.iter().map(|(k, s)| (k.clone(), s.count)).collect(),
+                sources: g
+                    .sources
+                    .iter()
+                    .map(|(k, s)| (k.clone(), s.count))
+                    .collect(),
             })
             .collect(),
         files: [
@@ -643,7 +690,8 @@ pub async fn run(args: DemoArgs) -> Result<(), RouterError> {
     };
     std::fs::write(
         dir.join("summary.json"),
-        serde_json::to_string_pretty(&summary).map_err(|e| internal("summary.json")(e.to_string()))?,
+        serde_json::to_string_pretty(&summary)
+            .map_err(|e| internal("summary.json")(e.to_string()))?,
     )
     .map_err(|e| internal("summary.json")(e.to_string()))?;
     print!("{summary}");
@@ -652,7 +700,11 @@ pub async fn run(args: DemoArgs) -> Result<(), RouterError> {
 
 impl std::fmt::Display for Summary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "\n== traffic: {} callers, Decide over gRPC", self.concurrency)?;
+        writeln!(
+            f,
+            "\n== traffic: {} callers, Decide over gRPC",
+            self.concurrency
+        )?;
         writeln!(
             f,
             "decisions   {} in {:.1} s = {:.0}/s   errors {:?}",
@@ -664,7 +716,11 @@ impl std::fmt::Display for Summary {
             self.p50_us, self.p99_us, self.p999_us, self.max_us
         )?;
         writeln!(f, "answers     {:?}", self.sources)?;
-        writeln!(f, "\n{:<24} {:>11} {:>10} {:>9} {:>9} {:>10}  answered by", "phase", "seconds", "decided/s", "p50 µs", "p99 µs", "fallbacks")?;
+        writeln!(
+            f,
+            "\n{:<24} {:>11} {:>10} {:>9} {:>9} {:>10}  answered by",
+            "phase", "seconds", "decided/s", "p50 µs", "p99 µs", "fallbacks"
+        )?;
         for p in &self.phases {
             writeln!(
                 f,
@@ -672,7 +728,10 @@ impl std::fmt::Display for Summary {
                 p.name, p.from_s, p.to_s, p.throughput, p.p50_us, p.p99_us, p.fallbacks, p.sources
             )?;
         }
-        writeln!(f, "\n== circuit breakers (mesh_router_breaker_transitions_total)")?;
+        writeln!(
+            f,
+            "\n== circuit breakers (mesh_router_breaker_transitions_total)"
+        )?;
         if self.breaker_transitions.is_empty() {
             writeln!(f, "no transitions")?;
         }
@@ -684,12 +743,20 @@ impl std::fmt::Display for Summary {
             "\n== model versions against outcomes ({} transactions, {} fraud; {} log records)",
             self.transactions, self.fraud, self.log_records
         )?;
-        writeln!(f, "{:<8} {:<8} {:>11} {:>9} {:>9} {:>8}  answered by", "version", "role", "predictions", "labelled", "fallback", "ROC AUC")?;
+        writeln!(
+            f,
+            "{:<8} {:<8} {:>11} {:>9} {:>9} {:>8}  answered by",
+            "version", "role", "predictions", "labelled", "fallback", "ROC AUC"
+        )?;
         for v in &self.versions {
             writeln!(
                 f,
                 "{:<8} {:<8} {:>11} {:>9} {:>8.1}% {:>8}  {:?}",
-                if v.version.is_empty() { "-" } else { &v.version },
+                if v.version.is_empty() {
+                    "-"
+                } else {
+                    &v.version
+                },
                 v.role,
                 v.predictions,
                 v.labelled,

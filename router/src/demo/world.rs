@@ -153,7 +153,9 @@ pub struct Txn {
 
 /// The generating rule of the reference data over inputs x0..x15.
 pub fn fraud_score(x: &[f64; 16]) -> f64 {
-    1.5 * x[0] * x[1] + (2.0 * x[2]).sin() * x[3] + 0.8 * (x[4] - x[5]).max(0.0)
+    1.5 * x[0] * x[1]
+        + (2.0 * x[2]).sin() * x[3]
+        + 0.8 * (x[4] - x[5]).max(0.0)
         + 0.5 * (x[6] * x[6] - 1.0)
         - 0.6 * x[7].abs()
         + 0.25 * x[8..16].iter().sum::<f64>() / 8f64.sqrt()

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mesh_model_actor::{Batch, ModelRepository, Output, VersionHandle};
-use tracing::Instrument;
 use metrics::{counter, histogram};
+use tracing::Instrument;
 
 use crate::error::RouterError;
 
@@ -79,7 +79,9 @@ pub(crate) fn log_result<T>(result: &Result<T, RouterError>, started: Instant) {
         Err(e) if e.is_server_side() => {
             tracing::warn!(latency_us = us, code = e.code_label(), error = %e, "request failed")
         }
-        Err(e) => tracing::debug!(latency_us = us, code = e.code_label(), error = %e, "request rejected"),
+        Err(e) => {
+            tracing::debug!(latency_us = us, code = e.code_label(), error = %e, "request rejected")
+        }
     }
 }
 
