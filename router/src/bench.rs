@@ -40,9 +40,12 @@ pub struct BenchArgs {
     /// Callers in flight (closed loop), or the most outstanding requests (open loop).
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
-    /// Seconds of load.
-    #[arg(long, default_value_t = 10.0)]
-    pub seconds: f64,
+    /// Seconds of load (default 10 unless --requests is given).
+    #[arg(long)]
+    pub seconds: Option<f64>,
+    /// Stop after this many requests (with --seconds too: whichever comes first).
+    #[arg(long)]
+    pub requests: Option<u64>,
     /// Entity key range for Decide (card_id 1..=N, merchant m000001..).
     #[arg(long, default_value_t = 10_000)]
     pub cards: i64,
@@ -341,6 +344,64 @@ async fn one(
     }
 }
 
+/// Cumulative server-side statistics of the model (OIP ModelStatistics, summed
+/// over versions): the Infer target's per-stage breakdown is the difference
+/// between the end and the start of the run, as perf_analyzer reports it.
+#[derive(Debug, Clone, Copy, Default)]
+struct ServerStats {
+    inferences: u64,
+    queue_ns: u64,
+    input_ns: u64,
+    infer_ns: u64,
+    output_ns: u64,
+}
+
+impl ServerStats {
+    fn per_inference_since(&self, before: &Self) -> BTreeMap<String, f64> {
+        let n = self.inferences.saturating_sub(before.inferences);
+        if n == 0 {
+            return BTreeMap::new();
+        }
+        let us = |a: u64, b: u64| a.saturating_sub(b) as f64 / n as f64 / 1e3;
+        [
+            ("queue", us(self.queue_ns, before.queue_ns)),
+            ("compute_input", us(self.input_ns, before.input_ns)),
+            ("compute_infer", us(self.infer_ns, before.infer_ns)),
+            ("compute_output", us(self.output_ns, before.output_ns)),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    }
+}
+
+async fn server_stats(c: &Clients, args: &BenchArgs) -> Option<ServerStats> {
+    if args.target != Target::Infer {
+        return None;
+    }
+    let r = c
+        .infer
+        .clone()
+        .model_statistics(oip::ModelStatisticsRequest {
+            name: args.model.clone(),
+            version: String::new(),
+        })
+        .await
+        .ok()?
+        .into_inner();
+    let mut s = ServerStats::default();
+    for m in r.model_stats {
+        s.inferences += m.inference_count;
+        let i = m.inference_stats.unwrap_or_default();
+        let ns = |d: Option<oip::StatisticDuration>| d.map_or(0, |d| d.ns);
+        s.queue_ns += ns(i.queue);
+        s.input_ns += ns(i.compute_input);
+        s.infer_ns += ns(i.compute_infer);
+        s.output_ns += ns(i.compute_output);
+    }
+    Some(s)
+}
+
 pub async fn run(args: BenchArgs) -> Result<Report, RouterError> {
     let channel = tonic::transport::Endpoint::from_shared(args.addr.clone())
         .map_err(|e| RouterError::invalid(format!("--addr: {e}")))?
@@ -352,10 +413,26 @@ pub async fn run(args: BenchArgs) -> Result<Report, RouterError> {
         decide: pb::decisions_client::DecisionsClient::new(channel.clone()),
         infer: oip::grpc_inference_service_client::GrpcInferenceServiceClient::new(channel),
     };
+    if args.requests == Some(0) {
+        return Err(RouterError::invalid("--requests must be at least 1"));
+    }
+    let load_s = match (args.seconds, args.requests) {
+        (Some(s), _) if !(s > 0.0 && s.is_finite()) => {
+            return Err(RouterError::invalid(format!(
+                "--seconds {s}: must be a positive number"
+            )))
+        }
+        (Some(s), _) => s,
+        (None, Some(_)) => 365.0 * 86_400.0,
+        (None, None) => 10.0,
+    };
+    let max_requests = args.requests.unwrap_or(u64::MAX);
+    let server_before = server_stats(&clients, &args).await;
     let started = Instant::now();
-    let tally = Arc::new(Mutex::new(Tally::new(started, args.seconds)?));
+    let tally = Arc::new(Mutex::new(Tally::new(started, load_s)?));
     let args = Arc::new(args);
-    let end = started + Duration::from_secs_f64(args.seconds);
+    let end = started + Duration::from_secs_f64(load_s);
+    let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let progress = {
         let tally = tally.clone();
         tokio::spawn(async move {
@@ -375,13 +452,16 @@ pub async fn run(args: BenchArgs) -> Result<Report, RouterError> {
         None => {
             let workers: Vec<_> = (0..args.concurrency.max(1))
                 .map(|w| {
-                    let (mut c, tally, args) = (clients.clone(), tally.clone(), args.clone());
+                    let (mut c, tally, args, sent) =
+                        (clients.clone(), tally.clone(), args.clone(), sent.clone());
                     tokio::spawn(async move {
                         let mut rng = rand::rngs::StdRng::seed_from_u64(w as u64);
-                        let mut i = w as u64;
                         while Instant::now() < end {
+                            let i = sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            if i >= max_requests {
+                                break;
+                            }
                             one(&mut c, &args, i, &mut rng, Instant::now(), &tally).await;
-                            i += args.concurrency as u64;
                         }
                     })
                 })
@@ -397,7 +477,7 @@ pub async fn run(args: BenchArgs) -> Result<Report, RouterError> {
             let mut tasks = Vec::new();
             loop {
                 let due = started + Duration::from_secs_f64(i as f64 / rate.max(1e-3));
-                if due >= end {
+                if due >= end || i >= max_requests {
                     break;
                 }
                 tokio::time::sleep_until(due.into()).await;
@@ -420,15 +500,27 @@ pub async fn run(args: BenchArgs) -> Result<Report, RouterError> {
     progress.abort();
     eprintln!();
     let secs = started.elapsed().as_secs_f64();
-    let t = tally.lock();
+    let server = match (server_before, server_stats(&clients, &args).await) {
+        (Some(a), Some(b)) => b.per_inference_since(&a),
+        _ => BTreeMap::new(),
+    };
+    let mut t = tally.lock();
+    // A count-bounded run learns its length at the end.
+    t.load_s = t.load_s.min(secs);
     let n = t.hist.len();
     let ok = t.codes.get("OK").copied().unwrap_or(0).max(1) as f64;
     let report = Report {
         target: format!("{:?}", args.target).to_lowercase(),
-        mode: match args.rate {
-            Some(r) => format!("open loop at {r} req/s"),
-            None => format!("closed loop, {} callers", args.concurrency),
-        },
+        mode: format!(
+            "{}{}",
+            match args.rate {
+                Some(r) => format!("open loop at {r} req/s"),
+                None => format!("closed loop, {} callers", args.concurrency),
+            },
+            args.requests
+                .map(|n| format!(", {n} requests"))
+                .unwrap_or_default()
+        ),
         seconds: secs,
         requests: n,
         throughput: n as f64 / secs,
@@ -439,11 +531,14 @@ pub async fn run(args: BenchArgs) -> Result<Report, RouterError> {
         max_us: t.hist.max(),
         codes: t.codes.clone(),
         sources: t.sources.clone(),
-        stages_us: t
-            .stages
-            .iter()
-            .map(|(k, v)| (k.to_string(), *v as f64 / ok))
-            .collect(),
+        stages_us: if t.stages.is_empty() {
+            server
+        } else {
+            t.stages
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v as f64 / ok))
+                .collect()
+        },
         windows: t.windows(),
         histogram: log_buckets(&t.hist),
     };

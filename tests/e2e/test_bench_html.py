@@ -149,3 +149,29 @@ def test_bench_html_renders_in_chromium(bench):
         shutil.copy(shot, SCREENSHOT_COPY)
     finally:
         shutil.rmtree(profile, ignore_errors=True)
+
+
+def test_bench_stops_after_a_count_and_reports_the_server_breakdown(mesh):
+    # Closed loop bounded by a request count; OIP statistics give the server's stages.
+    rc, out, err = run(
+        [mesh_binary(), "bench", "--addr", f"http://{mesh.grpc}", "--target", "infer",
+         "--requests", "300", "--concurrency", "4", "--json"],
+        timeout=120,
+    )
+    assert rc == 0, err
+    r = json.loads(out)
+    assert r["requests"] == 300 and r["codes"] == {"OK": 300}, r
+    assert "300 requests" in r["mode"]
+    assert sum(w["requests"] for w in r["windows"]) == 300
+    stages = r["stages_us"]
+    assert {"queue", "compute_input", "compute_infer", "compute_output"} <= stages.keys(), stages
+    assert stages["compute_infer"] > 0 and stages["queue"] > 0, stages
+
+    # Open loop bounded by a count too.
+    rc, out, err = run(
+        [mesh_binary(), "bench", "--addr", f"http://{mesh.grpc}", "--target", "infer",
+         "--rate", "400", "--requests", "100", "--json"],
+        timeout=120,
+    )
+    assert rc == 0, err
+    assert json.loads(out)["requests"] == 100
