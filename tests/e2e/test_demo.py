@@ -3,6 +3,7 @@ are stalled, open a breaker, log every decision, and the label join must show a
 model that separates fraud from the rest."""
 import json
 import subprocess
+from pathlib import Path
 
 from conftest import ROOT, mesh_binary
 
@@ -40,8 +41,12 @@ def test_demo_summary_is_sane(tmp_path):
     assert model, report
     assert model[0]["roc_auc"] is not None and model[0]["roc_auc"] > 0.9, report
 
-    for name in ("config", "features", "predictions", "outcomes", "join", "metrics"):
-        assert (ROOT / s["files"][name]).exists() or s["files"][name].startswith("/"), name
+    for name in ("config", "features", "predictions", "outcomes", "join", "metrics", "summary"):
+        path = Path(s["files"][name])
+        assert (path if path.is_absolute() else ROOT / path).exists(), name
+    # The log is Parquet an analyst can read; the outcomes cover every logged decision.
+    assert list((data / "predictions").rglob("*.parquet")), "no Parquet segment"
+    assert len((data / "outcomes.csv").read_text().splitlines()) == s["transactions"] + 1
     assert "mesh_router_fallbacks_total" in (data / "metrics.prom").read_text()
     # The printed summary names the phases and the per-version table.
     assert "both replicas stalled" in report and "ROC AUC" in report
