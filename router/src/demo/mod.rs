@@ -50,6 +50,10 @@ pub struct DemoArgs {
     /// Model repository.
     #[arg(long, default_value = "examples/models")]
     pub models: PathBuf,
+    /// Mesh configuration to start from (ports, repository, store and log paths
+    /// are the demo's own).
+    #[arg(long, default_value = "examples/mesh.toml")]
+    pub config: PathBuf,
     /// Feature views file (needs the `card`, `merchant` and `fraud_scores` views).
     #[arg(long, default_value = "examples/features/views.toml")]
     pub views: PathBuf,
@@ -165,48 +169,36 @@ pub struct Summary {
     pub files: BTreeMap<String, PathBuf>,
 }
 
-/// The mesh configuration of the demo, also written to `<data>/mesh.toml` so the
-/// same setup can be served with `mesh serve --config`.
-fn mesh_toml(args: &DemoArgs, dir: &Path) -> String {
-    let p = |p: &Path| p.display().to_string().replace('\\', "/");
-    format!(
-        r#"# Written by `mesh demo`; serve the same setup with `mesh serve --config {cfg}`.
-[server]
-grpc_port = 0
-http_port = 0
-models = "{models}"
-
-[features]
-path = "{store}"
-views = "{views}"
-
-[prediction_log]
-dir = "{log}"
-features = "all"
-
-[decisions]
-deadline_ms = 50
-default_decision = "review"
-
-[decisions.stack]
-per_try_timeout = "20ms"
-
-[[decisions.rules]]
-name = "large_amount"
-feature = "amount"
-above = 5000.0
-decision = "review"
-
-[[decisions.deployments]]
-model = "{MODEL}"
-batch_score = {{ view = "fraud_scores", feature = "score" }}
-"#,
-        cfg = p(&dir.join("mesh.toml")),
-        models = p(&args.models),
-        store = p(&dir.join("features")),
-        views = p(&args.views),
-        log = p(&dir.join("predictions")),
-    )
+/// The demo's mesh configuration: `--config` (the example deployment, with its
+/// deadline, stack, rules and batch-score fallback) with the ports, model
+/// repository, store and log moved to the demo's own. Written to `<data>/mesh.toml`
+/// so the same setup can be served with `mesh serve --config`.
+fn mesh_toml(args: &DemoArgs, dir: &Path) -> Result<String, RouterError> {
+    use toml::{Table, Value};
+    let err = |e: String| RouterError::InvalidArgument(format!("{}: {e}", args.config.display()));
+    let text = std::fs::read_to_string(&args.config).map_err(|e| err(e.to_string()))?;
+    let mut cfg: Table = toml::from_str(&text).map_err(|e| err(e.to_string()))?;
+    let path = |p: &Path| Value::String(p.display().to_string());
+    let mut set = |section: &str, key: &str, v: Value| {
+        let t = cfg
+            .entry(section)
+            .or_insert_with(|| Value::Table(Table::new()));
+        if let Value::Table(t) = t {
+            t.insert(key.to_owned(), v);
+        }
+    };
+    set("server", "grpc_port", Value::Integer(0));
+    set("server", "http_port", Value::Integer(0));
+    set("server", "models", path(&args.models));
+    set("features", "path", path(&dir.join("features")));
+    set("features", "views", path(&args.views));
+    set("prediction_log", "dir", path(&dir.join("predictions")));
+    let body = toml::to_string(&cfg).map_err(|e| err(e.to_string()))?;
+    Ok(format!(
+        "# Written by `mesh demo` from {}; serve the same setup with\n# mesh serve --config {}\n{body}",
+        args.config.display(),
+        dir.join("mesh.toml").display()
+    ))
 }
 
 /// Writes the world's cards and merchants into the store (then closes it).
@@ -376,7 +368,7 @@ pub async fn run(args: DemoArgs) -> Result<(), RouterError> {
     })
     .await?;
 
-    let toml_text = mesh_toml(&args, &dir);
+    let toml_text = mesh_toml(&args, &dir)?;
     let cfg_path = dir.join("mesh.toml");
     std::fs::write(&cfg_path, &toml_text).map_err(|e| internal("mesh.toml")(e.to_string()))?;
     let cfg: MeshConfig =
