@@ -28,14 +28,14 @@ impl Decisions for DecisionService {
     ) -> Result<Response<pb::DecideResponse>, Status> {
         let timeout = crate::oip::timeout_of(&req);
         let r = req.into_inner();
-        let span = tracing::info_span!("decide", request_id = %r.request_id, model = %r.model);
+        let span = tracing::debug_span!("decide", request_id = %r.request_id, model = %r.model);
         let started = Instant::now();
         let out = self
             .engine
             .decide_batch(std::slice::from_ref(&r), timeout)
             .instrument(span.clone())
             .await;
-        span.in_scope(|| crate::oip::log_result(&out, started));
+        span.in_scope(|| crate::oip::log_result(&out, started, &r.request_id));
         let o = out?.pop().ok_or_else(|| Status::internal("no outcome"))?;
         Ok(Response::new(o.to_proto()))
     }
@@ -53,14 +53,14 @@ impl Decisions for DecisionService {
             .map(|q| q.request_id.as_str())
             .unwrap_or("");
         let span =
-            tracing::info_span!("decide_batch", request_id = %first, items = r.requests.len());
+            tracing::debug_span!("decide_batch", request_id = %first, items = r.requests.len());
         let started = Instant::now();
         let out = self
             .engine
             .decide_batch(&r.requests, timeout)
             .instrument(span.clone())
             .await;
-        span.in_scope(|| crate::oip::log_result(&out, started));
+        span.in_scope(|| crate::oip::log_result(&out, started, first));
         let out = out?;
         Ok(Response::new(pb::DecideBatchResponse {
             responses: out.iter().map(|o| o.to_proto()).collect(),
