@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 
 use arrow_array::{Array, Int64Array, StringArray};
 use clap::Args;
-use mesh_feature_store::{Durability, EntityKey, KeyColumn, KeyType, LookupRequest, Row, Value};
-use mesh_model_actor::{ActorSystem, Batch, ModelRepository};
+use mesh_feature_store::{
+    Durability, EntityKey, FeatureStore, KeyColumn, KeyType, LookupRequest, Row, Value,
+};
+use mesh_model_actor::{ActorSystem, Batch, ModelRepository, VersionHandle};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use crate::config::FeaturesConfig;
@@ -92,10 +94,42 @@ pub async fn run(args: BatchScoreArgs) -> Result<(), RouterError> {
     let repo = Arc::new(ModelRepository::new(&args.models, system.clone())?);
     repo.load(&args.model).await?;
     let handle = repo.get(&args.model, None)?;
+    let out = store
+        .view(&args.out_view)
+        .map_err(|e| RouterError::NotFound(e.to_string()))?;
+    let keys = read_keys(&args.entities, &out.join_key, out.key_type)?;
+    let scored = score_entities(&store, &handle, &keys, &args.out_view, args.chunk, true).await;
+    system.stop();
+    let (scored, refused) = scored?;
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "batch-score: {scored} entities scored with {} v{} into view '{}' ({refused} refused by the input spec) in {secs:.1} s = {:.0} rows/s",
+        args.model,
+        handle.version,
+        args.out_view,
+        scored as f64 / secs.max(1e-9)
+    );
+    Ok(())
+}
+
+/// Scores `keys` with `handle` (features from `store`, request-time features at
+/// their spec defaults) and writes each score into `out_view`'s first f32
+/// feature. Returns (scored, refused by the input spec).
+pub async fn score_entities(
+    store: &Arc<FeatureStore>,
+    handle: &VersionHandle,
+    keys: &[EntityKey],
+    out_view: &str,
+    chunk: usize,
+    progress: bool,
+) -> Result<(u64, u64), RouterError> {
     let spec = DecisionSpec::from_model(&handle.config)
         .map_err(RouterError::InvalidArgument)?
         .ok_or_else(|| {
-            RouterError::invalid(format!("model '{}' has no [input_spec]", args.model))
+            RouterError::invalid(format!(
+                "model '{}' has no [input_spec]",
+                handle.config.name
+            ))
         })?;
     // Offline there are no request-time features: they take their defaults here even
     // where the online path would refuse to score without them.
@@ -106,7 +140,7 @@ pub async fn run(args: BatchScoreArgs) -> Result<(), RouterError> {
         }
     }
     let out = store
-        .view(&args.out_view)
+        .view(out_view)
         .map_err(|e| RouterError::NotFound(e.to_string()))?
         .clone();
     let score_idx = out
@@ -116,10 +150,9 @@ pub async fn run(args: BatchScoreArgs) -> Result<(), RouterError> {
         .ok_or_else(|| {
             RouterError::invalid(format!(
                 "view '{}' has no f32 feature to hold the score",
-                args.out_view
+                out_view
             ))
         })?;
-    let keys = read_keys(&args.entities, &out.join_key, out.key_type)?;
     let mut keyed_views = 0;
     let mut keyed_features = Vec::new();
     for v in &spec.views {
@@ -139,11 +172,15 @@ pub async fn run(args: BatchScoreArgs) -> Result<(), RouterError> {
         }
     }
     // One lookup reads rows x views keys; stay within the store's limit.
-    let chunk_size = args.chunk.clamp(
+    let chunk_size = chunk.clamp(
         1,
         store.options().limits.max_keys_per_lookup / keyed_views.max(1),
     );
-    let bar = indicatif::ProgressBar::new(keys.len() as u64);
+    let bar = if progress {
+        indicatif::ProgressBar::new(keys.len() as u64)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
     bar.set_style(
         indicatif::ProgressStyle::with_template(
             "{bar:40} {pos}/{len} entities {per_sec} eta {eta}",
@@ -238,7 +275,7 @@ pub async fn run(args: BatchScoreArgs) -> Result<(), RouterError> {
             continue;
         }
         store
-            .push(&args.out_view, writes, Durability::Buffered)
+            .push(out_view, writes, Durability::Buffered)
             .await
             .map_err(|e| RouterError::Internal(e.to_string()))?;
         bar.inc(chunk.len() as u64);
@@ -247,14 +284,5 @@ pub async fn run(args: BatchScoreArgs) -> Result<(), RouterError> {
         .flush()
         .map_err(|e| RouterError::Internal(e.to_string()))?;
     bar.finish_and_clear();
-    let secs = started.elapsed().as_secs_f64();
-    println!(
-        "batch-score: {scored} entities scored with {} v{} into view '{}' ({refused} refused by the input spec) in {secs:.1} s = {:.0} rows/s",
-        args.model,
-        handle.version,
-        args.out_view,
-        scored as f64 / secs.max(1e-9)
-    );
-    system.stop();
-    Ok(())
+    Ok((scored, refused))
 }

@@ -402,7 +402,26 @@ async fn server_stats(c: &Clients, args: &BenchArgs) -> Option<ServerStats> {
     Some(s)
 }
 
+/// Seconds the load may last: `--seconds`, else unbounded with `--requests`, else 10.
+fn load_seconds(args: &BenchArgs) -> Result<f64, RouterError> {
+    if args.requests == Some(0) {
+        return Err(RouterError::invalid("--requests must be at least 1"));
+    }
+    Ok(match (args.seconds, args.requests) {
+        (Some(s), _) if !(s > 0.0 && s.is_finite()) => {
+            return Err(RouterError::invalid(format!(
+                "--seconds {s}: must be a positive number"
+            )))
+        }
+        (Some(s), _) => s,
+        (None, Some(_)) => 365.0 * 86_400.0,
+        (None, None) => 10.0,
+    })
+}
+
 pub async fn run(args: BenchArgs) -> Result<Report, RouterError> {
+    // Bad arguments fail before any connection is tried.
+    load_seconds(&args)?;
     let channel = tonic::transport::Endpoint::from_shared(args.addr.clone())
         .map_err(|e| RouterError::invalid(format!("--addr: {e}")))?
         .tcp_nodelay(true)
@@ -413,19 +432,7 @@ pub async fn run(args: BenchArgs) -> Result<Report, RouterError> {
         decide: pb::decisions_client::DecisionsClient::new(channel.clone()),
         infer: oip::grpc_inference_service_client::GrpcInferenceServiceClient::new(channel),
     };
-    if args.requests == Some(0) {
-        return Err(RouterError::invalid("--requests must be at least 1"));
-    }
-    let load_s = match (args.seconds, args.requests) {
-        (Some(s), _) if !(s > 0.0 && s.is_finite()) => {
-            return Err(RouterError::invalid(format!(
-                "--seconds {s}: must be a positive number"
-            )))
-        }
-        (Some(s), _) => s,
-        (None, Some(_)) => 365.0 * 86_400.0,
-        (None, None) => 10.0,
-    };
+    let load_s = load_seconds(&args)?;
     let max_requests = args.requests.unwrap_or(u64::MAX);
     let server_before = server_stats(&clients, &args).await;
     let started = Instant::now();
@@ -583,6 +590,28 @@ impl std::fmt::Display for Report {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    fn parse(args: &[&str]) -> BenchArgs {
+        #[derive(clap::Parser)]
+        struct P {
+            #[command(flatten)]
+            a: BenchArgs,
+        }
+        use clap::Parser;
+        P::parse_from(std::iter::once("bench").chain(args.iter().copied())).a
+    }
+
+    #[test]
+    fn bench_bounds_by_time_or_count_and_names_bad_values() {
+        assert_eq!(load_seconds(&parse(&[])).unwrap(), 10.0);
+        assert_eq!(load_seconds(&parse(&["--seconds", "2.5"])).unwrap(), 2.5);
+        assert!(load_seconds(&parse(&["--requests", "5"])).unwrap() > 1e6);
+        let e = load_seconds(&parse(&["--requests", "0"])).unwrap_err();
+        assert!(e.to_string().contains("--requests"), "{e}");
+        let e = load_seconds(&parse(&["--seconds=-1"])).unwrap_err();
+        assert!(e.to_string().contains("--seconds -1"), "{e}");
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    }
 
     #[test]
     fn bench_log_buckets_cover_every_latency() {

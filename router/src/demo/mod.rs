@@ -1,11 +1,11 @@
 //! `mesh demo`: the whole mesh on one machine, with nothing set up beforehand.
 //!
-//! 1. Creates a data directory and fills the `card` and `merchant` feature views
-//!    from a synthetic world ([`world`]) in a real sled store.
-//! 2. Scores every card offline (`mesh batch-score`) into the `fraud_scores` view,
+//! 1. Creates a data directory and starts the mesh on loopback from
+//!    `examples/mesh.toml` with the example model repository, a new sled feature
+//!    store and the prediction log in it (the config is written to `mesh.toml`).
+//! 2. Fills the `card` and `merchant` views from a synthetic world ([`world`]).
+//! 3. Scores every card as `mesh batch-score` does into the `fraud_scores` view,
 //!    the precomputed fallback.
-//! 3. Starts the mesh on loopback with the example model repository, the store,
-//!    decisions and the prediction log (the config is written to `mesh.toml`).
 //! 4. Drives Decide traffic over gRPC; a third of the way in it stalls one replica
 //!    (its breaker opens, traffic moves to the other), then briefly the other one
 //!    too (no replica can answer in time: fallbacks answer), then clears both.
@@ -201,25 +201,19 @@ fn mesh_toml(args: &DemoArgs, dir: &Path) -> Result<String, RouterError> {
     ))
 }
 
-/// Writes the world's cards and merchants into the store (then closes it).
+/// Writes the world's cards and merchants into the (running mesh's) store.
 async fn write_features(
-    args: &DemoArgs,
+    store: Arc<mesh_feature_store::FeatureStore>,
     world: Arc<World>,
-    store_dir: PathBuf,
 ) -> Result<(u64, u64), RouterError> {
-    let views = args.views.clone();
     tokio::task::spawn_blocking(move || {
         let err = internal("feature store");
-        let cfg = mesh_feature_store::ViewsConfig::from_path(&views)
-            .map_err(|e| RouterError::InvalidArgument(e.to_string()))?;
-        let store = mesh_feature_store::FeatureStore::open(&store_dir, &cfg)
-            .map_err(|e| RouterError::Unavailable(e.to_string()))?;
         let now = mesh_feature_store::now_micros();
         let mut counts = (0, 0);
         for (name, count) in [("card", &mut counts.0), ("merchant", &mut counts.1)] {
             let view = store
                 .view(name)
-                .map_err(|e| RouterError::invalid(format!("{}: {e}", views.display())))?
+                .map_err(|e| RouterError::invalid(format!("the demo needs view '{name}': {e}")))?
                 .clone();
             let rows = world.rows(&view, now);
             for chunk in rows.chunks(5_000) {
@@ -234,22 +228,6 @@ async fn write_features(
     })
     .await
     .map_err(|e| RouterError::Internal(e.to_string()))?
-}
-
-/// The card ids as a Parquet file, the input of `mesh batch-score`.
-fn write_card_ids(path: &Path, world: &World) -> Result<(), RouterError> {
-    use arrow_array::{ArrayRef, Int64Array, RecordBatch};
-    let err = internal("cards.parquet");
-    let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(
-        world.cards.iter().map(|c| c.id),
-    ));
-    let batch = RecordBatch::try_from_iter([("card_id", ids)]).map_err(|e| err(e.to_string()))?;
-    let file = std::fs::File::create(path).map_err(|e| err(e.to_string()))?;
-    let mut w = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None)
-        .map_err(|e| err(e.to_string()))?;
-    w.write(&batch).map_err(|e| err(e.to_string()))?;
-    w.close().map_err(|e| err(e.to_string()))?;
-    Ok(())
 }
 
 fn decide_request(n: u64, t: &world::Txn) -> pb::DecideRequest {
@@ -346,44 +324,64 @@ pub async fn run(args: DemoArgs) -> Result<(), RouterError> {
     let world = Arc::new(World::new(args.cards.max(1), args.merchants.max(1), 7));
 
     println!("mesh demo: data in {}", dir.display());
-    let t = Instant::now();
-    let (cards, merchants) = write_features(&args, world.clone(), store_dir.clone()).await?;
-    println!(
-        "[1/6] feature store: {cards} cards and {merchants} merchants written to {} in {:.1} s",
-        store_dir.display(),
-        t.elapsed().as_secs_f64()
-    );
-
-    let cards_file = dir.join("cards.parquet");
-    write_card_ids(&cards_file, &world)?;
-    print!("[2/6] precomputed fallback scores: ");
-    crate::batch_score::run(crate::batch_score::BatchScoreArgs {
-        model: MODEL.into(),
-        entities: cards_file.clone(),
-        out_view: "fraud_scores".into(),
-        models: args.models.clone(),
-        store: store_dir.clone(),
-        views: args.views.clone(),
-        chunk: 4096,
-    })
-    .await?;
-
+    // One process owns the sled store: the mesh opens it, and the demo fills it
+    // through the mesh's handle before any traffic.
     let toml_text = mesh_toml(&args, &dir)?;
     let cfg_path = dir.join("mesh.toml");
     std::fs::write(&cfg_path, &toml_text).map_err(|e| internal("mesh.toml")(e.to_string()))?;
     let cfg: MeshConfig =
         toml::from_str(&toml_text).map_err(|e| internal("mesh.toml")(e.to_string()))?;
     let server = crate::server::start_mesh(&cfg).await?;
+    let missing = |what: &str| RouterError::Internal(format!("the demo mesh has no {what}"));
     let engine = server
         .engine
         .clone()
-        .ok_or_else(|| RouterError::Internal("the demo mesh has no decision engine".into()))?;
+        .ok_or_else(|| missing("decision engine"))?;
+    let store = server
+        .store
+        .clone()
+        .ok_or_else(|| missing("feature store"))?;
+    let repo = server
+        .core
+        .as_ref()
+        .ok_or_else(|| missing("models"))?
+        .repo
+        .clone();
     println!(
-        "[3/6] mesh serving {} on grpc={} http={} (metrics: http://{}/metrics)",
+        "[1/6] mesh serving {} on grpc={} http={} (metrics: http://{}/metrics)",
         args.models.display(),
         server.grpc_addr,
         server.http_addr,
         server.http_addr
+    );
+
+    let t = Instant::now();
+    let (cards, merchants) = write_features(store.clone(), world.clone()).await?;
+    println!(
+        "[2/6] feature store: {cards} cards and {merchants} merchants written to {} in {:.1} s",
+        store_dir.display(),
+        t.elapsed().as_secs_f64()
+    );
+
+    // The precomputed fallback, as `mesh batch-score` writes it.
+    let t = Instant::now();
+    let score_view = cfg
+        .decisions
+        .deployment(MODEL)
+        .and_then(|d| d.batch_score.as_ref())
+        .map_or("fraud_scores", |b| b.view.as_str());
+    let handle = repo.get(MODEL, None)?;
+    let keys: Vec<mesh_feature_store::EntityKey> = world
+        .cards
+        .iter()
+        .map(|c| mesh_feature_store::EntityKey::Int64(c.id))
+        .collect();
+    let (scored, _) =
+        crate::batch_score::score_entities(&store, &handle, &keys, score_view, 4096, false).await?;
+    println!(
+        "[3/6] batch scores: {scored} cards scored with {MODEL} v{} into view '{score_view}' in {:.1} s",
+        handle.version,
+        t.elapsed().as_secs_f64()
     );
 
     let run_for = Duration::from_secs(args.seconds.max(1));
@@ -669,7 +667,6 @@ pub async fn run(args: DemoArgs) -> Result<(), RouterError> {
             ("data", dir.clone()),
             ("config", cfg_path),
             ("features", store_dir),
-            ("cards", cards_file),
             ("predictions", log_dir),
             ("outcomes", outcomes_file),
             ("join", join_file),
