@@ -36,6 +36,7 @@ def test_demo_summary_is_sane(tmp_path):
     # After the faults clear, the model answers again.
     rec = phases["recovered"]
     assert rec["sources"].get("MODEL", 0) > rec["fallbacks"], report
+    assert s["model_back_after_s"] is not None and s["model_back_after_s"] < rec["to_s"] - rec["from_s"], report
 
     model = [v for v in s["versions"] if v["version"] == "1" and v["role"] == "primary"]
     assert model, report

@@ -159,6 +159,9 @@ pub struct Summary {
     pub sources: BTreeMap<String, u64>,
     pub fallbacks: u64,
     pub fallbacks_during_stall: u64,
+    /// Seconds from clearing the faults to the first answer a model gave again
+    /// (a breaker's half-open probe succeeding); none without a stall.
+    pub model_back_after_s: Option<f64>,
     pub phases: Vec<PhaseSummary>,
     /// `replica -> state` -> count, from the mesh's own /metrics.
     pub breaker_transitions: BTreeMap<String, u64>,
@@ -415,6 +418,8 @@ pub async fn run(args: DemoArgs) -> Result<(), RouterError> {
     let phase = Arc::new(AtomicUsize::new(0));
     let truths: Arc<Mutex<Vec<(String, f64)>>> = Arc::new(Mutex::new(Vec::new()));
     let next_id = Arc::new(AtomicUsize::new(0));
+    // Microseconds from the start to the first MODEL answer sent after the clear.
+    let first_model_after_clear = Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
     let started = Instant::now();
     let end = started + run_for;
 
@@ -471,6 +476,7 @@ pub async fn run(args: DemoArgs) -> Result<(), RouterError> {
     let workers: Vec<_> = (0..args.concurrency.max(1))
         .map(|w| {
             let mut client = client.clone();
+            let first_model_after_clear = first_model_after_clear.clone();
             let (world, phases, phase, truths, next_id) = (
                 world.clone(),
                 phases.clone(),
@@ -495,6 +501,10 @@ pub async fn run(args: DemoArgs) -> Result<(), RouterError> {
                             let r = r.into_inner();
                             let _ = g.latency.record(us.max(1));
                             *g.sources.entry(source_name(r.source)).or_default() += 1;
+                            if p == PHASES.len() - 1 && r.source == pb::AnswerSource::Model as i32 {
+                                let at = t.duration_since(started).as_micros() as u64;
+                                first_model_after_clear.fetch_min(at, Ordering::Relaxed);
+                            }
                             mine.push((r.request_id, txn.truth));
                         }
                         Err(s) => *g.errors.entry(format!("{:?}", s.code())).or_default() += 1,
@@ -596,7 +606,9 @@ pub async fn run(args: DemoArgs) -> Result<(), RouterError> {
         let g = phases[i].lock();
         let _ = all.add(&g.latency);
         let to = PHASES.get(i + 1).map_or(1.0, |p| p.1);
-        let (from_s, to_s) = (elapsed * at, elapsed * to);
+        // Phase boundaries as scheduled (the drill runs on the planned clock).
+        let planned = run_for.as_secs_f64();
+        let (from_s, to_s) = (planned * at, planned * to);
         for (k, v) in &g.sources {
             *sources.entry(k.clone()).or_insert(0u64) += v;
         }
@@ -639,6 +651,11 @@ pub async fn run(args: DemoArgs) -> Result<(), RouterError> {
         sources,
         fallbacks,
         fallbacks_during_stall: summary_phases[1..3].iter().map(|p| p.fallbacks).sum(),
+        model_back_after_s: match first_model_after_clear.load(Ordering::Relaxed) {
+            _ if args.no_stall => None,
+            u64::MAX => None,
+            at => Some((at as f64 / 1e6 - summary_phases[PHASES.len() - 1].from_s).max(0.0)),
+        },
         phases: summary_phases,
         breaker_transitions: transitions,
         log_records,
@@ -715,6 +732,12 @@ impl std::fmt::Display for Summary {
                 f,
                 "{:<24} {:>5.1}-{:<5.1} {:>10.0} {:>9} {:>9} {:>10}  {:?}",
                 p.name, p.from_s, p.to_s, p.throughput, p.p50_us, p.p99_us, p.fallbacks, p.sources
+            )?;
+        }
+        if let Some(s) = self.model_back_after_s {
+            writeln!(
+                f,
+                "after the faults cleared, the model answered again within {s:.1} s (a breaker's half-open probe; probes back off while a replica keeps failing)"
             )?;
         }
         writeln!(
