@@ -489,15 +489,7 @@ fn summary(r: &Report) -> String {
     }
     if !r.stages_us.is_empty() {
         // Pipeline order first, anything else after.
-        const ORDER: [&str; 7] = [
-            "validate",
-            "features",
-            "preprocess",
-            "queue",
-            "compute",
-            "postprocess",
-            "total",
-        ];
+        const ORDER: [&str; 7] = mesh_prediction_log::StageMicros::NAMES;
         let mut stages: Vec<(&String, &f64)> = r.stages_us.iter().collect();
         stages.sort_by_key(|(k, _)| ORDER.iter().position(|o| o == k).unwrap_or(ORDER.len()));
         let text = stages
