@@ -128,11 +128,14 @@ impl Core {
     ) -> Result<(Arc<VersionHandle>, Output), RouterError> {
         let started = Instant::now();
         let mut validate = Duration::ZERO;
-        // The id that logs and the prediction log share; generated when the caller sent none.
-        let id = if request_id.is_empty() {
-            next_request_id()
+        // The id that logs and the prediction log share. Generated only when the caller
+        // sent none and something will record it: the hot path stays allocation-free.
+        let id: std::borrow::Cow<'_, str> = if request_id.is_empty()
+            && (self.log.is_some() || tracing::enabled!(tracing::Level::DEBUG))
+        {
+            next_request_id().into()
         } else {
-            request_id.to_owned()
+            request_id.into()
         };
         // Debug level: spans and per-request lines cost about 12% of OIP throughput
         // (`mesh bench --target infer`, see README), so the default `info` skips them.
