@@ -5,7 +5,7 @@
 # and 75 % of it; then 50 % with one of the two replicas stalled far past the
 # deadline; then 50 % with the prediction log off, for the log on/off comparison.
 #
-#   bench/decide_bench.sh     (after: cargo build --release -p mesh-router --bin mesh)
+#   bench/decide_bench.sh     (after: cargo build --release -p mesh --bin mesh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${CARGO_TARGET_DIR:-target}/release/mesh

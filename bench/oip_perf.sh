@@ -4,7 +4,7 @@
 # OIP server (the transport's limit here), and batching on vs off for a
 # compute-heavy MLP. Prints one table; raw CSVs go to $OUT.
 #
-#   bench/oip_perf.sh            (after: cargo build --release -p mesh-router --bin mesh --example null_oip)
+#   bench/oip_perf.sh            (after: cargo build --release -p mesh --bin mesh --example null_oip)
 #
 # Needs: a venv with tritonclient==2.48.0 and nvidia-cuda-runtime-cu12 (VENV), Debian's
 # libb64-0d and nghttp2-client.
@@ -17,7 +17,7 @@ WINDOW_MS=${WINDOW_MS:-3000}
 PA="$VENV/bin/perf_analyzer"
 CUDART=$(dirname "$(find "$VENV" -name 'libcudart.so.12' | head -1)")
 export LD_LIBRARY_PATH="$CUDART${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-SAMPLES=../shared/reference/fraud-mlp/samples.csv
+SAMPLES=tests/data/fraud-mlp/samples.csv
 
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }

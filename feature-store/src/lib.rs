@@ -25,7 +25,9 @@ mod types;
 pub use config::{parse_duration, EntityConfig, FeatureConfig, ViewConfig, ViewsConfig};
 pub use demo::{demo_merchant_key, generate_demo_features, DemoReport};
 pub use error::{FeatureStoreError, OpenFailure, Result};
-pub use ingest::{ingest_file, ingest_file_observed, BatchCommitted, IngestOptions, IngestReport};
+pub use ingest::{
+    ingest_file, ingest_file_observed, BatchCommitted, IngestOptions, IngestReport, ProgressUnit,
+};
 pub use lookup::{ColumnValues, FeatureColumn, KeyColumn, LookupRequest, LookupResponse};
 pub use registry::{FeatureInfo, ViewInfo};
 pub use store::{

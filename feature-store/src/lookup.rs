@@ -260,6 +260,22 @@ fn finish(
 }
 
 fn plan(inner: &Inner, req: &LookupRequest, limits: &Limits) -> Result<Plan> {
+    let (columns, groups) = plan_columns(inner, req)?;
+    let rows = check_rows(req, groups.len(), limits)?;
+    check_keys(inner, req, &groups)?;
+    // Duplicate asks of one feature share a read: fill them after the fetch.
+    Ok(Plan {
+        rows,
+        columns,
+        groups,
+    })
+}
+
+/// The output columns of a lookup and, per view, which stored features fill them.
+fn plan_columns(
+    inner: &Inner,
+    req: &LookupRequest,
+) -> Result<(Vec<(String, FeatureType)>, Vec<Group>)> {
     let invalid = |s: String| Err(FeatureStoreError::InvalidArgument(s));
     if req.features.is_empty() {
         return invalid("lookup names no features".into());
@@ -319,6 +335,13 @@ fn plan(inner: &Inner, req: &LookupRequest, limits: &Limits) -> Result<Plan> {
             add(f, &mut columns);
         }
     }
+    Ok((columns, groups))
+}
+
+/// The number of entity rows, after checking every key column has that many and the
+/// lookup stays within `max_keys_per_lookup` (rows x views).
+fn check_rows(req: &LookupRequest, views: usize, limits: &Limits) -> Result<usize> {
+    let invalid = |s: String| Err(FeatureStoreError::InvalidArgument(s));
     let rows = req.entities.first().map(|(_, k)| k.len()).unwrap_or(0);
     for (jk, keys) in &req.entities {
         if keys.len() != rows {
@@ -332,7 +355,7 @@ fn plan(inner: &Inner, req: &LookupRequest, limits: &Limits) -> Result<Plan> {
     if rows == 0 {
         return invalid("lookup has no entity keys".into());
     }
-    let total = rows * groups.len();
+    let total = rows * views;
     if total > limits.max_keys_per_lookup {
         return Err(FeatureStoreError::LimitExceeded {
             what: "entity keys in one lookup (rows x views)",
@@ -341,7 +364,12 @@ fn plan(inner: &Inner, req: &LookupRequest, limits: &Limits) -> Result<Plan> {
             setting: "max_keys_per_lookup",
         });
     }
-    for g in &groups {
+    Ok(rows)
+}
+
+/// Every key is valid for the view it reads.
+fn check_keys(inner: &Inner, req: &LookupRequest, groups: &[Group]) -> Result<()> {
+    for g in groups {
         let v = &inner.views[g.view];
         let (jk, keys) = &req.entities[g.key_column];
         let bad =
@@ -370,12 +398,7 @@ fn plan(inner: &Inner, req: &LookupRequest, limits: &Limits) -> Result<Plan> {
             }
         }
     }
-    // Duplicate asks of one feature share a read: fill them after the fetch.
-    Ok(Plan {
-        rows,
-        columns,
-        groups,
-    })
+    Ok(())
 }
 
 /// Reads rows `range` of the plan and answers them (columns of `range.len()`).
@@ -419,53 +442,12 @@ fn fetch(
             let (ob, lb) = offsets[b];
             keybuf[oa..oa + la].cmp(&keybuf[ob..ob + lb])
         });
-        let max_age = v.max_age_micros();
         for &i in &order {
             let (o, l) = offsets[i];
             let Some(bytes) = inner.rows.get(&keybuf[o..o + l])? else {
                 continue;
             };
-            let event_time =
-                encoding::decode_event_time(&bytes).map_err(|what| FeatureStoreError::Decode {
-                    view: v.name.clone(),
-                    what,
-                })?;
-            let stale = now.saturating_sub(event_time) > max_age;
-            for &c in &g.columns {
-                cols[c].statuses[i] = FeatureStatus::Null;
-                cols[c].event_times[i] = event_time;
-            }
-            let status = if stale {
-                FeatureStatus::OutsideMaxAge
-            } else {
-                FeatureStatus::Present
-            };
-            let mut mismatch = None;
-            encoding::decode_value(&bytes, |id, field| {
-                if let Some(Some(c)) = g.column_by_id.get(id as usize) {
-                    if cols[*c].values.set(i, field) {
-                        cols[*c].statuses[i] = status;
-                    } else {
-                        mismatch = Some((id, field.feature_type()));
-                    }
-                }
-            })
-            .map_err(|what| FeatureStoreError::Decode {
-                view: v.name.clone(),
-                what,
-            })?;
-            if let Some((id, t)) = mismatch {
-                return Err(FeatureStoreError::Decode {
-                    view: v.name.clone(),
-                    what: format!("feature id {id} stored as {t}, registry says otherwise"),
-                });
-            }
-            // Stale rows: nulls are stale too; nothing in this row is live.
-            if stale {
-                for &c in &g.columns {
-                    cols[c].statuses[i] = FeatureStatus::OutsideMaxAge;
-                }
-            }
+            fill_row(v, g, &mut cols, i, &bytes, now)?;
         }
         // Columns asked for twice: copy from the first column of the same feature.
         for &c in &g.columns {
@@ -483,6 +465,61 @@ fn fetch(
         rows: n,
         columns: cols,
     })
+}
+
+/// Fills row `i` of the group's columns from one stored row: each value with its
+/// status (present, or outside max age when the row is stale; null where the row
+/// has no value) and the row's event time.
+fn fill_row(
+    v: &ViewInfo,
+    g: &Group,
+    cols: &mut [FeatureColumn],
+    i: usize,
+    bytes: &[u8],
+    now: Micros,
+) -> Result<()> {
+    let event_time =
+        encoding::decode_event_time(bytes).map_err(|what| FeatureStoreError::Decode {
+            view: v.name.clone(),
+            what,
+        })?;
+    let stale = now.saturating_sub(event_time) > v.max_age_micros();
+    for &c in &g.columns {
+        cols[c].statuses[i] = FeatureStatus::Null;
+        cols[c].event_times[i] = event_time;
+    }
+    let status = if stale {
+        FeatureStatus::OutsideMaxAge
+    } else {
+        FeatureStatus::Present
+    };
+    let mut mismatch = None;
+    encoding::decode_value(bytes, |id, field| {
+        if let Some(Some(c)) = g.column_by_id.get(id as usize) {
+            if cols[*c].values.set(i, field) {
+                cols[*c].statuses[i] = status;
+            } else {
+                mismatch = Some((id, field.feature_type()));
+            }
+        }
+    })
+    .map_err(|what| FeatureStoreError::Decode {
+        view: v.name.clone(),
+        what,
+    })?;
+    if let Some((id, t)) = mismatch {
+        return Err(FeatureStoreError::Decode {
+            view: v.name.clone(),
+            what: format!("feature id {id} stored as {t}, registry says otherwise"),
+        });
+    }
+    // Stale rows: nulls are stale too; nothing in this row is live.
+    if stale {
+        for &c in &g.columns {
+            cols[c].statuses[i] = FeatureStatus::OutsideMaxAge;
+        }
+    }
+    Ok(())
 }
 
 fn first_column_for(g: &Group, columns: &[(String, FeatureType)], c: usize) -> Option<usize> {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use mesh_model_actor::{ActorSystem, Batch, ModelError, ModelRepository};
 
 fn reference_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/reference/fraud-mlp")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/fraud-mlp")
 }
 
 fn samples() -> Vec<(Vec<f32>, f32)> {

@@ -10,7 +10,7 @@
 //! segments, plus label anomalies: unknown ids, duplicates, invalid labels, missing labels.
 
 use anyhow::Context;
-use mesh_prediction_log::cli::{run_join, JoinArgs};
+use mesh_prediction_log::commands::{run_join, JoinArgs};
 use mesh_prediction_log::{
     source, FeatureUsed, LogConfig, PredictionLog, PredictionRecord, Role, StageMicros,
 };

@@ -16,7 +16,7 @@
 //! ```
 //! See README.md for the file layout, the schema, the loss window and the DuckDB join.
 
-pub mod cli;
+pub mod commands;
 mod config;
 mod error;
 pub mod join;

@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used)]
 //! The label join against small, hand-checkable logs.
 
-use mesh_prediction_log::cli::{run_join, JoinArgs};
+use mesh_prediction_log::commands::{run_join, JoinArgs};
 use mesh_prediction_log::{
     join, source, JoinOptions, LogConfig, PredictionLog, PredictionRecord, Role, StageMicros,
 };

@@ -322,7 +322,7 @@ async fn tail_follows_across_rolls_without_gaps_or_duplicates() {
 
 #[tokio::test]
 async fn cli_tail_prints_the_newest_records() {
-    use mesh_prediction_log::cli::{run_tail, TailArgs};
+    use mesh_prediction_log::commands::{run_tail, TailArgs};
     let dir = tempfile::tempdir().unwrap();
     let (log, writer) = PredictionLog::start(cfg(dir.path())).unwrap();
     for i in 0..20 {

@@ -1,15 +1,50 @@
 //! `mesh.toml`: the typed configuration of `mesh serve`. Precedence, lowest first:
 //! built-in defaults, the file (`--config`), `MESH_*` environment variables, flags.
+//!
+//! Every duration is a string with a unit (`"50ms"`, `"2s"`, `"250us"`), read by
+//! [`mesh_stack::parse_duration`]. Keys renamed from `foo_ms` to `foo` still read
+//! the old spelling (as milliseconds) and say so in [`MeshConfig::deprecations`];
+//! an old and a new spelling of one key that disagree refuse the file.
+//!
+//! ```toml
+//! [server]
+//! host = "127.0.0.1"
+//! grpc_port = 8001              # 0 = any free port
+//! http_port = 8000
+//! models = "examples/models"    # the model repository
+//! max_message_bytes = 16777216
+//! max_timeout = "30s"           # cap on any OIP request's deadline (was max_timeout_ms)
+//! compute_threads = 1           # threads of one forward pass
+//! role = "all"                  # all | router | model | features
+//!
+//! [log]
+//! format = "human"              # or json
+//!
+//! [features]
+//! path = "data/features"        # sled directory; no store when unset
+//! views = "examples/features/views.toml"
+//! max_keys_per_lookup = 4096    # per mesh.v1.FeatureStore lookup (rows x views)
+//!
+//! [prediction_log]              # off when absent
+//! dir = "data/predictions"
+//! features = "all"              # all | none | a sample rate such as 0.1
+//! flush_interval = "200ms"      # the crash loss window (was flush_interval_ms)
+//! channel_capacity = 65536
+//! ```
+//!
+//! `[decisions]`: see [`crate::decide::config`]; `[decisions.stack]`: see
+//! [`mesh_stack::config`].
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Deserialize;
+use mesh_stack::config::duration;
+use mesh_stack::format_duration;
+use serde::{Deserialize, Deserializer};
 
 use crate::telemetry::LogFormat;
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Debug, Clone)]
 pub struct MeshConfig {
     pub server: ServerConfig,
     pub log: LogConfig,
@@ -17,6 +52,10 @@ pub struct MeshConfig {
     pub decisions: crate::decide::config::DecisionsConfig,
     /// Where every prediction is logged; off when absent.
     pub prediction_log: Option<crate::plog::PredictionLogConfig>,
+    /// One notice per deprecated spelling the file used (old key, what to write
+    /// instead). The file is read before logging is installed, so whoever
+    /// installs it logs these (`mesh serve` does, at warn). Not a key of the file.
+    pub deprecations: Vec<String>,
 }
 
 impl Default for MeshConfig {
@@ -27,12 +66,80 @@ impl Default for MeshConfig {
             features: FeaturesConfig::default(),
             decisions: Default::default(),
             prediction_log: None,
+            deprecations: Vec::new(),
         }
     }
 }
 
+impl<'de> Deserialize<'de> for MeshConfig {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        /// The tables of the file.
+        #[derive(Deserialize, Default)]
+        #[serde(deny_unknown_fields, default)]
+        struct File {
+            server: ServerConfig,
+            log: LogConfig,
+            features: FeaturesConfig,
+            decisions: crate::decide::config::DecisionsConfig,
+            prediction_log: Option<crate::plog::PredictionLogConfig>,
+        }
+        let (file, deprecations) = mesh_stack::collect_deprecations(|| File::deserialize(d));
+        let f = file?;
+        Ok(Self {
+            server: f.server,
+            log: f.log,
+            features: f.features,
+            decisions: f.decisions,
+            prediction_log: f.prediction_log,
+            deprecations,
+        })
+    }
+}
+
+/// Resolves one setting that has a current key and older spellings. `current`
+/// and each of `old` are (where the key is, e.g. `"[decisions] deadline"`, its
+/// value if the file has it). An old spelling that is present adds a
+/// deprecation notice; two present spellings that disagree are an error naming
+/// both. Returns the value, if any spelling is present.
+pub(crate) fn resolve_renamed(
+    current: (&str, Option<Duration>),
+    old: &[(&str, Option<Duration>)],
+) -> Result<Option<Duration>, String> {
+    let (new_key, new_value) = current;
+    let mut chosen: Option<(&str, Duration)> = new_value.map(|v| (new_key, v));
+    for &(old_key, value) in old {
+        let Some(v) = value else { continue };
+        if let Some((key, c)) = chosen {
+            if c != v {
+                return Err(format!(
+                    "{key} ({}) and {old_key} ({}) disagree; {old_key} is a deprecated \
+                     spelling of {new_key}: keep only {new_key}",
+                    format_duration(c),
+                    format_duration(v)
+                ));
+            }
+        }
+        mesh_stack::deprecated(format!(
+            "{old_key} is deprecated; write {new_key} = \"{}\"{}",
+            format_duration(v),
+            if new_value.is_some() {
+                format!(" (already there: remove {old_key})")
+            } else {
+                String::new()
+            }
+        ));
+        chosen.get_or_insert((old_key, v));
+    }
+    Ok(chosen.map(|(_, v)| v))
+}
+
+/// A `foo_ms` key's value as a duration.
+pub(crate) fn millis(v: Option<u64>) -> Option<Duration> {
+    v.map(Duration::from_millis)
+}
+
 /// What `mesh serve` runs in this process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// Everything: decisions, OIP model serving, the feature store.
@@ -46,6 +153,40 @@ pub enum Role {
     Features,
 }
 
+impl Role {
+    /// The spellings `--role` and `[server] role` accept.
+    pub const NAMES: [&'static str; 4] = ["all", "router", "model", "features"];
+
+    /// The name of this role in config, logs and the prediction log.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::All => "all",
+            Self::Router => "router",
+            Self::Model => "model",
+            Self::Features => "features",
+        }
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "all" => Self::All,
+            "router" => Self::Router,
+            "model" => Self::Model,
+            "features" => Self::Features,
+            _ => {
+                return Err(format!(
+                    "unknown role '{s}' (one of: {})",
+                    Self::NAMES.join(", ")
+                ))
+            }
+        })
+    }
+}
+
 /// `[features]`: the online feature store of this process.
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
@@ -54,12 +195,15 @@ pub struct FeaturesConfig {
     pub path: Option<PathBuf>,
     /// The views file (TOML) the store validates and records.
     pub views: Option<PathBuf>,
-    /// Most entity rows in one lookup.
+    /// Most keys (rows x views) one `mesh.v1.FeatureStore` gRPC lookup may
+    /// fetch; the store's default (4096) when unset. Lookups of the decision
+    /// engine in this process are not limited by it.
     pub max_keys_per_lookup: Option<usize>,
 }
 
+/// `[server]`.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(try_from = "ServerFile")]
 pub struct ServerConfig {
     /// Address both servers bind.
     pub host: IpAddr,
@@ -71,8 +215,9 @@ pub struct ServerConfig {
     pub models: PathBuf,
     /// Largest request message (gRPC message or HTTP body), bytes.
     pub max_message_bytes: usize,
-    /// Cap on any request's deadline, milliseconds.
-    pub max_timeout_ms: u64,
+    /// Cap on an OIP request's deadline (`max_timeout`, was `max_timeout_ms`).
+    /// Decisions have their own budget, `[decisions] deadline`.
+    pub max_timeout: Duration,
     /// Threads each forward pass may use (candle's matmul pool). 1 keeps a
     /// small-batch pass in a few µs; more helps only large batches.
     pub compute_threads: usize,
@@ -87,7 +232,7 @@ impl Default for ServerConfig {
             http_port: 8000,
             models: PathBuf::from("examples/models"),
             max_message_bytes: 16 << 20,
-            max_timeout_ms: 30_000,
+            max_timeout: Duration::from_secs(30),
             compute_threads: 1,
             role: Role::All,
         }
@@ -96,7 +241,61 @@ impl Default for ServerConfig {
 
 impl ServerConfig {
     pub fn max_timeout(&self) -> Duration {
-        Duration::from_millis(self.max_timeout_ms)
+        self.max_timeout
+    }
+}
+
+/// `[server]` as written, old spellings included.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct ServerFile {
+    host: IpAddr,
+    grpc_port: u16,
+    http_port: u16,
+    models: PathBuf,
+    max_message_bytes: usize,
+    #[serde(deserialize_with = "duration::option")]
+    max_timeout: Option<Duration>,
+    max_timeout_ms: Option<u64>,
+    compute_threads: usize,
+    role: Role,
+}
+
+impl Default for ServerFile {
+    fn default() -> Self {
+        let d = ServerConfig::default();
+        Self {
+            host: d.host,
+            grpc_port: d.grpc_port,
+            http_port: d.http_port,
+            models: d.models,
+            max_message_bytes: d.max_message_bytes,
+            max_timeout: None,
+            max_timeout_ms: None,
+            compute_threads: d.compute_threads,
+            role: d.role,
+        }
+    }
+}
+
+impl TryFrom<ServerFile> for ServerConfig {
+    type Error = String;
+
+    fn try_from(f: ServerFile) -> Result<Self, String> {
+        let max_timeout = resolve_renamed(
+            ("[server] max_timeout", f.max_timeout),
+            &[("[server] max_timeout_ms", millis(f.max_timeout_ms))],
+        )?;
+        Ok(Self {
+            host: f.host,
+            grpc_port: f.grpc_port,
+            http_port: f.http_port,
+            models: f.models,
+            max_message_bytes: f.max_message_bytes,
+            max_timeout: max_timeout.unwrap_or(ServerConfig::default().max_timeout),
+            compute_threads: f.compute_threads,
+            role: f.role,
+        })
     }
 }
 
@@ -110,7 +309,12 @@ impl MeshConfig {
     /// Reads a `mesh.toml`; errors name the file and the field.
     pub fn from_file(path: &std::path::Path) -> Result<Self, String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+        Self::from_toml(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// Parses the text of a `mesh.toml` (the same as `toml::from_str`).
+    pub fn from_toml(text: &str) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
     }
 }
 
@@ -123,9 +327,45 @@ mod tests {
         let c: MeshConfig = toml::from_str("[server]\ngrpc_port = 9\n").unwrap();
         assert_eq!(c.server.grpc_port, 9);
         assert_eq!(c.server.http_port, 8000);
+        assert!(c.deprecations.is_empty());
         let err = toml::from_str::<MeshConfig>("[server]\ngrpc_prot = 9\n")
             .unwrap_err()
             .to_string();
         assert!(err.contains("grpc_prot"), "{err}");
+        let err = toml::from_str::<MeshConfig>("[sever]\n").unwrap_err().to_string();
+        assert!(err.contains("sever"), "{err}");
+    }
+
+    #[test]
+    fn durations_have_units() {
+        let c = MeshConfig::from_toml("[server]\nmax_timeout = \"2s\"\n").unwrap();
+        assert_eq!(c.server.max_timeout(), Duration::from_secs(2));
+        assert!(c.deprecations.is_empty());
+        let err = MeshConfig::from_toml("[server]\nmax_timeout = 2000\n").unwrap_err();
+        assert!(err.contains("unit") && err.contains("2000ms"), "{err}");
+        let err = MeshConfig::from_toml("[server]\nmax_timeout = \"2 fortnights\"\n").unwrap_err();
+        assert!(err.contains("fortnights"), "{err}");
+    }
+
+    #[test]
+    fn old_spelling_reads_with_a_notice() {
+        let c = MeshConfig::from_toml("[server]\nmax_timeout_ms = 1500\n").unwrap();
+        assert_eq!(c.server.max_timeout(), Duration::from_millis(1500));
+        assert_eq!(
+            c.deprecations,
+            ["[server] max_timeout_ms is deprecated; write [server] max_timeout = \"1500ms\""]
+        );
+        // Both, agreeing: read, and told to drop the old one.
+        let c = MeshConfig::from_toml("[server]\nmax_timeout_ms = 2000\nmax_timeout = \"2s\"\n")
+            .unwrap();
+        assert_eq!(c.server.max_timeout(), Duration::from_secs(2));
+        assert!(c.deprecations[0].contains("remove [server] max_timeout_ms"), "{:?}", c.deprecations);
+        // Both, disagreeing: refused, naming both.
+        let err = MeshConfig::from_toml("[server]\nmax_timeout_ms = 1000\nmax_timeout = \"2s\"\n")
+            .unwrap_err();
+        assert!(
+            err.contains("[server] max_timeout (2s)") && err.contains("[server] max_timeout_ms (1s)"),
+            "{err}"
+        );
     }
 }

@@ -1,15 +1,19 @@
-//! The inference-mesh router: the serving front ends (Open Inference Protocol v2
-//! over gRPC and HTTP), configuration, telemetry, and the `mesh` command line.
-pub mod batch_score;
-pub mod bench;
-pub mod bench_html;
-pub mod cli;
+//! The inference-mesh serving path, as a library: the Open Inference Protocol v2
+//! front door (gRPC and HTTP), the decision engine and its `mesh.v1.Decisions`
+//! service, the admin plane, offline scoring, configuration, telemetry and the
+//! server wiring. The `mesh` binary (crate `mesh`) is its command line.
+//!
+//! Modules depend one way: `server` wires `oip`, `decide` and `admin`; those use
+//! `request` (what both front doors share), `plog` (prediction-log records),
+//! `telemetry` (metric names) and `error`.
+pub mod admin;
 pub mod config;
 pub mod decide;
-pub mod demo;
 pub mod error;
+pub mod offline;
 pub mod oip;
 pub mod plog;
+pub mod request;
 pub mod server;
 pub mod telemetry;
 

@@ -15,26 +15,59 @@ use crate::error::RouterError;
 
 /// `[prediction_log]` of mesh.toml.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "PredictionLogFile")]
 pub struct PredictionLogConfig {
     /// Directory of the Parquet files (partitioned by date).
     pub dir: PathBuf,
     /// Which features each record carries: "all", "none" or a sample rate ("0.1").
-    #[serde(default = "default_features")]
     pub features: String,
-    /// How often the write-ahead file is flushed (the crash loss window), ms.
-    #[serde(default = "default_flush_ms")]
-    pub flush_interval_ms: u64,
+    /// How often the write-ahead file is flushed (the crash loss window).
+    /// `flush_interval = "200ms"`; was `flush_interval_ms`.
+    pub flush_interval: Duration,
     /// Records that may wait for the writer before new ones are dropped.
-    #[serde(default = "default_capacity")]
     pub channel_capacity: usize,
+}
+
+/// `[prediction_log]` as written, old spellings included.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PredictionLogFile {
+    dir: PathBuf,
+    #[serde(default = "default_features")]
+    features: String,
+    #[serde(default, deserialize_with = "mesh_stack::config::duration::option")]
+    flush_interval: Option<Duration>,
+    #[serde(default)]
+    flush_interval_ms: Option<u64>,
+    #[serde(default = "default_capacity")]
+    channel_capacity: usize,
+}
+
+impl TryFrom<PredictionLogFile> for PredictionLogConfig {
+    type Error = String;
+
+    fn try_from(f: PredictionLogFile) -> Result<Self, String> {
+        let flush_interval = crate::config::resolve_renamed(
+            ("[prediction_log] flush_interval", f.flush_interval),
+            &[(
+                "[prediction_log] flush_interval_ms",
+                crate::config::millis(f.flush_interval_ms),
+            )],
+        )?;
+        Ok(Self {
+            dir: f.dir,
+            features: f.features,
+            flush_interval: flush_interval.unwrap_or_else(default_flush_interval),
+            channel_capacity: f.channel_capacity,
+        })
+    }
 }
 
 fn default_features() -> String {
     "all".into()
 }
-fn default_flush_ms() -> u64 {
-    200
+fn default_flush_interval() -> Duration {
+    Duration::from_millis(200)
 }
 fn default_capacity() -> usize {
     65_536
@@ -47,7 +80,7 @@ pub fn start(cfg: &PredictionLogConfig) -> Result<(PredictionLogHandle, WriterTa
         .features
         .parse::<FeatureLogging>()
         .map_err(|e| RouterError::InvalidArgument(format!("[prediction_log] features: {e}")))?;
-    c.flush_interval = Duration::from_millis(cfg.flush_interval_ms);
+    c.flush_interval = cfg.flush_interval;
     c.channel_capacity = cfg.channel_capacity;
     PredictionLog::start(c)
         .map_err(|e| RouterError::Internal(format!("prediction log at {}: {e}", cfg.dir.display())))
@@ -56,21 +89,13 @@ pub fn start(cfg: &PredictionLogConfig) -> Result<(PredictionLogHandle, WriterTa
 /// Sends decision outcomes to the log.
 pub struct LogSink(pub PredictionLogHandle);
 
-fn role(r: &str) -> Role {
-    match r {
-        "canary" => Role::Canary,
-        "shadow" => Role::Shadow,
-        _ => Role::Primary,
-    }
-}
-
 impl OutcomeSink for LogSink {
     fn record(&self, o: &Outcome) {
         let mut rec = PredictionRecord::new(
             &o.request_id,
             &o.model,
             o.version.map(|v| v.to_string()).unwrap_or_default(),
-            role(o.role),
+            o.role,
         );
         rec.entity_keys = o.entities.clone();
         rec.features = Some(
@@ -87,16 +112,8 @@ impl OutcomeSink for LogSink {
         rec.score = o.score.map(f64::from);
         rec.decision = Some(o.decision.as_str().to_owned());
         rec.source = o.source.as_str().to_owned();
-        let t = &o.timings;
-        rec.stages = StageMicros {
-            validate: t.validate,
-            features: t.features,
-            preprocess: t.preprocess,
-            queue: t.queue,
-            compute: t.compute,
-            postprocess: t.postprocess,
-            total: t.total,
-        };
+        // The engine's timings are the log's stage list (`StageMicros`), as they are.
+        rec.stages = o.timings;
         self.0.record(rec);
     }
 }

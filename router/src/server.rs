@@ -15,6 +15,7 @@ use mesh_feature_store::service::FeatureStoreService;
 use mesh_feature_store::{FeatureStore, Limits as FsLimits, ViewsConfig};
 use mesh_proto::mesh::v1::decisions_server::DecisionsServer;
 
+use crate::admin::Admin;
 use crate::config::{FeaturesConfig, MeshConfig, Role, ServerConfig};
 use crate::decide::service::DecisionService;
 use crate::decide::Engine;
@@ -125,65 +126,140 @@ pub async fn open_store(cfg: &FeaturesConfig) -> Result<Option<Arc<FeatureStore>
     Ok(Some(Arc::new(store)))
 }
 
+/// What one process serves, before any port is bound.
+struct Parts {
+    system: ActorSystem,
+    store: Option<Arc<FeatureStore>>,
+    log: Option<(
+        mesh_prediction_log::PredictionLogHandle,
+        mesh_prediction_log::WriterTask,
+    )>,
+    core: Option<Core>,
+    engine: Option<Arc<Engine>>,
+}
+
+impl Parts {
+    /// The actor system, the store, the log, the models and the decision engine
+    /// that `mesh.server.role` asks for.
+    async fn build(mesh: &MeshConfig) -> Result<Self, RouterError> {
+        let cfg = &mesh.server;
+        let system = ActorSystem::start().map_err(|e| startup("starting the actor system", e))?;
+        let serves_models = cfg.role != Role::Features;
+        let store = match cfg.role {
+            Role::Model => None,
+            _ => open_store(&mesh.features).await?,
+        };
+        let log = match (&mesh.prediction_log, serves_models) {
+            (Some(c), true) => Some(crate::plog::start(c)?),
+            _ => None,
+        };
+        let log_handle = log.as_ref().map(|(h, _)| h.clone());
+        let core = if serves_models {
+            let repo = Arc::new(ModelRepository::new(&cfg.models, system.clone())?);
+            repo.load_all().await?;
+            Some(Core {
+                repo,
+                limits: Limits {
+                    max_message_bytes: cfg.max_message_bytes,
+                    max_timeout: cfg.max_timeout(),
+                },
+                log: log_handle.clone(),
+            })
+        } else {
+            None
+        };
+        let engine = match (&core, cfg.role) {
+            (Some(core), Role::All | Role::Router) => {
+                let sink = log_handle.map(|h| {
+                    Arc::new(crate::plog::LogSink(h)) as Arc<dyn crate::decide::OutcomeSink>
+                });
+                let engine = Engine::new(
+                    core.repo.clone(),
+                    store.clone(),
+                    mesh.decisions.clone(),
+                    sink,
+                )?;
+                engine.check_specs()?;
+                Some(engine)
+            }
+            _ => None,
+        };
+        Ok(Self {
+            system,
+            store,
+            log,
+            core,
+            engine,
+        })
+    }
+
+    fn admin(&self) -> Admin {
+        Admin {
+            repo: self.core.as_ref().map(|c| c.repo.clone()),
+            engine: self.engine.clone(),
+        }
+    }
+}
+
+/// Binds `port` on `host`, naming the port in the error.
+async fn bind(
+    host: std::net::IpAddr,
+    port: u16,
+    what: &str,
+) -> Result<(TcpListener, SocketAddr), RouterError> {
+    let l = TcpListener::bind((host, port))
+        .await
+        .map_err(|e| startup(&format!("binding the {what} port"), e))?;
+    let addr = l
+        .local_addr()
+        .map_err(|e| startup(&format!("{what} address"), e))?;
+    Ok((l, addr))
+}
+
 /// Starts what `cfg.server.role` asks for on its ports (0 = any free port).
 pub async fn start_mesh(mesh: &MeshConfig) -> Result<Running, RouterError> {
     let cfg = &mesh.server;
     let metrics = crate::telemetry::metrics();
-    let system = ActorSystem::start().map_err(|e| startup("starting the actor system", e))?;
-    let serves_models = cfg.role != Role::Features;
-    let store = match cfg.role {
-        Role::Model => None,
-        _ => open_store(&mesh.features).await?,
-    };
-    let log = match (&mesh.prediction_log, serves_models) {
-        (Some(c), true) => Some(crate::plog::start(c)?),
-        _ => None,
-    };
-    let log_handle = log.as_ref().map(|(h, _)| h.clone());
-    let core = if serves_models {
-        let repo = Arc::new(ModelRepository::new(&cfg.models, system.clone())?);
-        repo.load_all().await?;
-        Some(Core {
-            repo,
-            limits: Limits {
-                max_message_bytes: cfg.max_message_bytes,
-                max_timeout: cfg.max_timeout(),
-            },
-            log: log_handle.clone(),
-        })
-    } else {
-        None
-    };
-    let engine = match (&core, cfg.role) {
-        (Some(core), Role::All | Role::Router) => {
-            let sink = log_handle
-                .map(|h| Arc::new(crate::plog::LogSink(h)) as Arc<dyn crate::decide::OutcomeSink>);
-            let engine = Engine::new(
-                core.repo.clone(),
-                store.clone(),
-                mesh.decisions.clone(),
-                sink,
-            )?;
-            engine.check_specs()?;
-            Some(engine)
-        }
-        _ => None,
-    };
-
-    let grpc_listener = TcpListener::bind((cfg.host, cfg.grpc_port))
-        .await
-        .map_err(|e| startup("binding the gRPC port", e))?;
-    let http_listener = TcpListener::bind((cfg.host, cfg.http_port))
-        .await
-        .map_err(|e| startup("binding the HTTP port", e))?;
-    let grpc_addr = grpc_listener
-        .local_addr()
-        .map_err(|e| startup("gRPC address", e))?;
-    let http_addr = http_listener
-        .local_addr()
-        .map_err(|e| startup("HTTP address", e))?;
+    let parts = Parts::build(mesh).await?;
+    let (grpc_listener, grpc_addr) = bind(cfg.host, cfg.grpc_port, "gRPC").await?;
+    let (http_listener, http_addr) = bind(cfg.host, cfg.http_port, "HTTP").await?;
     let (stop, stopped) = watch::channel(false);
+    let grpc_task = grpc_server(mesh, &parts, grpc_listener, stopped.clone()).await?;
+    let http_state = HttpState {
+        core: parts.core.clone(),
+        metrics: Arc::new(move || metrics.render()),
+    };
+    let app = router(http_state).merge(crate::admin::routes(parts.admin()));
+    let http_task = http_server(app, http_listener, stopped);
+    let models: Vec<String> = parts
+        .core
+        .iter()
+        .flat_map(|c| c.repo.models())
+        .map(|m| m.config.name.clone())
+        .collect();
+    tracing::info!(%grpc_addr, %http_addr, role = ?cfg.role, ?models, feature_store = parts.store.is_some(), "mesh serving");
+    Ok(Running {
+        grpc_addr,
+        http_addr,
+        core: parts.core,
+        engine: parts.engine,
+        store: parts.store,
+        log: parts.log,
+        stop,
+        tasks: vec![grpc_task, http_task],
+        system: parts.system,
+    })
+}
 
+/// The gRPC server: OIP, Decisions, FeatureStore (each when this role has it),
+/// reflection and health, until `stopped` turns true.
+async fn grpc_server(
+    mesh: &MeshConfig,
+    parts: &Parts,
+    listener: TcpListener,
+    mut stopped: watch::Receiver<bool>,
+) -> Result<JoinHandle<()>, RouterError> {
+    let cfg = &mesh.server;
     // Reflection in both versions: grpcurl speaks v1, older tools v1alpha.
     let reflection = || {
         tonic_reflection::server::Builder::configure()
@@ -197,8 +273,8 @@ pub async fn start_mesh(mesh: &MeshConfig) -> Result<Running, RouterError> {
         .build_v1alpha()
         .map_err(|e| startup("gRPC reflection", e))?;
     let (health, health_service) = tonic_health::server::health_reporter();
-    let oip = core.as_ref().map(|core| {
-        GrpcInferenceServiceServer::new(OipGrpc::new(core.clone()))
+    let oip = parts.core.as_ref().map(|core| {
+        GrpcInferenceServiceServer::new(OipGrpc::new(core.clone(), parts.admin()))
             .max_decoding_message_size(cfg.max_message_bytes)
             .max_encoding_message_size(usize::MAX)
     });
@@ -207,7 +283,8 @@ pub async fn start_mesh(mesh: &MeshConfig) -> Result<Running, RouterError> {
             .set_serving::<GrpcInferenceServiceServer<OipGrpc>>()
             .await;
     }
-    let decisions = engine
+    let decisions = parts
+        .engine
         .as_ref()
         .map(|e| DecisionsServer::new(DecisionService::new(e.clone())));
     if decisions.is_some() {
@@ -215,7 +292,7 @@ pub async fn start_mesh(mesh: &MeshConfig) -> Result<Running, RouterError> {
             .set_serving::<DecisionsServer<DecisionService>>()
             .await;
     }
-    let features = store.as_ref().map(|s| {
+    let features = parts.store.as_ref().map(|s| {
         let mut limits = FsLimits::default();
         if let Some(n) = mesh.features.max_keys_per_lookup {
             limits.max_keys_per_lookup = n;
@@ -225,7 +302,6 @@ pub async fn start_mesh(mesh: &MeshConfig) -> Result<Running, RouterError> {
     if features.is_some() {
         health.set_serving::<mesh_proto::mesh::v1::feature_store_server::FeatureStoreServer<FeatureStoreService>>().await;
     }
-    let mut rx = stopped.clone();
     let grpc = tonic::transport::Server::builder()
         .layer(tower::util::MapResponseLayer::new(
             too_large_is_resource_exhausted,
@@ -238,54 +314,37 @@ pub async fn start_mesh(mesh: &MeshConfig) -> Result<Running, RouterError> {
         .add_service(health_service)
         .serve_with_incoming_shutdown(
             // TCP_NODELAY: small answers must not wait for delayed ACKs (~40 ms).
-            tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             async move {
-                let _ = rx.wait_for(|s| *s).await;
+                let _ = stopped.wait_for(|s| *s).await;
             },
         );
-    let grpc_task = tokio::spawn(async move {
+    Ok(tokio::spawn(async move {
         if let Err(e) = grpc.await {
             tracing::error!(error = %e, "gRPC server stopped");
         }
-    });
+    }))
+}
 
-    let http_state = HttpState {
-        core: core.clone(),
-        engine: engine.clone(),
-        metrics: Arc::new(move || metrics.render()),
-    };
-    let mut rx = stopped;
-    let http_task = tokio::spawn(async move {
-        let app = router(http_state);
+/// The HTTP server for `app`, until `stopped` turns true.
+fn http_server(
+    app: axum::Router,
+    listener: TcpListener,
+    mut stopped: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
         if let Err(e) = axum::serve(
-            http_listener.tap_io(|tcp| {
+            listener.tap_io(|tcp| {
                 let _ = tcp.set_nodelay(true);
             }),
             app,
         )
         .with_graceful_shutdown(async move {
-            let _ = rx.wait_for(|s| *s).await;
+            let _ = stopped.wait_for(|s| *s).await;
         })
         .await
         {
             tracing::error!(error = %e, "HTTP server stopped");
         }
-    });
-    let models: Vec<String> = core
-        .iter()
-        .flat_map(|c| c.repo.models())
-        .map(|m| m.config.name.clone())
-        .collect();
-    tracing::info!(%grpc_addr, %http_addr, role = ?cfg.role, ?models, feature_store = store.is_some(), "mesh serving");
-    Ok(Running {
-        grpc_addr,
-        http_addr,
-        core,
-        engine,
-        store,
-        log,
-        stop,
-        tasks: vec![grpc_task, http_task],
-        system,
     })
 }

@@ -5,13 +5,42 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
+/// The router's metric names, in one place (the other crates name theirs:
+/// `mesh_model_*` in model-actor's `stats`, `mesh_features_*` in feature-store's
+/// `metrics`, `mesh_log_*` in prediction-log, the stack's in mesh-stack's `metrics`).
+pub mod names {
+    /// Counter: finished OIP requests by `model`, `version`, `protocol`, `code`.
+    pub const REQUESTS: &str = "mesh_router_requests_total";
+    /// Histogram: OIP time from request decoded to answer ready, by `model`, `protocol`.
+    pub const REQUEST_DURATION: &str = "mesh_router_request_duration_seconds";
+    /// Counter: decisions by `model`, `source`, `decision`, `role`.
+    pub const DECISIONS: &str = "mesh_router_decisions_total";
+    /// Counter: answers that came from a fallback, by `model`, `source`.
+    pub const FALLBACKS: &str = "mesh_router_fallbacks_total";
+    /// Histogram: time per decision stage (`stage` = validate, features, preprocess,
+    /// queue, compute, postprocess, total).
+    pub const STAGE: &str = "mesh_router_stage_seconds";
+}
+
 /// Log line format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     #[default]
     Human,
     Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "human" => Ok(Self::Human),
+            "json" => Ok(Self::Json),
+            _ => Err(format!("unknown log format '{s}' (human or json)")),
+        }
+    }
 }
 
 /// Installs the tracing subscriber (filter from `RUST_LOG`, default `info`).

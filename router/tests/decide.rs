@@ -11,39 +11,21 @@ use mesh_router::config::MeshConfig;
 use pb::decisions_client::DecisionsClient;
 use tonic::Code;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+mod common;
 
+/// The reference rows with features as f64 (the Decide request type).
 fn samples() -> Vec<(Vec<f64>, f32)> {
-    let text =
-        std::fs::read_to_string(root().join("../shared/reference/fraud-mlp/samples.csv")).unwrap();
-    text.lines()
-        .skip(1)
-        .map(|l| {
-            let f: Vec<&str> = l.split(',').collect();
-            (
-                f[1..33]
-                    .iter()
-                    .map(|v| v.parse::<f32>().unwrap() as f64)
-                    .collect(),
-                f[34].parse().unwrap(),
-            )
-        })
+    common::samples()
+        .into_iter()
+        .map(|(x, p)| (x.into_iter().map(f64::from).collect(), p))
         .collect()
 }
 
 /// Versions 1 and 2 of the reference model (same weights), two actor groups each,
 /// reading f0..f30 from the request and f31 from the `card` view.
 fn repo(dir: &Path) -> PathBuf {
-    let m = dir.join("models/fraud_mlp");
-    let base =
-        std::fs::read_to_string(root().join("examples/models/fraud_mlp/model.toml")).unwrap();
     // The model part only: this test brings its own input spec and thresholds.
-    let base: String = base
-        .split("[input_spec]")
-        .next()
-        .unwrap_or_default()
+    let base: String = common::example_model_part()
         .lines()
         .filter(|l| !l.starts_with("latest"))
         .map(|l| format!("{l}\n"))
@@ -58,15 +40,7 @@ fn repo(dir: &Path) -> PathBuf {
         .replace("[version_policy]", "[version_policy]\nall = true")
         .replace("runner_instances = 2", "runner_instances = 1\nreplicas = 2")
         + &spec;
-    for v in ["1", "2"] {
-        std::fs::create_dir_all(m.join(v)).unwrap();
-        std::fs::copy(
-            root().join("../shared/reference/fraud-mlp/fraud_mlp.safetensors"),
-            m.join(v).join("model.safetensors"),
-        )
-        .unwrap();
-    }
-    std::fs::write(m.join("model.toml"), text).unwrap();
+    common::model_repo(&dir.join("models"), &[1, 2], &text);
     std::fs::write(
         dir.join("views.toml"),
         r#"

@@ -1,6 +1,6 @@
 //! The OIP v2 gRPC and REST servers, started for real on 127.0.0.1:0 with the
 //! example repository (the reference fraud model), called with generated clients.
-use std::path::{Path, PathBuf};
+
 use std::time::Duration;
 
 use mesh_proto::inference as pb;
@@ -9,24 +9,8 @@ use pb::grpc_inference_service_client::GrpcInferenceServiceClient;
 use pb::model_infer_request::InferInputTensor;
 use tonic::Code;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn samples() -> Vec<(Vec<f32>, f32)> {
-    let text =
-        std::fs::read_to_string(root().join("../shared/reference/fraud-mlp/samples.csv")).unwrap();
-    text.lines()
-        .skip(1)
-        .map(|l| {
-            let f: Vec<&str> = l.split(',').collect();
-            (
-                f[1..33].iter().map(|v| v.parse().unwrap()).collect(),
-                f[34].parse().unwrap(),
-            )
-        })
-        .collect()
-}
+mod common;
+use common::{root, samples};
 
 async fn serve(max_message_bytes: usize) -> mesh_router::server::Running {
     let cfg = ServerConfig {

@@ -2,40 +2,24 @@
 //! served -> exactly N + M records, with the right versions, roles, sources and
 //! stage timings that add up to no more than the total.
 use std::collections::HashMap;
-use std::path::Path;
 
 use mesh_proto::inference as oip;
 use mesh_proto::mesh::v1 as pb;
 use mesh_router::config::MeshConfig;
 
-fn root() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+mod common;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_prediction_is_logged_once() {
     let dir = tempfile::tempdir().unwrap();
     // The example model with an input spec of 32 request features.
-    let m = dir.path().join("models/fraud_mlp");
-    std::fs::create_dir_all(m.join("3")).unwrap();
-    std::fs::copy(
-        root().join("../shared/reference/fraud-mlp/fraud_mlp.safetensors"),
-        m.join("3/model.safetensors"),
-    )
-    .unwrap();
-    let mut toml_text =
-        std::fs::read_to_string(root().join("examples/models/fraud_mlp/model.toml")).unwrap();
     // The model part only: this test brings its own input spec.
-    toml_text = toml_text
-        .split("[input_spec]")
-        .next()
-        .unwrap_or_default()
-        .to_owned();
+    let mut toml_text = common::example_model_part();
     toml_text += "\n[input_spec]\n";
     for i in 0..32 {
         toml_text += &format!("[[input_spec.features]]\nsource = \"request:f{i}\"\n");
     }
-    std::fs::write(m.join("model.toml"), toml_text).unwrap();
+    common::model_repo(&dir.path().join("models"), &[3], &toml_text);
     let logs = dir.path().join("predictions");
     let cfg: MeshConfig = toml::from_str(&format!(
         "[server]\ngrpc_port = 0\nhttp_port = 0\nmodels = \"{}\"\n[prediction_log]\ndir = \"{}\"\n",

@@ -29,7 +29,10 @@ use std::sync::Arc;
 pub use breaker::BreakerRegistry;
 pub use breaker_state::{BreakerPhase, BreakerState};
 pub use budget::RetryBudget;
-pub use config::{BreakerConfig, RetryBudgetConfig, StackConfig};
+pub use config::{
+    collect_deprecations, deprecated, format_duration, parse_duration, BreakerConfig,
+    RetryBudgetConfig, StackConfig,
+};
 pub use deadline::{HasDeadline, WithDeadline};
 pub use discover::ReplicaUpdates;
 pub use error::{BoxError, ErrorKind, StackError};

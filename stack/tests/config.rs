@@ -15,7 +15,6 @@ fn empty_table_gives_defaults() {
 fn durations_as_strings_or_milliseconds() {
     let cfg: StackConfig = toml::from_str(
         r#"
-        deadline = "80ms"
         per_try_timeout = 25
         max_attempts = 2
         max_in_flight = 64
@@ -32,7 +31,6 @@ fn durations_as_strings_or_milliseconds() {
         "#,
     )
     .unwrap();
-    assert_eq!(cfg.deadline, Duration::from_millis(80));
     assert_eq!(cfg.per_try_timeout, Duration::from_millis(25));
     assert_eq!(cfg.max_attempts, 2);
     assert_eq!(cfg.retry_budget.ttl, Duration::from_secs(5));
@@ -41,12 +39,12 @@ fn durations_as_strings_or_milliseconds() {
     assert_eq!(cfg.breaker.multiplier, 2.0);
     assert!(cfg.validate().is_ok());
 
-    let json: StackConfig = serde_json::from_str(r#"{"deadline": "1.5s"}"#).unwrap();
-    assert_eq!(json.deadline, Duration::from_millis(1500));
+    let json: StackConfig = serde_json::from_str(r#"{"per_try_timeout": "1.5s"}"#).unwrap();
+    assert_eq!(json.per_try_timeout, Duration::from_millis(1500));
 }
 
 #[test]
 fn unknown_fields_and_bad_units_are_errors() {
-    assert!(toml::from_str::<StackConfig>("deadlin = 5").is_err());
-    assert!(toml::from_str::<StackConfig>("deadline = \"5 parsecs\"").is_err());
+    assert!(toml::from_str::<StackConfig>("per_try_timout = 5").is_err());
+    assert!(toml::from_str::<StackConfig>("per_try_timeout = \"5 parsecs\"").is_err());
 }

@@ -17,7 +17,6 @@ type Stack = ModelCallStack<common::Req, &'static str>;
 
 fn cfg() -> StackConfig {
     StackConfig {
-        deadline: Duration::from_millis(100),
         per_try_timeout: Duration::from_millis(30),
         balance_seed: Some(7),
         ..StackConfig::default()

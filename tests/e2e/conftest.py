@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED = ROOT.parent / "shared" / "reference" / "fraud-mlp"
+SHARED = ROOT / "tests" / "data" / "fraud-mlp"
 
 
 def mesh_binary() -> str:

@@ -13,7 +13,7 @@ from conftest import ROOT, Mesh, copy_repo, mesh_binary
 
 def test_log_join_matches_duckdb(tmp_path, samples):
     x, _ = samples
-    labels = np.loadtxt(ROOT.parent / "shared/reference/fraud-mlp/samples.csv", delimiter=",", skiprows=1, usecols=33)
+    labels = np.loadtxt(ROOT / "tests/data/fraud-mlp/samples.csv", delimiter=",", skiprows=1, usecols=33)
     repo = copy_repo(tmp_path / "models")
     logs = tmp_path / "predictions"
     cfg = tmp_path / "mesh.toml"

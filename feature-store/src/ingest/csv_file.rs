@@ -32,7 +32,7 @@ pub(crate) fn read(
         .map(str::to_owned)
         .collect();
     let map = ColumnMap::new(v, &names, opts, path)?;
-    sink.start(total, "bytes", &map);
+    sink.start(total, super::ProgressUnit::Bytes, &map);
 
     let mut batch = Vec::with_capacity(opts.batch_rows);
     let mut record = csv::StringRecord::new();

@@ -15,8 +15,6 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressStyle};
-
 use crate::error::{FeatureStoreError, Result};
 use crate::registry::ViewInfo;
 use crate::store::{FeatureStore, WritePath};
@@ -37,8 +35,6 @@ pub struct IngestOptions {
     /// only at the end (a crash loses the batches of the last flush interval, but
     /// never leaves part of a batch).
     pub sync_each_batch: bool,
-    /// Draw a progress bar on stderr.
-    pub progress: bool,
     /// Accept a file that lacks some feature columns (those features are written as
     /// null). Off by default: a missing column usually means the wrong file, and a
     /// row replaces the whole stored row.
@@ -50,7 +46,6 @@ impl Default for IngestOptions {
         IngestOptions {
             batch_rows: 10_000,
             sync_each_batch: false,
-            progress: false,
             allow_missing_columns: false,
         }
     }
@@ -82,6 +77,18 @@ pub struct BatchCommitted {
     pub rows_in_batch: usize,
     pub rows_read_total: u64,
     pub synced: bool,
+    /// How far the reader is through the file, in `unit`s (for a progress bar).
+    pub position: u64,
+    /// The file's size in `unit`s.
+    pub total: u64,
+    pub unit: ProgressUnit,
+}
+
+/// What [`BatchCommitted::position`] counts: CSV is read by bytes, Parquet by rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProgressUnit {
+    Bytes,
+    Rows,
 }
 
 /// Where each view column is in the file.
@@ -194,7 +201,8 @@ pub fn ingest_file_observed(
             missing_columns: Vec::new(),
         },
         on_batch: &mut on_batch,
-        bar: ProgressBar::hidden(),
+        total: 0,
+        unit: ProgressUnit::Rows,
     };
     match ext.as_deref() {
         Some("csv") => csv_file::read(path, &v, opts, &mut sink)?,
@@ -208,7 +216,6 @@ pub fn ingest_file_observed(
     }
     // Whatever the per-batch setting, the ingest ends with everything on disk.
     store.flush()?;
-    sink.bar.finish_and_clear();
     let mut report = sink.report;
     report.elapsed = start.elapsed();
     report.rows_per_sec = report.rows_read as f64 / report.elapsed.as_secs_f64().max(1e-9);
@@ -227,29 +234,20 @@ pub(crate) struct Sink<'a> {
     opts: &'a IngestOptions,
     report: IngestReport,
     on_batch: &'a mut dyn FnMut(&BatchCommitted),
-    bar: ProgressBar,
+    total: u64,
+    unit: ProgressUnit,
 }
 
 impl Sink<'_> {
-    /// Starts the progress bar once the reader knows its total (bytes or rows).
-    pub(crate) fn start(&mut self, total: u64, unit: &str, map: &ColumnMap) {
+    /// Records the file's size (bytes or rows) once the reader knows it.
+    pub(crate) fn start(&mut self, total: u64, unit: ProgressUnit, map: &ColumnMap) {
         self.report.ignored_columns = map.ignored.clone();
         self.report.missing_columns = map.missing.clone();
         if !map.ignored.is_empty() {
             tracing::warn!(columns = ?map.ignored, "ingest ignores columns that are not in the view");
         }
-        if self.opts.progress {
-            let bar = ProgressBar::new(total);
-            let template = match unit {
-                "bytes" => "{spinner} {msg} [{bar:40}] {bytes}/{total_bytes} ({eta})",
-                _ => "{spinner} {msg} [{bar:40}] {pos}/{len} rows ({eta})",
-            };
-            if let Ok(style) = ProgressStyle::with_template(template) {
-                bar.set_style(style.progress_chars("=> "));
-            }
-            bar.set_message(format!("ingest {}", self.view.name));
-            self.bar = bar;
-        }
+        self.total = total;
+        self.unit = unit;
     }
 
     pub(crate) fn write(&mut self, mut rows: Vec<Row>, position: u64) -> Result<()> {
@@ -282,9 +280,11 @@ impl Sink<'_> {
             rows_in_batch: rows.len(),
             rows_read_total: self.report.rows_read,
             synced: w.synced,
+            position,
+            total: self.total,
+            unit: self.unit,
         };
         self.report.batches += 1;
-        self.bar.set_position(position);
         (self.on_batch)(&committed);
         Ok(())
     }

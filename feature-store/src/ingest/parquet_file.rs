@@ -54,7 +54,7 @@ pub(crate) fn read(
         .with_batch_size(opts.batch_rows)
         .build()
         .map_err(|e| err(format!("cannot read: {e}")))?;
-    sink.start(total, "rows", &map);
+    sink.start(total, super::ProgressUnit::Rows, &map);
 
     let mut row_base = 0usize;
     for batch in reader {

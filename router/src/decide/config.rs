@@ -2,7 +2,7 @@
 //!
 //! ```toml
 //! [decisions]
-//! deadline_ms = 50              # budget of one decision (capped by the caller's grpc-timeout)
+//! deadline = "50ms"             # budget of one decision (capped by the caller's grpc-timeout)
 //! default_decision = "review"   # the last fallback
 //! max_batch_items = 256         # DecideBatch limit
 //!
@@ -23,19 +23,34 @@
 //! remote = ["http://10.1.2.3:8001"]   # `mesh serve --role model` replicas
 //! batch_score = { view = "fraud_scores", feature = "score" }
 //! ```
+//!
+//! Old spellings of the deadline, still read with a deprecation notice:
+//! `[decisions] deadline_ms = 50` and `[decisions.stack] deadline = "50ms"`
+//! (the latter used to be accepted and ignored). Two spellings that disagree
+//! refuse the file.
 use std::collections::HashMap;
+use std::fmt;
+use std::time::Duration;
 
+use mesh_stack::config::duration;
 use mesh_stack::StackConfig;
+use serde::de::{self, DeserializeSeed, Deserializer, IntoDeserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
 use super::spec::Verdict;
+use crate::config::{millis, resolve_renamed};
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(try_from = "DecisionsFile")]
 pub struct DecisionsConfig {
-    pub deadline_ms: u64,
+    /// Budget of one decision, from arrival to answer (fallbacks included),
+    /// capped by the caller's grpc-timeout. Default 50 ms.
+    pub deadline: Duration,
+    /// The answer when nothing else can answer.
     pub default_decision: Verdict,
+    /// Most items in one `DecideBatch`.
     pub max_batch_items: usize,
+    /// The model-call stack (`[decisions.stack]`).
     pub stack: StackConfig,
     pub rules: Vec<Rule>,
     pub deployments: Vec<Deployment>,
@@ -44,13 +59,140 @@ pub struct DecisionsConfig {
 impl Default for DecisionsConfig {
     fn default() -> Self {
         Self {
-            deadline_ms: 50,
+            deadline: Duration::from_millis(50),
             default_decision: Verdict::Review,
             max_batch_items: 256,
             stack: StackConfig::default(),
             rules: Vec::new(),
             deployments: Vec::new(),
         }
+    }
+}
+
+/// `[decisions]` as written, old spellings included.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct DecisionsFile {
+    #[serde(deserialize_with = "duration::option")]
+    deadline: Option<Duration>,
+    deadline_ms: Option<u64>,
+    default_decision: Verdict,
+    max_batch_items: usize,
+    stack: StackTable,
+    rules: Vec<Rule>,
+    deployments: Vec<Deployment>,
+}
+
+impl Default for DecisionsFile {
+    fn default() -> Self {
+        let d = DecisionsConfig::default();
+        Self {
+            deadline: None,
+            deadline_ms: None,
+            default_decision: d.default_decision,
+            max_batch_items: d.max_batch_items,
+            stack: StackTable::default(),
+            rules: d.rules,
+            deployments: d.deployments,
+        }
+    }
+}
+
+impl TryFrom<DecisionsFile> for DecisionsConfig {
+    type Error = String;
+
+    fn try_from(f: DecisionsFile) -> Result<Self, String> {
+        let deadline = resolve_renamed(
+            ("[decisions] deadline", f.deadline),
+            &[
+                ("[decisions] deadline_ms", millis(f.deadline_ms)),
+                ("[decisions.stack] deadline", f.stack.deadline),
+            ],
+        )?;
+        Ok(Self {
+            deadline: deadline.unwrap_or(DecisionsConfig::default().deadline),
+            default_decision: f.default_decision,
+            max_batch_items: f.max_batch_items,
+            stack: f.stack.config,
+            rules: f.rules,
+            deployments: f.deployments,
+        })
+    }
+}
+
+/// `[decisions.stack]`: a [`StackConfig`], plus the old `deadline` key that
+/// the stack no longer has (it is `[decisions] deadline` now).
+#[derive(Default)]
+struct StackTable {
+    deadline: Option<Duration>,
+    config: StackConfig,
+}
+
+impl<'de> Deserialize<'de> for StackTable {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct TableVisitor;
+        impl<'de> Visitor<'de> for TableVisitor {
+            type Value = StackTable;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("the [decisions.stack] table")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<StackTable, A::Error> {
+                let mut deadline = None;
+                let config = StackConfig::deserialize(de::value::MapAccessDeserializer::new(
+                    WithoutDeadline {
+                        map,
+                        deadline: &mut deadline,
+                    },
+                ))?;
+                Ok(StackTable { deadline, config })
+            }
+        }
+        d.deserialize_map(TableVisitor)
+    }
+}
+
+/// The entries of a table minus `deadline`, which it keeps aside.
+struct WithoutDeadline<'a, A> {
+    map: A,
+    deadline: &'a mut Option<Duration>,
+}
+
+impl<'de, A: MapAccess<'de>> MapAccess<'de> for WithoutDeadline<'_, A> {
+    type Error = A::Error;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, A::Error> {
+        loop {
+            let Some(key) = self.map.next_key::<String>()? else {
+                return Ok(None);
+            };
+            if key == "deadline" {
+                *self.deadline = Some(self.map.next_value_seed(DurationSeed)?);
+                continue;
+            }
+            return seed
+                .deserialize(IntoDeserializer::<A::Error>::into_deserializer(key))
+                .map(Some);
+        }
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, A::Error> {
+        self.map.next_value_seed(seed)
+    }
+}
+
+/// A duration value, as [`duration::deserialize`] reads it.
+struct DurationSeed;
+
+impl<'de> DeserializeSeed<'de> for DurationSeed {
+    type Value = Duration;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Duration, D::Error> {
+        duration::deserialize(d)
     }
 }
 
@@ -102,11 +244,19 @@ pub struct Deployment {
 }
 
 impl DecisionsConfig {
+    /// The budget of one decision (capped by the caller's grpc-timeout).
+    pub fn deadline(&self) -> std::time::Duration {
+        self.deadline
+    }
+
     pub fn deployment(&self, model: &str) -> Option<&Deployment> {
         self.deployments.iter().find(|d| d.model == model)
     }
 
     pub fn validate(&self) -> Result<(), String> {
+        if self.deadline.is_zero() {
+            return Err("[decisions] deadline must be more than 0".into());
+        }
         self.stack
             .validate()
             .map_err(|e| format!("[decisions.stack]: {e}"))?;

@@ -1,19 +1,32 @@
 //! Fraud decisions (`mesh.v1.Decisions`): the model's input spec, the replicas a
 //! decision can be sent to, the decision engine with its fallback chain, and the
 //! gRPC service.
+//!
+//! A decision's stages (DESIGN.md, "How a decision flows"), and where each lives:
+//! validate, features, preprocess, postprocess and log in [`stages`]; routing, the
+//! model call, the time budgets and the fallback chain in [`fallback`]; the engine
+//! ([`engine`]) runs them in order against the repository, the store and the
+//! model-call stacks (kept in [`cache`]).
+pub mod cache;
 pub mod config;
 pub mod engine;
+pub mod fallback;
 pub mod features;
+pub mod outcome;
 pub mod replica;
 pub mod service;
 pub mod spec;
+pub mod stages;
+#[cfg(test)]
+mod testing;
 
 use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
 use mesh_stack::StackError;
 
-pub use engine::{AnswerSource, Engine, Outcome, OutcomeSink, Timings};
+pub use engine::Engine;
+pub use outcome::{AnswerSource, Outcome, OutcomeSink, Timings};
 use replica::{LocalReplica, ModelAnswer, ModelCall, RemoteReplica};
 
 /// A replica of either kind, so one stack balances over both.

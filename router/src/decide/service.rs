@@ -26,7 +26,7 @@ impl Decisions for DecisionService {
         &self,
         req: Request<pb::DecideRequest>,
     ) -> Result<Response<pb::DecideResponse>, Status> {
-        let timeout = crate::oip::timeout_of(&req);
+        let timeout = crate::request::timeout_of(&req);
         let r = req.into_inner();
         let span = tracing::debug_span!("decide", request_id = %r.request_id, model = %r.model);
         let started = Instant::now();
@@ -35,7 +35,7 @@ impl Decisions for DecisionService {
             .decide_batch(std::slice::from_ref(&r), timeout)
             .instrument(span.clone())
             .await;
-        span.in_scope(|| crate::oip::log_result(&out, started, &r.request_id));
+        span.in_scope(|| crate::request::log_result(&out, started, &r.request_id));
         let o = out?.pop().ok_or_else(|| Status::internal("no outcome"))?;
         Ok(Response::new(o.to_proto()))
     }
@@ -44,7 +44,7 @@ impl Decisions for DecisionService {
         &self,
         req: Request<pb::DecideBatchRequest>,
     ) -> Result<Response<pb::DecideBatchResponse>, Status> {
-        let timeout = crate::oip::timeout_of(&req);
+        let timeout = crate::request::timeout_of(&req);
         let r = req.into_inner();
         // Each item's request_id is on its own log lines; the batch carries the first.
         let first = r
@@ -60,7 +60,7 @@ impl Decisions for DecisionService {
             .decide_batch(&r.requests, timeout)
             .instrument(span.clone())
             .await;
-        span.in_scope(|| crate::oip::log_result(&out, started, first));
+        span.in_scope(|| crate::request::log_result(&out, started, first));
         let out = out?;
         Ok(Response::new(pb::DecideBatchResponse {
             responses: out.iter().map(|o| o.to_proto()).collect(),

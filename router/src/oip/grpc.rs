@@ -10,8 +10,9 @@ use tonic::{Request, Response, Status};
 use super::codec::{
     check_outputs, element_count, f32_to_le_bytes, parse_datatype, to_batch, Elements, InputTensor,
 };
-use super::{parse_version, Core};
+use super::Core;
 use crate::error::RouterError;
+use crate::request::parse_version;
 
 /// Extensions announced in ServerMetadata. `statistics` and `model_configuration`
 /// are what perf_analyzer looks for before asking for the server-side breakdown.
@@ -24,11 +25,13 @@ pub const EXTENSIONS: &[&str] = &[
 
 pub struct OipGrpc {
     core: Core,
+    /// Repository load/unload go through the admin plane.
+    admin: crate::admin::Admin,
 }
 
 impl OipGrpc {
-    pub fn new(core: Core) -> Self {
-        Self { core }
+    pub fn new(core: Core, admin: crate::admin::Admin) -> Self {
+        Self { core, admin }
     }
 }
 
@@ -355,7 +358,7 @@ impl GrpcInferenceService for OipGrpc {
         &self,
         req: Request<pb::ModelInferRequest>,
     ) -> Result<Response<pb::ModelInferResponse>, Status> {
-        let timeout = super::timeout_of(&req);
+        let timeout = crate::request::timeout_of(&req);
         let mut r = req.into_inner();
         let version = parse_version(&r.model_name, &r.model_version)?;
         let requested: Vec<String> = r.outputs.iter().map(|o| o.name.clone()).collect();
@@ -443,11 +446,7 @@ impl GrpcInferenceService for OipGrpc {
         req: Request<pb::RepositoryModelLoadRequest>,
     ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
         let name = req.into_inner().model_name;
-        self.core
-            .repo
-            .load(&name)
-            .await
-            .map_err(RouterError::from)?;
+        self.admin.load(&name).await?;
         Ok(Response::new(pb::RepositoryModelLoadResponse {}))
     }
 
@@ -456,11 +455,7 @@ impl GrpcInferenceService for OipGrpc {
         req: Request<pb::RepositoryModelUnloadRequest>,
     ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
         let name = req.into_inner().model_name;
-        self.core
-            .repo
-            .unload(&name)
-            .await
-            .map_err(RouterError::from)?;
+        self.admin.unload(&name).await?;
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
     }
 }

@@ -15,16 +15,15 @@ use serde_json::{json, Value};
 
 use super::codec::{check_outputs, parse_datatype, to_batch, Elements, InputTensor};
 use super::grpc::{statistics, EXTENSIONS};
-use super::{parse_version, Core};
+use super::Core;
 use crate::error::RouterError;
+use crate::request::parse_version;
 
 /// State of the HTTP server.
 #[derive(Clone)]
 pub struct HttpState {
     /// Model serving (absent for `--role features`).
     pub core: Option<Core>,
-    /// The decision engine, for the fault-injection admin endpoints.
-    pub engine: Option<std::sync::Arc<crate::decide::Engine>>,
     /// Renders the Prometheus text of the process.
     pub metrics: std::sync::Arc<dyn Fn() -> String + Send + Sync>,
 }
@@ -41,15 +40,13 @@ impl IntoResponse for RouterError {
 
 type HttpResult = Result<Response, RouterError>;
 
-/// The HTTP server: the OIP REST mirror (when this process serves models), the
-/// admin endpoints, `/metrics`, `/healthz`, `/readyz`.
+/// The HTTP data plane: the OIP REST mirror (when this process serves models),
+/// `/metrics`, `/healthz`, `/readyz`. The admin routes are [`crate::admin::routes`].
 pub fn router(state: HttpState) -> Router {
     let ops = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
-        .route("/admin/replicas", get(replicas))
-        .route("/admin/faults", post(set_fault))
         .fallback(|| async { RouterError::NotFound("no such path".into()) });
     let Some(core) = state.core.clone() else {
         return ops.with_state(state);
@@ -79,8 +76,6 @@ fn oip_routes(limit: usize) -> Router<HttpState> {
         .route("/v2/models/{model}/stats", get(stats))
         .route("/v2/models/stats", get(stats_all))
         .route("/v2/repository/index", post(index))
-        .route("/v2/repository/models/{model}/load", post(load))
-        .route("/v2/repository/models/{model}/unload", post(unload))
         .layer(DefaultBodyLimit::max(limit))
 }
 
@@ -89,51 +84,6 @@ fn core(s: &HttpState) -> Result<&Core, RouterError> {
     s.core
         .as_ref()
         .ok_or_else(|| RouterError::NotFound("this process does not serve models".into()))
-}
-
-async fn replicas(State(s): State<HttpState>) -> HttpResult {
-    let engine = s
-        .engine
-        .as_ref()
-        .ok_or_else(|| RouterError::NotFound("no decision engine in this process".into()))?;
-    let list: Vec<Value> = engine
-        .replicas()
-        .into_iter()
-        .map(|id| {
-            let (delay, fail) = engine.fault(&id).map(|f| f.get()).unwrap_or_default();
-            json!({ "replica": id, "delay_ms": delay.as_millis() as u64, "fail": fail })
-        })
-        .collect();
-    Ok(Json(json!({ "replicas": list })).into_response())
-}
-
-#[derive(Deserialize)]
-struct FaultJson {
-    replica: String,
-    #[serde(default)]
-    delay_ms: u64,
-    #[serde(default)]
-    fail: bool,
-}
-
-/// Injects (or clears, with zeros) trouble into one replica: for drills and demos.
-async fn set_fault(State(s): State<HttpState>, body: Body) -> HttpResult {
-    let engine = s
-        .engine
-        .as_ref()
-        .ok_or_else(|| RouterError::NotFound("no decision engine in this process".into()))?;
-    let body = body.map_err(|e| RouterError::invalid(format!("request body: {e}")))?;
-    let f: FaultJson =
-        serde_json::from_slice(&body).map_err(|e| RouterError::invalid(format!("fault: {e}")))?;
-    let fault = engine.fault(&f.replica).ok_or_else(|| {
-        RouterError::NotFound(format!(
-            "no replica '{}' (see GET /admin/replicas)",
-            f.replica
-        ))
-    })?;
-    fault.set(Duration::from_millis(f.delay_ms), f.fail);
-    tracing::warn!(replica = %f.replica, delay_ms = f.delay_ms, fail = f.fail, "fault injected");
-    Ok(StatusCode::OK.into_response())
 }
 
 async fn server_metadata() -> Json<Value> {
@@ -277,7 +227,7 @@ fn json_elements(name: &str, dt: DataType, data: &Value) -> Result<Elements, Rou
     })
 }
 
-type Body = Result<Bytes, BytesRejection>;
+pub(crate) type Body = Result<Bytes, BytesRejection>;
 
 async fn infer(
     s: State<HttpState>,
@@ -425,14 +375,4 @@ async fn index(State(s): State<HttpState>) -> HttpResult {
             .collect(),
     ))
     .into_response())
-}
-
-async fn load(State(s): State<HttpState>, Path(model): Path<String>) -> HttpResult {
-    core(&s)?.repo.load(&model).await?;
-    Ok(StatusCode::OK.into_response())
-}
-
-async fn unload(State(s): State<HttpState>, Path(model): Path<String>) -> HttpResult {
-    core(&s)?.repo.unload(&model).await?;
-    Ok(StatusCode::OK.into_response())
 }

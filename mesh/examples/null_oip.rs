@@ -3,7 +3,7 @@
 //! the same load as `mesh serve`, it measures the limit of the transport (tonic,
 //! HTTP/2, protobuf) on this machine.
 //!
-//! `cargo run --release -p mesh-router --example null_oip -- examples/models/fraud_mlp 8101`
+//! `cargo run --release -p mesh --example null_oip -- examples/models/fraud_mlp 8101`
 use std::path::PathBuf;
 
 use mesh_model_actor::ModelConfig;

@@ -1,5 +1,5 @@
-//! `mesh logs join` and `mesh logs tail`: clap arguments and the functions the `mesh`
-//! binary calls.
+//! What `mesh logs join` and `mesh logs tail` do, as library functions that write to
+//! any `Write` (the binary parses the command line into these argument structs).
 
 use crate::error::{LogError, Result};
 use crate::join::{join, JoinOptions};
@@ -10,28 +10,21 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// `mesh logs join`: per model version and role, how the predictions did against labels.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone)]
 pub struct JoinArgs {
     /// Prediction log directory (the writer's `dir`).
-    #[arg(long)]
     pub logs: PathBuf,
     /// Labels file: CSV with a header row, or Parquet (by the `.parquet` extension).
-    #[arg(long)]
     pub labels: PathBuf,
     /// Join key: `request_id`, or an entity key name; the labels file has a column of that name.
-    #[arg(long, default_value = "request_id")]
     pub key: String,
     /// Label column: 1/0, true/false, yes/no.
-    #[arg(long, default_value = "label")]
     pub label: String,
     /// Also report precision/recall when flagging `score >= T` (repeatable).
-    #[arg(long = "threshold", value_name = "T")]
     pub thresholds: Vec<f64>,
     /// Include records of the open segment (wal files), not only closed Parquet segments.
-    #[arg(long)]
     pub include_wal: bool,
     /// Print JSON instead of tables.
-    #[arg(long)]
     pub json: bool,
 }
 
@@ -55,22 +48,17 @@ pub fn run_join(args: &JoinArgs, out: &mut dyn Write) -> Result<()> {
 }
 
 /// `mesh logs tail`: the newest records, then new ones as they are written.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone)]
 pub struct TailArgs {
     /// Prediction log directory (the writer's `dir`).
-    #[arg(long)]
     pub logs: PathBuf,
     /// How many existing records to show first.
-    #[arg(short = 'n', long, default_value_t = 10)]
     pub lines: usize,
     /// Print the existing records and exit instead of following.
-    #[arg(long)]
     pub no_follow: bool,
     /// Poll interval in milliseconds while following.
-    #[arg(long, default_value_t = 250)]
     pub interval_ms: u64,
     /// One JSON object per line instead of a summary line.
-    #[arg(long)]
     pub json: bool,
 }
 

@@ -24,7 +24,7 @@ async fn scores_every_entity_into_the_view() {
     let m = d.join("models/fraud_mlp");
     std::fs::create_dir_all(m.join("1")).unwrap();
     std::fs::copy(
-        root().join("../shared/reference/fraud-mlp/fraud_mlp.safetensors"),
+        root().join("tests/data/fraud-mlp/fraud_mlp.safetensors"),
         m.join("1/model.safetensors"),
     )
     .unwrap();
@@ -93,7 +93,7 @@ async fn scores_every_entity_into_the_view() {
     w.write(&batch).unwrap();
     w.close().unwrap();
 
-    mesh_router::batch_score::run(mesh_router::batch_score::BatchScoreArgs {
+    mesh::batch_score::run(mesh::batch_score::BatchScoreArgs {
         model: "fraud_mlp".into(),
         entities: keys,
         out_view: "fraud_scores".into(),

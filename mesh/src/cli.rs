@@ -2,11 +2,12 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
+use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use mesh_router::config::{MeshConfig, Role};
+use mesh_router::telemetry::{self, LogFormat};
 
-use crate::config::MeshConfig;
-use crate::error::RouterError;
-use crate::telemetry::LogFormat;
+use crate::logs::LogsCommand;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -15,8 +16,8 @@ use crate::telemetry::LogFormat;
     about = "inference-mesh: low-latency model serving for fraud and risk decisions"
 )]
 pub struct Cli {
-    /// Log format.
-    #[arg(long, global = true, env = "MESH_LOG_FORMAT", value_enum)]
+    /// Log format: human or json.
+    #[arg(long, global = true, env = "MESH_LOG_FORMAT")]
     pub log_format: Option<LogFormat>,
     #[command(subcommand)]
     pub command: Command,
@@ -38,14 +39,6 @@ pub enum Command {
     /// The prediction log: label joins and a live tail.
     #[command(subcommand)]
     Logs(LogsCommand),
-}
-
-#[derive(Debug, Subcommand)]
-pub enum LogsCommand {
-    /// Per model version and role: AUC, precision/recall, Brier, fallbacks, stage latencies.
-    Join(mesh_prediction_log::cli::JoinArgs),
-    /// Show the newest records as they are written.
-    Tail(mesh_prediction_log::cli::TailArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -73,16 +66,11 @@ pub struct FeaturesDemoArgs {
 }
 
 /// `mesh features demo`.
-pub fn features_demo(args: FeaturesDemoArgs) -> Result<(), RouterError> {
-    let views = mesh_feature_store::ViewsConfig::from_path(&args.views)
-        .map_err(|e| RouterError::InvalidArgument(e.to_string()))?;
-    let store = mesh_feature_store::FeatureStore::open(&args.store, &views)
-        .map_err(|e| RouterError::Unavailable(e.to_string()))?;
-    let r = mesh_feature_store::generate_demo_features(&store, args.cards, args.merchants, 7)
-        .map_err(|e| RouterError::Internal(e.to_string()))?;
-    store
-        .flush()
-        .map_err(|e| RouterError::Internal(e.to_string()))?;
+fn features_demo(args: FeaturesDemoArgs) -> anyhow::Result<()> {
+    let views = mesh_feature_store::ViewsConfig::from_path(&args.views)?;
+    let store = mesh_feature_store::FeatureStore::open(&args.store, &views)?;
+    let r = mesh_feature_store::generate_demo_features(&store, args.cards, args.merchants, 7)?;
+    store.flush()?;
     println!("demo features written to {}: {r:?}", args.store.display());
     Ok(())
 }
@@ -111,20 +99,38 @@ pub struct IngestArgs {
     pub file: PathBuf,
 }
 
-/// `mesh features ingest`.
-pub fn ingest(args: IngestArgs) -> Result<(), RouterError> {
-    let views = mesh_feature_store::ViewsConfig::from_path(&args.views)
-        .map_err(|e| RouterError::InvalidArgument(e.to_string()))?;
-    let store = mesh_feature_store::FeatureStore::open(&args.store, &views)
-        .map_err(|e| RouterError::Unavailable(e.to_string()))?;
+/// `mesh features ingest`, with a progress bar on stderr.
+fn ingest(args: IngestArgs) -> anyhow::Result<()> {
+    let views = mesh_feature_store::ViewsConfig::from_path(&args.views)?;
+    let store = mesh_feature_store::FeatureStore::open(&args.store, &views)?;
     let opts = mesh_feature_store::IngestOptions {
         batch_rows: args.batch_rows,
         sync_each_batch: args.sync_each_batch,
-        progress: true,
         allow_missing_columns: args.allow_missing_columns,
     };
-    let r = mesh_feature_store::ingest_file(&store, &args.view, &args.file, &opts)
-        .map_err(|e| RouterError::InvalidArgument(e.to_string()))?;
+    let bar = indicatif::ProgressBar::new(0);
+    let on_batch = |b: &mesh_feature_store::BatchCommitted| {
+        if bar.length() == Some(0) {
+            let template = match b.unit {
+                mesh_feature_store::ProgressUnit::Bytes => {
+                    "{msg} [{bar:40}] {bytes}/{total_bytes} ({eta})"
+                }
+                mesh_feature_store::ProgressUnit::Rows => {
+                    "{msg} [{bar:40}] {pos}/{len} rows ({eta})"
+                }
+            };
+            if let Ok(style) = indicatif::ProgressStyle::with_template(template) {
+                bar.set_style(style.progress_chars("=> "));
+            }
+            bar.set_message(format!("ingest {}", args.view));
+            bar.set_length(b.total);
+        }
+        bar.set_position(b.position);
+    };
+    let r =
+        mesh_feature_store::ingest_file_observed(&store, &args.view, &args.file, &opts, on_batch)
+            .with_context(|| format!("ingesting {}", args.file.display()))?;
+    bar.finish_and_clear();
     println!(
         "ingested {} rows into '{}' ({} written, {} skipped as older, {} batches) in {:.1} s = {:.0} rows/s",
         r.rows_read,
@@ -161,9 +167,9 @@ pub struct ServeArgs {
     /// Threads one forward pass may use.
     #[arg(long, env = "MESH_COMPUTE_THREADS")]
     pub compute_threads: Option<usize>,
-    /// What this process serves.
-    #[arg(long, env = "MESH_ROLE", value_enum)]
-    pub role: Option<crate::config::Role>,
+    /// What this process serves: all, router, model or features.
+    #[arg(long, env = "MESH_ROLE")]
+    pub role: Option<Role>,
     /// Feature store directory (sled).
     #[arg(long, env = "MESH_FEATURES")]
     pub features: Option<PathBuf>,
@@ -174,9 +180,9 @@ pub struct ServeArgs {
 
 impl ServeArgs {
     /// Defaults, then the file, then flags/environment.
-    pub fn resolve(&self) -> Result<MeshConfig, RouterError> {
+    pub fn resolve(&self) -> anyhow::Result<MeshConfig> {
         let mut c = match &self.config {
-            Some(p) => MeshConfig::from_file(p).map_err(RouterError::InvalidArgument)?,
+            Some(p) => MeshConfig::from_file(p).map_err(anyhow::Error::msg)?,
             None => MeshConfig::default(),
         };
         let s = &mut c.server;
@@ -211,15 +217,80 @@ impl ServeArgs {
     }
 }
 
-/// Sets the thread count of candle's CPU matmul pool. Must run before any model
-/// is loaded: candle reads it per call from the environment, like rayon.
-pub fn set_compute_threads(n: usize) {
+/// Sets the thread count of candle's CPU matmul pool. candle reads
+/// `RAYON_NUM_THREADS` from the environment on every call and has no other
+/// setting, so the binary sets it once, from [`Command::prepare`], before any other
+/// thread exists (setting the environment is race-free only then).
+fn set_compute_threads(n: usize) {
     std::env::set_var("RAYON_NUM_THREADS", n.max(1).to_string());
 }
 
+/// What a command resolved before the runtime started.
+pub struct Prepared {
+    /// `mesh serve`'s configuration.
+    pub config: Option<MeshConfig>,
+}
+
+impl Command {
+    /// Resolves the configuration, installs logging and sets the compute threads:
+    /// everything that must happen before the runtime's threads exist.
+    pub fn prepare(&self, log_format: Option<LogFormat>) -> anyhow::Result<Prepared> {
+        let mut config = None;
+        let threads = match self {
+            Command::Serve(serve) => {
+                let c = serve.resolve()?;
+                let threads = c.server.compute_threads;
+                telemetry::init_logs(log_format.unwrap_or(c.log.format));
+                config = Some(c);
+                Some(threads)
+            }
+            // Logs commands print to stdout and log nothing.
+            Command::Logs(_) => return Ok(Prepared { config }),
+            Command::Demo(_) | Command::BatchScore(_) => Some(1),
+            Command::Features(_) | Command::Bench(_) => None,
+        };
+        if !matches!(self, Command::Serve(_)) {
+            telemetry::init_logs(log_format.unwrap_or_default());
+        }
+        if let Some(n) = threads {
+            set_compute_threads(n);
+        }
+        Ok(Prepared { config })
+    }
+}
+
+/// Runs a `mesh features` command (blocking; no runtime needed).
+pub fn features(command: FeaturesCommand) -> anyhow::Result<()> {
+    match command {
+        FeaturesCommand::Demo(a) => features_demo(a),
+        FeaturesCommand::Ingest(a) => ingest(a),
+    }
+}
+
+/// Runs a command that needs the runtime.
+pub async fn run(command: Command, prepared: Prepared) -> anyhow::Result<()> {
+    match command {
+        Command::Serve(_) => serve(prepared.config.context("serve without a configuration")?).await,
+        Command::Demo(a) => crate::demo::run(a).await.map_err(Into::into),
+        Command::BatchScore(a) => crate::batch_score::run(a).await,
+        Command::Bench(a) => {
+            let json = a.json;
+            let report = crate::bench::run(a).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{report}");
+            }
+            Ok(())
+        }
+        Command::Logs(c) => crate::logs::run(c),
+        Command::Features(c) => features(c),
+    }
+}
+
 /// `mesh serve`: runs until Ctrl-C or SIGTERM, then drains and stops.
-pub async fn serve(config: MeshConfig) -> Result<(), RouterError> {
-    let mut running = crate::server::start_mesh(&config).await?;
+async fn serve(config: MeshConfig) -> anyhow::Result<()> {
+    let mut running = mesh_router::server::start_mesh(&config).await?;
     println!(
         "mesh serving: grpc={} http={}",
         running.grpc_addr, running.http_addr

@@ -2,7 +2,7 @@
 //! follows the rule the reference model was trained on.
 //!
 //! The reference data set labels a transaction by a score over its 32 model inputs
-//! `x0..x31` (see shared/README.md: `1.5 x0 x1 + sin(2 x2) x3 + ...`, plus noise,
+//! `x0..x31` (see tests/data/README.md: `1.5 x0 x1 + sin(2 x2) x3 + ...`, plus noise,
 //! top 2% is fraud). Here the inputs are not drawn directly: the world draws card,
 //! merchant and transaction attributes (counts, amounts, rates, a category), the
 //! mesh turns them into the 32 inputs with the example model's `[input_spec]`

@@ -1,0 +1,125 @@
+//! `mesh bench`'s command line, and the checks on it that need no connection.
+use std::path::PathBuf;
+
+use anyhow::bail;
+use clap::{Args, ValueEnum};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Target {
+    /// mesh.v1.Decisions/Decide with random card/merchant keys and request features.
+    Decide,
+    /// inference.GRPCInferenceService/ModelInfer with one random row.
+    Infer,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// gRPC address of the mesh.
+    #[arg(long, default_value = "http://127.0.0.1:8001")]
+    pub addr: String,
+    #[arg(long, value_enum, default_value_t = Target::Decide)]
+    pub target: Target,
+    #[arg(long, default_value = "fraud_mlp")]
+    pub model: String,
+    /// Open loop at this many requests per second (otherwise closed loop).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Callers in flight (closed loop), or the most outstanding requests (open loop).
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Seconds of load (default 10 unless --requests is given).
+    #[arg(long)]
+    pub seconds: Option<f64>,
+    /// Stop after this many requests (with --seconds too: whichever comes first).
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// Entity key range for Decide (card_id 1..=N, merchant m000001..).
+    #[arg(long, default_value_t = 10_000)]
+    pub cards: i64,
+    #[arg(long, default_value_t = 1_000)]
+    pub merchants: u64,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write a self-contained HTML report (summary, latency histogram,
+    /// percentiles and throughput per second) to this file.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+}
+
+impl BenchArgs {
+    /// Seconds the load may last: `--seconds`, else unbounded with `--requests`, else 10.
+    pub fn load_seconds(&self) -> anyhow::Result<f64> {
+        if self.requests == Some(0) {
+            bail!("--requests must be at least 1");
+        }
+        Ok(match (self.seconds, self.requests) {
+            (Some(s), _) if !(s > 0.0 && s.is_finite()) => {
+                bail!("--seconds {s}: must be a positive number")
+            }
+            (Some(s), _) => s,
+            (None, Some(_)) => 365.0 * 86_400.0,
+            (None, None) => 10.0,
+        })
+    }
+
+    /// The target as the report names it: `decide` or `infer`.
+    pub fn target_name(&self) -> String {
+        format!("{:?}", self.target).to_lowercase()
+    }
+
+    /// How the load was driven, as the report says it.
+    pub fn mode(&self) -> String {
+        format!(
+            "{}{}",
+            match self.rate {
+                Some(r) => format!("open loop at {r} req/s"),
+                None => format!("closed loop, {} callers", self.concurrency),
+            },
+            self.requests
+                .map(|n| format!(", {n} requests"))
+                .unwrap_or_default()
+        )
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+pub(super) mod tests {
+    use super::*;
+
+    pub fn parse(args: &[&str]) -> BenchArgs {
+        #[derive(clap::Parser)]
+        struct P {
+            #[command(flatten)]
+            a: BenchArgs,
+        }
+        use clap::Parser;
+        P::parse_from(std::iter::once("bench").chain(args.iter().copied())).a
+    }
+
+    #[test]
+    fn bench_bounds_by_time_or_count_and_names_bad_values() {
+        assert_eq!(parse(&[]).load_seconds().unwrap(), 10.0);
+        assert_eq!(parse(&["--seconds", "2.5"]).load_seconds().unwrap(), 2.5);
+        assert!(parse(&["--requests", "5"]).load_seconds().unwrap() > 1e6);
+        let e = parse(&["--requests", "0"]).load_seconds().unwrap_err();
+        assert!(e.to_string().contains("--requests"), "{e}");
+        let e = parse(&["--seconds=-1"]).load_seconds().unwrap_err();
+        assert!(e.to_string().contains("--seconds -1"), "{e}");
+        let e = parse(&["--seconds", "inf"]).load_seconds().unwrap_err();
+        assert!(e.to_string().contains("must be a positive number"), "{e}");
+    }
+
+    #[test]
+    fn bench_mode_and_target_name_the_run() {
+        let a = parse(&["--concurrency", "3"]);
+        assert_eq!(
+            (a.target_name(), a.mode()),
+            ("decide".into(), "closed loop, 3 callers".into())
+        );
+        let a = parse(&["--target", "infer", "--rate", "500", "--requests", "100"]);
+        assert_eq!(a.target_name(), "infer");
+        assert_eq!(a.mode(), "open loop at 500 req/s, 100 requests");
+    }
+}

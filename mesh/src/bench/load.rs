@@ -1,0 +1,325 @@
+//! Sending the load: the requests, the connection, one call and what it counts,
+//! the closed and open loops, and the server's own statistics (Infer).
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use mesh_proto::inference as oip;
+use mesh_proto::mesh::v1 as pb;
+use parking_lot::Mutex;
+use rand::{Rng, SeedableRng};
+
+use super::args::{BenchArgs, Target};
+use super::tally::Tally;
+
+fn decide_request(rng: &mut impl Rng, i: u64, args: &BenchArgs) -> pb::DecideRequest {
+    let card = rng.random_range(1..=args.cards.max(1));
+    let merchant = format!("m{:06}", rng.random_range(1..=args.merchants.max(1)));
+    let mut features: std::collections::HashMap<String, f64> = (0..32)
+        .map(|j| (format!("f{j}"), rng.random::<f64>() * 2.0 - 1.0))
+        .collect();
+    features.insert("amount".into(), rng.random::<f64>() * 500.0);
+    pb::DecideRequest {
+        request_id: format!("bench-{i}"),
+        model: args.model.clone(),
+        entities: [
+            (
+                "card_id".to_string(),
+                pb::EntityKey {
+                    key: Some(pb::entity_key::Key::Int64Key(card)),
+                },
+            ),
+            (
+                "merchant_id".to_string(),
+                pb::EntityKey {
+                    key: Some(pb::entity_key::Key::StringKey(merchant)),
+                },
+            ),
+        ]
+        .into(),
+        features,
+        categorical: [(
+            "merchant_category".to_string(),
+            ["grocery", "travel", "electronics", "gaming"][(i % 4) as usize].to_string(),
+        )]
+        .into(),
+        ..Default::default()
+    }
+}
+
+fn infer_request(rng: &mut impl Rng, model: &str) -> oip::ModelInferRequest {
+    let raw: Vec<u8> = (0..32)
+        .flat_map(|_| (rng.random::<f32>() * 2.0 - 1.0).to_le_bytes())
+        .collect();
+    oip::ModelInferRequest {
+        model_name: model.to_owned(),
+        inputs: vec![oip::model_infer_request::InferInputTensor {
+            name: "input".into(),
+            datatype: "FP32".into(),
+            shape: vec![1, 32],
+            ..Default::default()
+        }],
+        raw_input_contents: vec![raw],
+        ..Default::default()
+    }
+}
+
+/// An answer source as the report names it: `MODEL`, `BATCH_SCORE`, ...
+fn source_name(source: i32) -> String {
+    pb::AnswerSource::try_from(source)
+        .map(|s| {
+            s.as_str_name()
+                .trim_start_matches("ANSWER_SOURCE_")
+                .to_owned()
+        })
+        .unwrap_or_default()
+}
+
+/// The server's time per stage, as a Decide answer carries it.
+fn stages(tm: &pb::StageTimings) -> [(&'static str, u64); 7] {
+    [
+        ("validate", tm.validate_us),
+        ("features", tm.features_us),
+        ("preprocess", tm.preprocess_us),
+        ("queue", tm.queue_us),
+        ("compute", tm.compute_us),
+        ("postprocess", tm.postprocess_us),
+        ("total", tm.total_us),
+    ]
+}
+
+#[derive(Clone)]
+pub struct Clients {
+    decide: pb::decisions_client::DecisionsClient<tonic::transport::Channel>,
+    infer:
+        oip::grpc_inference_service_client::GrpcInferenceServiceClient<tonic::transport::Channel>,
+}
+
+impl Clients {
+    /// One channel to `addr` (`--addr`), shared by both clients.
+    pub async fn connect(addr: &str) -> anyhow::Result<Self> {
+        let channel = tonic::transport::Endpoint::from_shared(addr.to_owned())
+            .with_context(|| format!("--addr {addr}"))?
+            .tcp_nodelay(true)
+            .connect()
+            .await
+            .with_context(|| format!("connecting to {addr}"))?;
+        Ok(Self {
+            decide: pb::decisions_client::DecisionsClient::new(channel.clone()),
+            infer: oip::grpc_inference_service_client::GrpcInferenceServiceClient::new(channel),
+        })
+    }
+}
+
+/// Sends one request; records latency from `intended` and the outcome.
+async fn one(
+    c: &mut Clients,
+    args: &BenchArgs,
+    i: u64,
+    rng: &mut rand::rngs::StdRng,
+    intended: Instant,
+    tally: &Mutex<Tally>,
+) {
+    let (code, source, timings) = match args.target {
+        Target::Decide => match c.decide.decide(decide_request(rng, i, args)).await {
+            Ok(r) => {
+                let r = r.into_inner();
+                ("OK".to_owned(), Some(source_name(r.source)), r.timings)
+            }
+            Err(s) => (format!("{:?}", s.code()), None, None),
+        },
+        Target::Infer => match c.infer.model_infer(infer_request(rng, &args.model)).await {
+            Ok(_) => ("OK".to_owned(), None, None),
+            Err(s) => (format!("{:?}", s.code()), None, None),
+        },
+    };
+    let us = intended.elapsed().as_micros() as u64;
+    let mut t = tally.lock();
+    t.record(intended, us, code == "OK");
+    let stages = timings.as_ref().map(stages);
+    t.count(code, source, stages.as_ref().map_or(&[], |s| &s[..]));
+}
+
+/// Closed loop: `--concurrency` callers, each sending as soon as its last answer
+/// arrived, until `end` or `max_requests` were sent.
+pub async fn closed_loop(
+    clients: &Clients,
+    args: &Arc<BenchArgs>,
+    tally: &Arc<Mutex<Tally>>,
+    end: Instant,
+    max_requests: u64,
+) {
+    let sent = Arc::new(AtomicU64::new(0));
+    let workers: Vec<_> = (0..args.concurrency.max(1))
+        .map(|w| {
+            let (mut c, tally, args, sent) =
+                (clients.clone(), tally.clone(), args.clone(), sent.clone());
+            tokio::spawn(async move {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(w as u64);
+                while Instant::now() < end {
+                    let i = sent.fetch_add(1, Ordering::Relaxed);
+                    if i >= max_requests {
+                        break;
+                    }
+                    one(&mut c, &args, i, &mut rng, Instant::now(), &tally).await;
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        let _ = w.await;
+    }
+}
+
+/// Open loop: request i is due at `started + i/rate` whatever happened before,
+/// with at most 64 × `--concurrency` outstanding.
+pub async fn open_loop(
+    clients: &Clients,
+    args: &Arc<BenchArgs>,
+    tally: &Arc<Mutex<Tally>>,
+    (started, end): (Instant, Instant),
+    rate: f64,
+    max_requests: u64,
+) {
+    let limit = Arc::new(tokio::sync::Semaphore::new(args.concurrency.max(1) * 64));
+    let mut i: u64 = 0;
+    let mut tasks = Vec::new();
+    loop {
+        let due = started + Duration::from_secs_f64(i as f64 / rate.max(1e-3));
+        if due >= end || i >= max_requests {
+            break;
+        }
+        tokio::time::sleep_until(due.into()).await;
+        let Ok(permit) = limit.clone().acquire_owned().await else {
+            break;
+        };
+        let (mut c, tally, args) = (clients.clone(), tally.clone(), args.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(i);
+            one(&mut c, &args, i, &mut rng, due, &tally).await;
+            drop(permit);
+        }));
+        i += 1;
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+}
+
+/// Cumulative server-side statistics of the model (OIP ModelStatistics, summed
+/// over versions): the Infer target's per-stage breakdown is the difference
+/// between the end and the start of the run, as perf_analyzer reports it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ServerStats {
+    inferences: u64,
+    queue_ns: u64,
+    input_ns: u64,
+    infer_ns: u64,
+    output_ns: u64,
+}
+
+impl ServerStats {
+    /// Mean µs per inference in each stage between `before` and `self`.
+    pub fn per_inference_since(&self, before: &Self) -> BTreeMap<String, f64> {
+        let n = self.inferences.saturating_sub(before.inferences);
+        if n == 0 {
+            return BTreeMap::new();
+        }
+        let us = |a: u64, b: u64| a.saturating_sub(b) as f64 / n as f64 / 1e3;
+        [
+            ("queue", us(self.queue_ns, before.queue_ns)),
+            ("compute_input", us(self.input_ns, before.input_ns)),
+            ("compute_infer", us(self.infer_ns, before.infer_ns)),
+            ("compute_output", us(self.output_ns, before.output_ns)),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    }
+
+    /// The model's statistics now (Infer only; none for Decide or on error).
+    pub async fn fetch(c: &Clients, args: &BenchArgs) -> Option<Self> {
+        if args.target != Target::Infer {
+            return None;
+        }
+        let r = c
+            .infer
+            .clone()
+            .model_statistics(oip::ModelStatisticsRequest {
+                name: args.model.clone(),
+                version: String::new(),
+            })
+            .await
+            .ok()?
+            .into_inner();
+        let mut s = Self::default();
+        for m in r.model_stats {
+            s.inferences += m.inference_count;
+            let i = m.inference_stats.unwrap_or_default();
+            let ns = |d: Option<oip::StatisticDuration>| d.map_or(0, |d| d.ns);
+            s.queue_ns += ns(i.queue);
+            s.input_ns += ns(i.compute_input);
+            s.infer_ns += ns(i.compute_infer);
+            s.output_ns += ns(i.compute_output);
+        }
+        Some(s)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::super::args::tests::parse;
+    use super::*;
+
+    #[test]
+    fn bench_server_stats_are_per_inference_over_the_run() {
+        let before = ServerStats {
+            inferences: 10,
+            queue_ns: 5_000,
+            ..Default::default()
+        };
+        let after = ServerStats {
+            inferences: 14,
+            queue_ns: 13_000,
+            input_ns: 4_000,
+            infer_ns: 40_000,
+            output_ns: 0,
+        };
+        let s = after.per_inference_since(&before);
+        assert_eq!(s["queue"], 2.0);
+        assert_eq!(s["compute_input"], 1.0);
+        assert_eq!(s["compute_infer"], 10.0);
+        assert_eq!(s["compute_output"], 0.0);
+        // No inferences in between: nothing to report.
+        assert!(after.per_inference_since(&after).is_empty());
+    }
+
+    #[test]
+    fn bench_requests_stay_in_the_key_ranges() {
+        let args = parse(&["--cards", "3", "--merchants", "2", "--model", "m"]);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        for i in 0..50 {
+            let r = decide_request(&mut rng, i, &args);
+            assert_eq!(
+                (r.request_id.as_str(), r.model.as_str()),
+                (format!("bench-{i}").as_str(), "m")
+            );
+            let Some(pb::entity_key::Key::Int64Key(card)) = r.entities["card_id"].key else {
+                panic!("card_id is not an int64 key: {r:?}");
+            };
+            assert!((1..=3).contains(&card), "{card}");
+            let Some(pb::entity_key::Key::StringKey(m)) = &r.entities["merchant_id"].key else {
+                panic!("merchant_id is not a string key: {r:?}");
+            };
+            assert!(m == "m000001" || m == "m000002", "{m}");
+            assert_eq!(r.features.len(), 33);
+        }
+        let r = infer_request(&mut rng, "m");
+        assert_eq!(r.raw_input_contents[0].len(), 32 * 4);
+        assert_eq!(r.inputs[0].shape, vec![1, 32]);
+        assert_eq!(source_name(pb::AnswerSource::Model as i32), "MODEL");
+    }
+}

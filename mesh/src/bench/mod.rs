@@ -1,0 +1,124 @@
+//! `mesh bench`: a load generator for a running mesh. Closed loop (a fixed number
+//! of callers, each sending as soon as its last answer arrived) or open loop (a
+//! fixed rate; latency counts from the intended send time, so queueing in the
+//! client or server is not hidden). Drives `Decide` or OIP `ModelInfer`.
+//!
+//! Modules, each depending only on those before it: [`report`] (what is
+//! reported), [`args`] (the command line), [`tally`] (counting while the load
+//! runs), [`html`] (the HTML page, from [`report`] only), [`load`] (sending the
+//! requests); this module runs them in order.
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use parking_lot::Mutex;
+
+pub mod args;
+pub mod html;
+mod load;
+pub mod report;
+mod tally;
+
+pub use args::{BenchArgs, Target};
+pub use report::{Bucket, Report, Window};
+
+use load::{Clients, ServerStats};
+use tally::Tally;
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
+    // Bad arguments fail before any connection is tried.
+    let load_s = args.load_seconds()?;
+    let clients = Clients::connect(&args.addr).await?;
+    let max_requests = args.requests.unwrap_or(u64::MAX);
+    let server_before = ServerStats::fetch(&clients, &args).await;
+    let started = Instant::now();
+    let tally = Arc::new(Mutex::new(Tally::new(started, load_s)?));
+    let args = Arc::new(args);
+    let end = started + Duration::from_secs_f64(load_s);
+    let progress = spawn_progress(tally.clone(), started);
+    match args.rate {
+        None => load::closed_loop(&clients, &args, &tally, end, max_requests).await,
+        Some(rate) => {
+            load::open_loop(&clients, &args, &tally, (started, end), rate, max_requests).await
+        }
+    }
+    progress.abort();
+    eprintln!();
+    let secs = started.elapsed().as_secs_f64();
+    let server = match (server_before, ServerStats::fetch(&clients, &args).await) {
+        (Some(a), Some(b)) => b.per_inference_since(&a),
+        _ => BTreeMap::new(),
+    };
+    let report = tally
+        .lock()
+        .report(args.target_name(), args.mode(), secs, server);
+    if let Some(path) = &args.html {
+        write_html(path, &report)?;
+    }
+    Ok(report)
+}
+
+/// Once a second, how far the load is (on stderr, one line rewritten).
+fn spawn_progress(tally: Arc<Mutex<Tally>>, started: Instant) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let t = tally.lock();
+            eprint!(
+                "\r{:>5.1} s  {:>8} requests  p99 {:>7} µs   ",
+                started.elapsed().as_secs_f64(),
+                t.hist.len(),
+                t.hist.value_at_quantile(0.99)
+            );
+        }
+    })
+}
+
+/// `--html`: the report page, written to `path`.
+fn write_html(path: &Path, report: &Report) -> anyhow::Result<()> {
+    std::fs::write(path, html::render(report))
+        .with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn bench_refuses_bad_arguments_before_connecting() {
+        // Nothing listens on port 1: had it tried to connect, the error would say so.
+        let a = args::tests::parse(&["--addr", "http://127.0.0.1:1", "--requests", "0"]);
+        let e = run(a).await.unwrap_err();
+        assert!(
+            e.to_string().contains("--requests must be at least 1"),
+            "{e:#}"
+        );
+        let a = args::tests::parse(&["--addr", "http://127.0.0.1:1", "--requests", "1"]);
+        let e = run(a).await.unwrap_err();
+        assert!(
+            e.to_string().contains("connecting to http://127.0.0.1:1"),
+            "{e:#}"
+        );
+    }
+
+    #[test]
+    fn bench_html_is_written_where_asked() {
+        let d = tempfile::tempdir().unwrap();
+        let r = tally::Tally::new(Instant::now(), 1.0).unwrap().report(
+            "infer".into(),
+            "closed loop, 1 callers".into(),
+            1.0,
+            BTreeMap::new(),
+        );
+        let path = d.path().join("r.html");
+        write_html(&path, &r).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), html::render(&r));
+        let e = write_html(&d.path().join("no/such/dir.html"), &r).unwrap_err();
+        assert!(e.to_string().contains("no/such/dir.html"), "{e:#}");
+    }
+}

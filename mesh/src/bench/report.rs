@@ -1,0 +1,129 @@
+//! What `mesh bench` reports: the types the load generator fills, the JSON
+//! (`--json`) and HTML (`--html`, [`super::html`]) reports serialize, and the
+//! plain-text form printed by default. Nothing here depends on the rest of the
+//! bench.
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub target: String,
+    pub mode: String,
+    pub seconds: f64,
+    pub requests: u64,
+    pub throughput: f64,
+    pub p50_us: u64,
+    pub p90_us: u64,
+    pub p99_us: u64,
+    pub p999_us: u64,
+    pub max_us: u64,
+    pub codes: BTreeMap<String, u64>,
+    /// Decide only: answers by source.
+    pub sources: BTreeMap<String, u64>,
+    /// Decide only: mean server-side stage times, µs.
+    pub stages_us: BTreeMap<String, f64>,
+    /// One entry per second of load, from the start of the bench; a request
+    /// counts in the second it was sent (open loop: when it was due).
+    pub windows: Vec<Window>,
+    /// The latency distribution of all requests in log-spaced buckets.
+    pub histogram: Vec<Bucket>,
+}
+
+/// The requests sent in one window `[t_s, t_s + seconds)` of the bench.
+#[derive(Debug, Clone, Serialize)]
+pub struct Window {
+    pub t_s: f64,
+    /// Length of the window: 1 s, less for the last one.
+    pub seconds: f64,
+    pub requests: u64,
+    /// Requests that did not answer OK.
+    pub errors: u64,
+    /// Requests per second in this window.
+    pub throughput: f64,
+    pub p50_us: u64,
+    pub p90_us: u64,
+    pub p99_us: u64,
+    pub p999_us: u64,
+    pub max_us: u64,
+}
+
+/// `count` latencies in `[lower_us, upper_us)`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Bucket {
+    pub lower_us: f64,
+    pub upper_us: f64,
+    pub count: u64,
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "{} · {} · {:.1} s", self.target, self.mode, self.seconds)?;
+        writeln!(
+            f,
+            "requests    {}  ({:.0} req/s)",
+            self.requests, self.throughput
+        )?;
+        writeln!(
+            f,
+            "latency µs  p50 {}  p90 {}  p99 {}  p99.9 {}  max {}",
+            self.p50_us, self.p90_us, self.p99_us, self.p999_us, self.max_us
+        )?;
+        writeln!(f, "status      {:?}", self.codes)?;
+        if !self.sources.is_empty() {
+            writeln!(f, "sources     {:?}", self.sources)?;
+        }
+        if !self.stages_us.is_empty() {
+            let s: Vec<String> = self
+                .stages_us
+                .iter()
+                .map(|(k, v)| format!("{k} {v:.0}"))
+                .collect();
+            writeln!(f, "server µs   {}", s.join("  "))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(sources: &[(&str, u64)], stages: &[(&str, f64)]) -> Report {
+        Report {
+            target: "decide".into(),
+            mode: "closed loop, 2 callers".into(),
+            seconds: 1.5,
+            requests: 10,
+            throughput: 8.0,
+            p50_us: 1,
+            p90_us: 2,
+            p99_us: 3,
+            p999_us: 4,
+            max_us: 5,
+            codes: BTreeMap::from([("OK".into(), 10)]),
+            sources: sources.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            stages_us: stages.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            windows: Vec::new(),
+            histogram: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn bench_text_report_shows_sources_and_stages_only_when_present() {
+        let plain = report(&[], &[]).to_string();
+        assert_eq!(
+            plain,
+            "decide · closed loop, 2 callers · 1.5 s\n\
+             requests    10  (8 req/s)\n\
+             latency µs  p50 1  p90 2  p99 3  p99.9 4  max 5\n\
+             status      {\"OK\": 10}\n"
+        );
+        let full = report(&[("MODEL", 10)], &[("compute", 12.4), ("total", 80.6)]).to_string();
+        assert!(full.contains("sources     {\"MODEL\": 10}\n"), "{full}");
+        assert!(
+            full.ends_with("server µs   compute 12  total 81\n"),
+            "{full}"
+        );
+    }
+}

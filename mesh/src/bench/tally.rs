@@ -1,0 +1,302 @@
+//! What the bench counts while it runs (latencies overall and per one-second
+//! window, status codes, answer sources, server stage times) and how that becomes
+//! a [`Report`].
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+
+use super::report::{Bucket, Report, Window};
+
+/// Width of a time-series window.
+const WINDOW: Duration = Duration::from_secs(1);
+
+struct WindowTally {
+    hist: Histogram<u64>,
+    errors: u64,
+}
+
+pub struct Tally {
+    started: Instant,
+    /// Seconds of load: requests are sent in `[0, load_s)`.
+    load_s: f64,
+    pub hist: Histogram<u64>,
+    windows: Vec<WindowTally>,
+    codes: BTreeMap<String, u64>,
+    sources: BTreeMap<String, u64>,
+    stages: BTreeMap<&'static str, u64>,
+}
+
+impl Tally {
+    pub fn new(started: Instant, load_s: f64) -> anyhow::Result<Self> {
+        Ok(Self {
+            started,
+            load_s,
+            hist: Histogram::new_with_bounds(1, 120_000_000, 3)?,
+            windows: Vec::new(),
+            codes: BTreeMap::new(),
+            sources: BTreeMap::new(),
+            stages: BTreeMap::new(),
+        })
+    }
+
+    /// Records one latency, in the window of `intended`.
+    pub fn record(&mut self, intended: Instant, us: u64, ok: bool) {
+        let us = us.clamp(1, self.hist.high());
+        let _ = self.hist.record(us);
+        let last = (self.load_s / WINDOW.as_secs_f64()).ceil().max(1.0) as usize - 1;
+        let since = intended.saturating_duration_since(self.started);
+        // A closed-loop caller may send a hair after the end: the last window.
+        let idx = ((since.as_nanos() / WINDOW.as_nanos()) as usize).min(last);
+        while self.windows.len() <= idx {
+            self.windows.push(WindowTally {
+                // Auto-resizing with two significant digits: a window's counts
+                // array only spans the latencies it saw (a few KiB), so a long
+                // bench stays small.
+                hist: Histogram::new(2).expect("2 significant digits is valid"),
+                errors: 0,
+            });
+        }
+        let w = &mut self.windows[idx];
+        let _ = w.hist.record(us);
+        if !ok {
+            w.errors += 1;
+        }
+    }
+
+    /// Counts one answer: its status code, where it came from (Decide) and the
+    /// server's time per stage (Decide), summed.
+    pub fn count(&mut self, code: String, source: Option<String>, stages: &[(&'static str, u64)]) {
+        *self.codes.entry(code).or_default() += 1;
+        if let Some(s) = source {
+            *self.sources.entry(s).or_default() += 1;
+        }
+        for (k, v) in stages {
+            *self.stages.entry(*k).or_default() += *v;
+        }
+    }
+
+    /// The windows as reported.
+    fn windows(&self) -> Vec<Window> {
+        let load_s = self.load_s;
+        let width = WINDOW.as_secs_f64();
+        self.windows
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let t_s = i as f64 * width;
+                let seconds = (load_s - t_s).clamp(1e-3, width);
+                let n = w.hist.len();
+                let q = |q: f64| w.hist.value_at_quantile(q);
+                Window {
+                    t_s,
+                    seconds,
+                    requests: n,
+                    errors: w.errors,
+                    throughput: n as f64 / seconds,
+                    p50_us: q(0.5),
+                    p90_us: q(0.9),
+                    p99_us: q(0.99),
+                    p999_us: q(0.999),
+                    max_us: w.hist.max(),
+                }
+            })
+            .collect()
+    }
+
+    /// The report of a run that lasted `secs`. Stage times are the means over the
+    /// OK answers of what the answers carried (Decide), else `server_stages`
+    /// (what the server's own statistics say, for Infer).
+    pub fn report(
+        &mut self,
+        target: String,
+        mode: String,
+        secs: f64,
+        server_stages: BTreeMap<String, f64>,
+    ) -> Report {
+        // A count-bounded run learns its length at the end.
+        self.load_s = self.load_s.min(secs);
+        let n = self.hist.len();
+        let ok = self.codes.get("OK").copied().unwrap_or(0).max(1) as f64;
+        Report {
+            target,
+            mode,
+            seconds: secs,
+            requests: n,
+            throughput: n as f64 / secs,
+            p50_us: self.hist.value_at_quantile(0.5),
+            p90_us: self.hist.value_at_quantile(0.9),
+            p99_us: self.hist.value_at_quantile(0.99),
+            p999_us: self.hist.value_at_quantile(0.999),
+            max_us: self.hist.max(),
+            codes: self.codes.clone(),
+            sources: self.sources.clone(),
+            stages_us: if self.stages.is_empty() {
+                server_stages
+            } else {
+                self.stages
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), *v as f64 / ok))
+                    .collect()
+            },
+            windows: self.windows(),
+            histogram: log_buckets(&self.hist),
+        }
+    }
+}
+
+/// Splits the recorded latencies into log-spaced buckets (edges at 10^(k/n) µs,
+/// rounded to 3 significant digits) from the smallest to the largest: 10, 20,
+/// 50 or 100 buckets per decade, the fewest that give at least 30 buckets.
+pub fn log_buckets(hist: &Histogram<u64>) -> Vec<Bucket> {
+    if hist.is_empty() {
+        return Vec::new();
+    }
+    let (lo, hi) = (hist.min().max(1) as f64, hist.max().max(1) as f64);
+    let decades = (hi.log10() - lo.log10()).max(0.0);
+    let per_decade = [10u32, 20, 50, 100]
+        .into_iter()
+        .find(|n| decades * *n as f64 >= 30.0)
+        .unwrap_or(100) as f64;
+    // Through decimal text, so that the edges print as short numbers.
+    let round3 = |x: f64| format!("{x:.2e}").parse::<f64>().unwrap_or(x);
+    let k0 = (lo.log10() * per_decade).floor() as i64;
+    let k1 = (hi.log10() * per_decade).floor() as i64 + 1;
+    let mut edges: Vec<f64> = (k0..=k1)
+        .map(|k| round3(10f64.powf(k as f64 / per_decade)))
+        .collect();
+    edges.dedup();
+    let mut counts = vec![0u64; edges.len() - 1];
+    for v in hist.iter_recorded() {
+        let x = hist.median_equivalent(v.value_iterated_to()) as f64;
+        let i = edges.partition_point(|e| *e <= x).clamp(1, counts.len());
+        counts[i - 1] += v.count_at_value();
+    }
+    edges
+        .windows(2)
+        .zip(counts)
+        .map(|(e, count)| Bucket {
+            lower_us: e[0],
+            upper_us: e[1],
+            count,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bench_log_buckets_cover_every_latency() {
+        let mut h = Histogram::<u64>::new_with_bounds(1, 120_000_000, 3).unwrap();
+        for v in [90u64, 100, 101, 250, 251, 999, 1000, 4_000, 80_000] {
+            h.record_n(v, 3).unwrap();
+        }
+        let b = log_buckets(&h);
+        assert_eq!(b.iter().map(|b| b.count).sum::<u64>(), h.len());
+        assert!(b.len() >= 30, "{}", b.len());
+        assert!(b.first().unwrap().lower_us <= 90.0);
+        assert!(b.last().unwrap().upper_us > 80_000.0);
+        for w in b.windows(2) {
+            assert_eq!(w[0].upper_us, w[1].lower_us);
+            assert!(w[0].lower_us < w[0].upper_us);
+        }
+        // Edges print short (3 significant digits), e.g. 126 not 125.89254117941675.
+        assert!(b.iter().all(|b| b.lower_us.to_string().len() <= 8), "{b:?}");
+        // One value only: one bucket around it.
+        let mut one = Histogram::<u64>::new_with_bounds(1, 120_000_000, 3).unwrap();
+        one.record(500).unwrap();
+        let b = log_buckets(&one);
+        assert_eq!(b.iter().map(|b| b.count).sum::<u64>(), 1);
+        assert!(log_buckets(&Histogram::<u64>::new(3).unwrap()).is_empty());
+    }
+
+    #[test]
+    fn bench_windows_bucket_by_send_time() {
+        let start = Instant::now();
+        let mut t = Tally::new(start, 2.5).unwrap();
+        let at = |s: f64| start + Duration::from_secs_f64(s);
+        for i in 0..100 {
+            t.record(at(0.01 * i as f64), 100 + i, true);
+        }
+        t.record(at(1.5), 5_000, false);
+        t.record(at(2.2), 300, true);
+        // Sent a hair after the end (closed loop): still in the last window.
+        t.record(at(2.6), 300, true);
+        let w = t.windows();
+        assert_eq!(w.len(), 3);
+        assert_eq!((w[0].requests, w[0].errors), (100, 0));
+        assert_eq!((w[1].requests, w[1].errors), (1, 1));
+        assert_eq!(w[2].requests, 2);
+        assert_eq!(w[2].t_s, 2.0);
+        assert!((w[2].seconds - 0.5).abs() < 1e-9);
+        assert!((w[2].throughput - 4.0).abs() < 1e-9);
+        assert!((149..=151).contains(&w[0].p50_us), "{}", w[0].p50_us);
+        assert!(w[0].max_us >= 199);
+        assert_eq!(w[1].p999_us, w[1].max_us);
+        assert_eq!(t.hist.len(), 103);
+        // A second with no answers in between (a stall) is an empty window.
+        let mut t = Tally::new(start, 3.0).unwrap();
+        t.record(at(0.1), 100, true);
+        t.record(at(2.1), 100, true);
+        let w = t.windows();
+        assert_eq!(w.len(), 3);
+        assert_eq!(
+            (w[1].requests, w[1].p50_us, w[1].p999_us, w[1].max_us),
+            (0, 0, 0, 0)
+        );
+        assert_eq!(w[1].throughput, 0.0);
+    }
+
+    #[test]
+    fn bench_report_means_stages_over_ok_answers_and_trims_to_the_run() {
+        let start = Instant::now();
+        // Bounded by count: the load could have lasted a year, it lasted 1.5 s.
+        let mut t = Tally::new(start, 365.0 * 86_400.0).unwrap();
+        let at = |s: f64| start + Duration::from_secs_f64(s);
+        for (i, code) in ["OK", "OK", "OK", "Unavailable"].into_iter().enumerate() {
+            t.record(at(0.5 * i as f64), 100, code == "OK");
+            let ok = code == "OK";
+            let stages: &[(&'static str, u64)] = if ok {
+                &[("compute", 30), ("total", 90)]
+            } else {
+                &[]
+            };
+            t.count(code.into(), ok.then(|| "MODEL".to_owned()), stages);
+        }
+        let server = BTreeMap::from([("queue".to_owned(), 1.0)]);
+        let r = t.report(
+            "decide".into(),
+            "closed loop, 1 callers".into(),
+            1.5,
+            server.clone(),
+        );
+        assert_eq!((r.requests, r.seconds, r.throughput), (4, 1.5, 4.0 / 1.5));
+        assert_eq!(
+            r.codes,
+            BTreeMap::from([("OK".into(), 3), ("Unavailable".into(), 1)])
+        );
+        assert_eq!(r.sources, BTreeMap::from([("MODEL".into(), 3)]));
+        // Sums over the three OK answers, not the four requests; the answers'
+        // stages win over the server's statistics.
+        assert_eq!(
+            r.stages_us,
+            BTreeMap::from([("compute".into(), 30.0), ("total".into(), 90.0)])
+        );
+        // Windows end where the run did: 0-1 s and a half second.
+        assert_eq!(r.windows.len(), 2);
+        assert!((r.windows[1].seconds - 0.5).abs() < 1e-9);
+        assert_eq!(r.histogram.iter().map(|b| b.count).sum::<u64>(), 4);
+        // Without stage times in the answers (Infer), the server's are reported.
+        let mut t = Tally::new(start, 1.0).unwrap();
+        t.record(start, 100, true);
+        t.count("OK".into(), None, &[]);
+        assert_eq!(
+            t.report("infer".into(), String::new(), 1.0, server.clone())
+                .stages_us,
+            server
+        );
+    }
+}

@@ -1,0 +1,92 @@
+//! `mesh logs join` and `mesh logs tail`: the command line of the prediction log's
+//! [`commands`](mesh_prediction_log::commands).
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use mesh_prediction_log::commands;
+
+#[derive(Debug, Subcommand)]
+pub enum LogsCommand {
+    /// Per model version and role: AUC, precision/recall, Brier, fallbacks, stage latencies.
+    Join(JoinArgs),
+    /// Show the newest records as they are written.
+    Tail(TailArgs),
+}
+
+/// `mesh logs join`: per model version and role, how the predictions did against labels.
+#[derive(Debug, Clone, Args)]
+pub struct JoinArgs {
+    /// Prediction log directory (the writer's `dir`).
+    #[arg(long)]
+    pub logs: PathBuf,
+    /// Labels file: CSV with a header row, or Parquet (by the `.parquet` extension).
+    #[arg(long)]
+    pub labels: PathBuf,
+    /// Join key: `request_id`, or an entity key name; the labels file has a column of that name.
+    #[arg(long, default_value = "request_id")]
+    pub key: String,
+    /// Label column: 1/0, true/false, yes/no.
+    #[arg(long, default_value = "label")]
+    pub label: String,
+    /// Also report precision/recall when flagging `score >= T` (repeatable).
+    #[arg(long = "threshold", value_name = "T")]
+    pub thresholds: Vec<f64>,
+    /// Include records of the open segment (wal files), not only closed Parquet segments.
+    #[arg(long)]
+    pub include_wal: bool,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `mesh logs tail`: the newest records, then new ones as they are written.
+#[derive(Debug, Clone, Args)]
+pub struct TailArgs {
+    /// Prediction log directory (the writer's `dir`).
+    #[arg(long)]
+    pub logs: PathBuf,
+    /// How many existing records to show first.
+    #[arg(short = 'n', long, default_value_t = 10)]
+    pub lines: usize,
+    /// Print the existing records and exit instead of following.
+    #[arg(long)]
+    pub no_follow: bool,
+    /// Poll interval in milliseconds while following.
+    #[arg(long, default_value_t = 250)]
+    pub interval_ms: u64,
+    /// One JSON object per line instead of a summary line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs a `mesh logs` command, writing to stdout.
+pub fn run(command: LogsCommand) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    match command {
+        LogsCommand::Join(a) => commands::run_join(
+            &commands::JoinArgs {
+                logs: a.logs,
+                labels: a.labels,
+                key: a.key,
+                label: a.label,
+                thresholds: a.thresholds,
+                include_wal: a.include_wal,
+                json: a.json,
+            },
+            &mut out,
+        )?,
+        // Ctrl-C ends the process while following.
+        LogsCommand::Tail(a) => commands::run_tail(
+            &commands::TailArgs {
+                logs: a.logs,
+                lines: a.lines,
+                no_follow: a.no_follow,
+                interval_ms: a.interval_ms,
+                json: a.json,
+            },
+            &mut out,
+            &|| false,
+        )?,
+    }
+    Ok(())
+}

@@ -1,0 +1,96 @@
+//! What the OIP and Decide front doors share about a request: its deadline budget
+//! (`grpc-timeout`), its id, the version it names, and its one log line.
+use std::time::{Duration, Instant};
+
+use crate::error::RouterError;
+
+/// One line per request at debug; failures the server caused at warn, the
+/// caller's own mistakes at debug (they are the caller's to log). The request id
+/// is a field of the line itself, so a warn line carries it even when the
+/// per-request span (debug level: free when debug is off) is not recorded.
+pub fn log_result<T>(result: &Result<T, RouterError>, started: Instant, request_id: &str) {
+    let us = started.elapsed().as_micros() as u64;
+    match result {
+        Ok(_) => tracing::debug!(request_id, latency_us = us, "answered"),
+        Err(e) if e.is_server_side() => {
+            tracing::warn!(request_id, latency_us = us, code = e.code_label(), error = %e, "request failed")
+        }
+        Err(e) => {
+            tracing::debug!(request_id, latency_us = us, code = e.code_label(), error = %e, "request rejected")
+        }
+    }
+}
+
+/// An id for requests that bring none: process start time and a counter.
+pub fn next_request_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static START: OnceLock<u128> = OnceLock::new();
+    static N: AtomicU64 = AtomicU64::new(0);
+    let start = START.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros())
+            .unwrap_or(0)
+    });
+    format!("oip-{start:x}-{}", N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// `""` means "newest ready"; anything else must be a version number.
+pub fn parse_version(model: &str, v: &str) -> Result<Option<u64>, RouterError> {
+    if v.is_empty() {
+        return Ok(None);
+    }
+    v.parse::<u64>().map(Some).map_err(|_| {
+        RouterError::NotFound(format!(
+            "model '{model}' has no version '{v}' (versions are numbers)"
+        ))
+    })
+}
+
+/// The caller's deadline budget from a gRPC request's `grpc-timeout` header.
+pub fn timeout_of<T>(req: &tonic::Request<T>) -> Option<Duration> {
+    req.metadata()
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_grpc_timeout)
+}
+
+/// Parses a `grpc-timeout` header value (`<digits><H|M|S|m|u|n>`).
+pub fn parse_grpc_timeout(v: &str) -> Option<Duration> {
+    let (num, unit) = v.split_at(v.len().checked_sub(1)?);
+    let n: u64 = num.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.checked_mul(3600)?),
+        "M" => Duration::from_secs(n.checked_mul(60)?),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeout_units() {
+        assert_eq!(parse_grpc_timeout("100m"), Some(Duration::from_millis(100)));
+        assert_eq!(parse_grpc_timeout("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_grpc_timeout("5u"), Some(Duration::from_micros(5)));
+        assert_eq!(parse_grpc_timeout("x"), None);
+        assert_eq!(parse_grpc_timeout(""), None);
+    }
+
+    #[test]
+    fn versions_are_numbers() {
+        assert_eq!(parse_version("m", "").unwrap(), None);
+        assert_eq!(parse_version("m", "3").unwrap(), Some(3));
+        assert!(matches!(
+            parse_version("m", "latest"),
+            Err(RouterError::NotFound(_))
+        ));
+    }
+}
