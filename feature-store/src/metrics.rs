@@ -15,6 +15,8 @@ pub const PUSH_SECONDS: &str = "mesh_features_push_seconds";
 pub const ROWS_WRITTEN_TOTAL: &str = "mesh_features_rows_written_total";
 pub const ROWS_SKIPPED_TOTAL: &str = "mesh_features_rows_skipped_older_total";
 pub const STORE_SIZE_BYTES: &str = "mesh_features_store_size_bytes";
+/// Counter: rows refused before anything was written, by `view`, `path`, `reason`.
+pub const ROWS_REFUSED_TOTAL: &str = "mesh_features_rows_refused_total";
 
 /// Lookup latency: a cached sled read is a few µs and the aim for 100 keys is
 /// under 1 ms at p99, so the buckets are dense from 10 µs to 5 ms, with a tail to
@@ -73,6 +75,11 @@ pub(crate) fn record_rows_written(view: &str, path: &'static str, written: u64, 
         metrics::counter!(ROWS_SKIPPED_TOTAL, "view" => view.to_owned(), "path" => path)
             .increment(skipped);
     }
+}
+
+pub(crate) fn record_rows_refused(view: &str, path: &'static str, reason: &'static str, n: u64) {
+    metrics::counter!(ROWS_REFUSED_TOTAL, "view" => view.to_owned(), "path" => path, "reason" => reason)
+        .increment(n);
 }
 
 pub(crate) fn record_store_size(bytes: u64) {

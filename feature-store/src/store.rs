@@ -36,13 +36,22 @@ pub struct Limits {
     pub max_keys_per_lookup: usize,
     /// Most rows one push may carry.
     pub max_rows_per_push: usize,
+    /// How far ahead of this host's clock a written row's event time may be. A row
+    /// dated further ahead would win every later event-time comparison and freeze
+    /// its key, so it is refused (and counted), never stored. Covers clock skew
+    /// between producers and this host.
+    pub max_future_skew: std::time::Duration,
 }
+
+/// Default of [`Limits::max_future_skew`]: five minutes.
+pub const DEFAULT_MAX_FUTURE_SKEW: std::time::Duration = std::time::Duration::from_secs(300);
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_keys_per_lookup: 4096,
             max_rows_per_push: 10_000,
+            max_future_skew: DEFAULT_MAX_FUTURE_SKEW,
         }
     }
 }
@@ -92,7 +101,7 @@ pub enum WritePath {
 }
 
 impl WritePath {
-    fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             WritePath::Push => "push",
             WritePath::Ingest => "ingest",
@@ -250,6 +259,23 @@ impl FeatureStore {
             });
         }
         // Validate and encode everything before taking the lock or touching sled.
+        let skew = self.inner.options.limits.max_future_skew;
+        let horizon = crate::types::now_micros()
+            .saturating_add(i64::try_from(skew.as_micros()).unwrap_or(i64::MAX));
+        if let Some((i, row)) = rows
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.event_time > horizon)
+        {
+            m::record_rows_refused(view, path.as_str(), "future_event_time", 1);
+            return Err(FeatureStoreError::InvalidArgument(format!(
+                "row {i}: event time {} is more than {} s ahead of this host's clock \
+                 ({}; max_future_skew); nothing of this write was stored",
+                crate::ingest::time::format_micros(row.event_time),
+                skew.as_secs(),
+                crate::ingest::time::format_micros(crate::types::now_micros()),
+            )));
+        }
         let mut encoded: Vec<(Vec<u8>, Micros, Vec<u8>)> = Vec::with_capacity(rows.len());
         let mut index: HashMap<Vec<u8>, usize> = HashMap::with_capacity(rows.len());
         for (i, row) in rows.iter().enumerate() {

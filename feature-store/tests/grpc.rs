@@ -159,6 +159,7 @@ async fn bad_input_gets_clear_status_codes() {
     let (mut client, store, _dir) = serve(Limits {
         max_keys_per_lookup: 5,
         max_rows_per_push: 3,
+        ..Limits::default()
     })
     .await;
     let t = fresh();

@@ -522,3 +522,57 @@ fn damaged_data_files_never_panic_on_open() {
         }
     }
 }
+
+#[test]
+fn future_event_times_are_refused_and_never_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let now = mesh_feature_store::now_micros();
+    let hour = 3_600_000_000i64;
+    // A century ahead, an hour ahead (past the default 5 min skew), and the largest
+    // time there is: each refused whole, naming the row and the setting.
+    for (i, far) in [now + 100 * 365 * 24 * hour, now + hour, i64::MAX]
+        .into_iter()
+        .enumerate()
+    {
+        let rows = [card_row(1, now - 1_000_000, 2), card_row(7, far, 4)];
+        let e = store
+            .write_rows("card", &rows, Durability::Buffered)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("row 1") && e.contains("max_future_skew"),
+            "case {i}: {e}"
+        );
+        // Nothing of the write was stored, not even the good row before it.
+        assert_eq!(amount(&store, 1), None, "case {i}");
+        assert_eq!(amount(&store, 7), None, "case {i}");
+    }
+    // Within the skew (clocks of producers drift): accepted.
+    let soon = now + 60_000_000;
+    store
+        .write_rows("card", &[card_row(7, soon, 4)], Durability::Buffered)
+        .unwrap();
+    assert_eq!(amount(&store, 7).map(|(t, _)| t), Some(soon));
+    // And the key is not frozen: a later correct row still wins.
+    store
+        .write_rows("card", &[card_row(7, soon + 1, 6)], Durability::Buffered)
+        .unwrap();
+    assert_eq!(amount(&store, 7).map(|(t, _)| t), Some(soon + 1));
+
+    // Ingest follows the same rule: the file's batch with the future row is refused.
+    let path = dir.path().join("future.csv");
+    let secs = |us: i64| format!("{}", us / 1_000_000);
+    write_csv(
+        &path,
+        [
+            format!("20,{},1.0,1,0,true,US,,x", secs(now - 1_000_000)),
+            format!("21,{},1.0,1,0,true,US,,x", secs(now + 1000 * hour)),
+        ],
+    );
+    let e = ingest_file(&store, "card", &path, &IngestOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("max_future_skew"), "{e}");
+    assert_eq!(amount(&store, 21), None);
+}

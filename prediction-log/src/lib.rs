@@ -20,6 +20,7 @@ pub mod commands;
 mod config;
 mod error;
 pub mod join;
+pub mod lock;
 mod parquet_io;
 mod reader;
 mod record;

@@ -98,10 +98,12 @@ impl WriterTask {
 }
 
 impl PredictionLog {
-    /// Recovers leftovers of a previous run in `config.dir` (wal files -> Parquet), then
-    /// starts the writer threads.
+    /// Takes the directory's lock (a second writer is refused, naming the holder),
+    /// recovers leftovers of a previous run in `config.dir` (wal files -> Parquet), then
+    /// starts the writer threads. The lock is held until the writer thread ends.
     pub fn start(config: LogConfig) -> Result<(PredictionLogHandle, WriterTask)> {
         config.validate()?;
+        let lock = crate::lock::DirLock::acquire(&config.dir)?;
         let wdir = segment::wal_dir(&config.dir);
         std::fs::create_dir_all(&wdir).map_err(|e| LogError::io(&wdir, e))?;
         let recovered = segment::recover(&config.dir)?;
@@ -129,6 +131,8 @@ impl PredictionLog {
                 .name("prediction-log".into())
                 .spawn(move || {
                     writer_main(config, rx, &shared);
+                    // Released only after the last segment is closed and converted.
+                    drop(lock);
                     let _ = done_tx.send(true);
                 })
                 .map_err(|e| LogError::io("prediction-log thread", e))?

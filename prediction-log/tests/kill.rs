@@ -85,6 +85,17 @@ fn sigkill_loses_no_flushed_record_and_leaves_readable_files() {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    // A second writer on the live directory is refused and names the holder, before
+    // it recovers anything (recovery used to delete the live write-ahead file; the
+    // no-record-lost check below would catch that).
+    let err = PredictionLog::start(LogConfig::new(dir.path()))
+        .err()
+        .expect("a second writer on a live directory must be refused")
+        .to_string();
+    assert!(
+        err.contains("is in use") && err.contains(&format!("pid {}", child.id())),
+        "{err}"
+    );
     // Read the figure before the kill: anything reported later was flushed later still.
     let flushed = reported.load(Ordering::SeqCst);
     child.kill().unwrap(); // SIGKILL
@@ -103,7 +114,8 @@ fn sigkill_loses_no_flushed_record_and_leaves_readable_files() {
         "the open segment was left as a wal"
     );
 
-    // Recovery (what the next start does) turns wal leftovers into segments.
+    // The killed writer's lock went with it: the next start recovers the wal
+    // leftovers into segments.
     let (log, writer) = PredictionLog::start(LogConfig::new(dir.path())).unwrap();
     log.shutdown().await_blocking();
     writer.join().unwrap();

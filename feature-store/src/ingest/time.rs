@@ -42,6 +42,29 @@ fn seconds_to_micros(s: &str) -> Option<Micros> {
     Some(if neg { -micros } else { micros })
 }
 
+/// RFC 3339 UTC text of a time in Unix microseconds (seconds precision), for
+/// messages: `2024-05-01T12:00:00Z`.
+pub fn format_micros(us: Micros) -> String {
+    let secs = us.div_euclid(1_000_000);
+    let (days, in_day) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        in_day / 3600,
+        (in_day / 60) % 60,
+        in_day % 60
+    )
+}
+
 /// Days from 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).
 fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     let y = if m <= 2 { y - 1 } else { y };
@@ -121,6 +144,18 @@ fn parse_rfc3339(s: &str) -> Option<Micros> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn formats_what_it_parses() {
+        for t in [
+            "1970-01-01T00:00:00Z",
+            "2024-02-29T12:34:56Z",
+            "1969-12-31T23:59:59Z",
+            "2100-03-01T00:00:01Z",
+        ] {
+            assert_eq!(format_micros(parse_timestamp(t).unwrap()), t);
+        }
+    }
 
     #[test]
     fn parses_forms() {
