@@ -29,6 +29,9 @@ fn main() -> anyhow::Result<()> {
     }
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     tonic_prost_build::configure()
+        // Every service and client checks a request's repeated fields on the wire
+        // before decoding it (src/guard.rs).
+        .codec_path("crate::guard::GuardedCodec")
         .file_descriptor_set_path(out_dir.join("mesh_descriptor.bin"))
         .compile_protos(&files, &[root])?;
     Ok(())

@@ -5,6 +5,8 @@
 //! - [`mesh::v1`]: the mesh's own API for internal callers (decisions, features).
 #![allow(clippy::all, missing_docs, rust_2018_idioms)]
 
+pub mod guard;
+
 pub mod inference {
     tonic::include_proto!("inference");
 }

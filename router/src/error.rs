@@ -83,6 +83,13 @@ impl RouterError {
         ) && !matches!(self, Self::TooLarge(_))
     }
 
+    /// The message a caller (or a log line) gets: cut to [`MAX_MESSAGE_BYTES`], since
+    /// messages name what the request sent (model names, versions, ids), and a
+    /// request must not be able to make the answer or the log as large as itself.
+    pub fn message(&self) -> String {
+        clip(&self.to_string(), MAX_MESSAGE_BYTES)
+    }
+
     /// Low-cardinality label for metrics.
     pub fn code_label(&self) -> &'static str {
         code_label(self.code())
@@ -104,8 +111,42 @@ pub fn code_label(code: Code) -> &'static str {
     }
 }
 
+/// Longest error message a caller gets, bytes.
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+
+/// `s` cut to at most `max` bytes (at a character boundary), saying how much was cut.
+pub fn clip(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes cut)", &s[..end], s.len() - end)
+}
+
 impl From<RouterError> for Status {
     fn from(e: RouterError) -> Self {
-        Status::new(e.code(), e.to_string())
+        Status::new(e.code(), e.message())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_messages_are_cut_at_a_character_boundary() {
+        assert_eq!(clip("short", 10), "short");
+        let long = "é".repeat(2000); // 4,000 bytes
+        let c = clip(&long, MAX_MESSAGE_BYTES);
+        assert!(c.len() < MAX_MESSAGE_BYTES + 32, "{}", c.len());
+        assert!(c.ends_with("(2976 bytes cut)"), "{c}");
+        let e = RouterError::NotFound(format!("model '{}' is not loaded", "x".repeat(1 << 20)));
+        let status = Status::from(e);
+        assert_eq!(status.code(), Code::NotFound);
+        assert!(status.message().len() < 1100);
+        assert!(status.message().starts_with("model 'xxx"));
     }
 }

@@ -10,6 +10,7 @@ pub mod admin;
 pub mod config;
 pub mod decide;
 pub mod error;
+pub mod listen;
 pub mod offline;
 pub mod oip;
 pub mod plog;

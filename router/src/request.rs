@@ -13,12 +13,27 @@ pub fn log_result<T>(result: &Result<T, RouterError>, started: Instant, request_
     match result {
         Ok(_) => tracing::debug!(request_id, latency_us = us, "answered"),
         Err(e) if e.is_server_side() => {
-            tracing::warn!(request_id, latency_us = us, code = e.code_label(), error = %e, "request failed")
+            tracing::warn!(request_id, latency_us = us, code = e.code_label(), error = %e.message(), "request failed")
         }
         Err(e) => {
-            tracing::debug!(request_id, latency_us = us, code = e.code_label(), error = %e, "request rejected")
+            tracing::debug!(request_id, latency_us = us, code = e.code_label(), error = %e.message(), "request rejected")
         }
     }
+}
+
+/// Longest request id a caller may send, bytes: the id is copied into every log
+/// line and prediction-log record of the request.
+pub const MAX_REQUEST_ID_BYTES: usize = 256;
+
+/// Refuses an id longer than [`MAX_REQUEST_ID_BYTES`].
+pub fn check_request_id(id: &str) -> Result<(), RouterError> {
+    if id.len() > MAX_REQUEST_ID_BYTES {
+        return Err(RouterError::invalid(format!(
+            "request id is {} bytes; the limit is {MAX_REQUEST_ID_BYTES}",
+            id.len()
+        )));
+    }
+    Ok(())
 }
 
 /// An id for requests that bring none: process start time and a counter.

@@ -40,14 +40,23 @@ pub struct Running {
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     system: ActorSystem,
+    /// How long a shutdown waits for requests in flight.
+    grace: std::time::Duration,
 }
 
 impl Running {
-    /// Stops accepting, lets requests in flight finish, stops the actors.
+    /// Stops accepting, lets requests in flight finish for up to the shutdown grace
+    /// period (then closes whatever connections remain, so an idle or half-sent
+    /// connection cannot hold the process), closes the log, stops the actors.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
-        for t in self.tasks {
-            let _ = t.await;
+        let deadline = tokio::time::Instant::now() + self.grace;
+        for mut t in self.tasks {
+            if tokio::time::timeout_at(deadline, &mut t).await.is_err() {
+                tracing::warn!(grace = ?self.grace, "connections still open after the shutdown grace period; closing them");
+                t.abort();
+                let _ = t.await;
+            }
         }
         if let Some(store) = &self.store {
             if let Err(e) = store.flush() {
@@ -64,10 +73,14 @@ impl Running {
         self.system.stop();
     }
 
-    /// Resolves when the servers have stopped (after a shutdown or a fatal error).
+    /// Resolves when a stop was asked for (a signal's [`Running::stopper`]) or a
+    /// server stopped on its own (a fatal error); [`Running::shutdown`] then drains.
     pub async fn wait(&mut self) {
-        for t in self.tasks.drain(..) {
-            let _ = t.await;
+        let mut stopped = self.stop.subscribe();
+        let any_task = futures::future::select_all(self.tasks.iter_mut());
+        tokio::select! {
+            _ = stopped.wait_for(|s| *s) => {}
+            _ = any_task => {}
         }
     }
 
@@ -248,6 +261,7 @@ pub async fn start_mesh(mesh: &MeshConfig) -> Result<Running, RouterError> {
         stop,
         tasks: vec![grpc_task, http_task],
         system: parts.system,
+        grace: crate::listen::ConnectionConfig::default().shutdown_grace,
     })
 }
 

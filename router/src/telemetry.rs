@@ -20,6 +20,10 @@ pub mod names {
     /// Histogram: time per decision stage (`stage` = validate, features, preprocess,
     /// queue, compute, postprocess, total).
     pub const STAGE: &str = "mesh_router_stage_seconds";
+    /// Gauge: connections open on the gRPC and HTTP ports together.
+    pub const OPEN_CONNECTIONS: &str = "mesh_router_open_connections";
+    /// Counter: connections closed because nothing arrived for `idle_timeout`.
+    pub const IDLE_CLOSED: &str = "mesh_router_idle_connections_closed_total";
 }
 
 /// Log line format.

@@ -32,7 +32,7 @@ impl IntoResponse for RouterError {
     fn into_response(self) -> Response {
         (
             self.http_status(),
-            Json(json!({ "error": self.to_string() })),
+            Json(json!({ "error": self.message() })),
         )
             .into_response()
     }

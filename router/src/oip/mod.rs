@@ -12,7 +12,7 @@ use metrics::{counter, histogram};
 use tracing::Instrument;
 
 use crate::error::RouterError;
-use crate::request::{log_result, next_request_id};
+use crate::request::{check_request_id, log_result, next_request_id};
 use crate::telemetry::names;
 
 /// Limits on what one request may carry.
@@ -84,6 +84,9 @@ impl Core {
             && (self.log.is_some() || tracing::enabled!(tracing::Level::DEBUG))
         {
             next_request_id().into()
+        } else if request_id.len() > crate::request::MAX_REQUEST_ID_BYTES {
+            // Refused below; logged cut.
+            crate::error::clip(request_id, 64).into()
         } else {
             request_id.into()
         };
@@ -91,6 +94,7 @@ impl Core {
         // (`mesh bench --target infer`, see README), so the default `info` skips them.
         let span = tracing::debug_span!("infer", request_id = %id, model, protocol);
         let result = async {
+            check_request_id(request_id)?;
             let handle = self.repo.get(model, version)?;
             let batch = make_batch(&handle)?;
             validate = started.elapsed();
@@ -117,7 +121,12 @@ impl Core {
                 } else {
                     "unknown".to_owned()
                 };
-                let version_label = version.map(|v| v.to_string()).unwrap_or_default();
+                // Likewise versions: only a version the model serves becomes a label.
+                let version_label = match version {
+                    None => String::new(),
+                    Some(v) if self.repo.get(model, Some(v)).is_ok() => v.to_string(),
+                    Some(_) => "unknown".to_owned(),
+                };
                 counter!(names::REQUESTS, "model" => model_label.clone(), "version" => version_label, "protocol" => protocol, "code" => e.code_label())
                     .increment(1);
                 histogram!(names::REQUEST_DURATION, "model" => model_label, "protocol" => protocol)

@@ -1,0 +1,323 @@
+//! Accepting connections with bounds: at most `max_connections` open at once per
+//! port (the next client waits in the kernel's backlog until one closes, so file
+//! descriptors never run out), and a connection that sends nothing for
+//! `idle_timeout` is closed (a socket that never speaks, a client that stopped
+//! mid-request). Together with the per-request timeout, the HTTP/2 keepalive pings
+//! and the maximum connection age set on the servers, no client can hold a slot
+//! for ever. TCP_NODELAY is set on every connection: small answers must not wait
+//! for delayed ACKs (~40 ms).
+use std::io;
+use std::net::SocketAddr;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
+
+/// `[server.connections]`: how long and how many connections may live, on both ports.
+///
+/// ```toml
+/// [server.connections]
+/// max_connections = 1024        # per port; the next client waits for a free slot
+/// idle_timeout = "60s"          # nothing received for this long closes a connection
+/// request_timeout = "30s"       # a whole request, body included (slow bodies end here)
+/// keepalive_interval = "30s"    # HTTP/2 pings to each gRPC client
+/// keepalive_timeout = "10s"     # a ping unanswered this long closes the connection
+/// max_connection_age = "30m"    # gRPC connections are asked to reconnect after this
+/// shutdown_grace = "10s"        # SIGTERM: requests in flight get this long, then all close
+/// ```
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConnectionConfig {
+    pub max_connections: usize,
+    #[serde(deserialize_with = "mesh_stack::config::duration::deserialize")]
+    pub idle_timeout: Duration,
+    #[serde(deserialize_with = "mesh_stack::config::duration::deserialize")]
+    pub request_timeout: Duration,
+    #[serde(deserialize_with = "mesh_stack::config::duration::deserialize")]
+    pub keepalive_interval: Duration,
+    #[serde(deserialize_with = "mesh_stack::config::duration::deserialize")]
+    pub keepalive_timeout: Duration,
+    #[serde(deserialize_with = "mesh_stack::config::duration::deserialize")]
+    pub max_connection_age: Duration,
+    #[serde(deserialize_with = "mesh_stack::config::duration::deserialize")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ConnectionConfig {
+    fn default() -> Self {
+        Self {
+            max_connections: 1024,
+            idle_timeout: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(30),
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(10),
+            max_connection_age: Duration::from_secs(30 * 60),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+impl ConnectionConfig {
+    /// The accept-time bounds.
+    pub fn limits(&self) -> ConnLimits {
+        ConnLimits {
+            max_connections: self.max_connections,
+            idle_timeout: self.idle_timeout,
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_connections == 0 {
+            return Err("[server.connections] max_connections must be at least 1".into());
+        }
+        for (name, d) in [
+            ("idle_timeout", self.idle_timeout),
+            ("request_timeout", self.request_timeout),
+            ("keepalive_interval", self.keepalive_interval),
+            ("keepalive_timeout", self.keepalive_timeout),
+            ("max_connection_age", self.max_connection_age),
+        ] {
+            if d.is_zero() {
+                return Err(format!("[server.connections] {name} must be more than 0"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Bounds on the connections of one port.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnLimits {
+    /// Most connections open at once.
+    pub max_connections: usize,
+    /// A connection from which nothing arrives for this long is closed.
+    pub idle_timeout: Duration,
+}
+
+/// A listener that admits at most `max_connections` at once.
+pub struct Limited {
+    listener: TcpListener,
+    permits: Arc<Semaphore>,
+    idle_timeout: Duration,
+}
+
+impl Limited {
+    pub fn new(listener: TcpListener, limits: ConnLimits) -> Self {
+        Self {
+            listener,
+            permits: Arc::new(Semaphore::new(limits.max_connections.max(1))),
+            idle_timeout: limits.idle_timeout,
+        }
+    }
+
+    /// Waits for a free slot, then for a client.
+    pub async fn accept_conn(&self) -> io::Result<(Conn, SocketAddr)> {
+        let permit = self
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| io::Error::other("listener closed"))?;
+        let (tcp, addr) = self.listener.accept().await?;
+        let _ = tcp.set_nodelay(true);
+        metrics::gauge!(crate::telemetry::names::OPEN_CONNECTIONS).increment(1.0);
+        Ok((Conn::new(tcp, permit, self.idle_timeout), addr))
+    }
+
+    /// The connections as a stream, for tonic's `serve_with_incoming_shutdown`.
+    pub fn into_stream(self) -> impl futures::Stream<Item = io::Result<Conn>> + Send {
+        futures::stream::unfold(self, |l| async move {
+            loop {
+                match l.accept_conn().await {
+                    Ok((c, _)) => return Some((Ok(c), l)),
+                    // A client that reset before accept is not the listener's failure.
+                    Err(e) if is_connection_error(&e) => continue,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed; retrying in 50 ms");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        })
+    }
+}
+
+fn is_connection_error(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    )
+}
+
+impl axum::serve::Listener for Limited {
+    type Io = Conn;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Conn, SocketAddr) {
+        loop {
+            match self.accept_conn().await {
+                Ok(c) => return c,
+                Err(e) if is_connection_error(&e) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed; retrying in 50 ms");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+}
+
+/// An accepted connection: holds its slot until dropped, and fails its reads once
+/// nothing has arrived for the idle timeout.
+pub struct Conn {
+    tcp: TcpStream,
+    _permit: OwnedSemaphorePermit,
+    idle_timeout: Duration,
+    idle: Pin<Box<Sleep>>,
+}
+
+impl Conn {
+    fn new(tcp: TcpStream, permit: OwnedSemaphorePermit, idle_timeout: Duration) -> Self {
+        Self {
+            tcp,
+            _permit: permit,
+            idle_timeout,
+            idle: Box::pin(tokio::time::sleep(idle_timeout)),
+        }
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        metrics::gauge!(crate::telemetry::names::OPEN_CONNECTIONS).decrement(1.0);
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        match Pin::new(&mut self.tcp).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                if buf.filled().len() > before {
+                    let next = Instant::now() + self.idle_timeout;
+                    self.idle.as_mut().reset(next);
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => match self.idle.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    metrics::counter!(crate::telemetry::names::IDLE_CLOSED).increment(1);
+                    Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "connection idle past idle_timeout",
+                    )))
+                }
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tcp.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_shutdown(cx)
+    }
+}
+
+impl tonic::transport::server::Connected for Conn {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.tcp.connect_info()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn listener(max: usize, idle_ms: u64) -> (Limited, SocketAddr) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let limits = ConnLimits {
+            max_connections: max,
+            idle_timeout: Duration::from_millis(idle_ms),
+        };
+        (Limited::new(l, limits), addr)
+    }
+
+    #[tokio::test]
+    async fn a_silent_connection_is_closed_after_the_idle_timeout() {
+        let (l, addr) = listener(4, 200).await;
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        let (mut conn, _) = l.accept_conn().await.unwrap();
+        // Bytes keep it open...
+        client.write_all(b"ab").await.unwrap();
+        let mut buf = [0u8; 8];
+        assert_eq!(conn.read(&mut buf).await.unwrap(), 2);
+        // ...silence closes it.
+        let started = std::time::Instant::now();
+        let e = conn.read(&mut buf).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert!(started.elapsed() >= Duration::from_millis(150));
+    }
+
+    #[tokio::test]
+    async fn no_more_than_max_connections_are_accepted_at_once() {
+        let (l, addr) = listener(2, 60_000).await;
+        let _c1 = TcpStream::connect(addr).await.unwrap();
+        let _c2 = TcpStream::connect(addr).await.unwrap();
+        let _c3 = TcpStream::connect(addr).await.unwrap();
+        let (a, _) = l.accept_conn().await.unwrap();
+        let (_b, _) = l.accept_conn().await.unwrap();
+        // The third waits for a slot...
+        let third = tokio::time::timeout(Duration::from_millis(200), l.accept_conn()).await;
+        assert!(third.is_err(), "a third connection was accepted past the cap");
+        // ...and gets one when a connection closes.
+        drop(a);
+        let third = tokio::time::timeout(Duration::from_secs(5), l.accept_conn()).await;
+        assert!(third.is_ok());
+    }
+}
