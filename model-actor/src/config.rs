@@ -44,6 +44,31 @@ use serde::Deserialize;
 
 use crate::error::ModelError;
 
+/// Upper bounds on the sizes a `model.toml` may ask for, checked when it is parsed,
+/// so that a bad file (a typo, or a hostile one) is refused with a message instead
+/// of making a load allocate without limit. Each is far above what a fraud model
+/// needs.
+pub mod limits {
+    /// `[batching] max_batch_size` (and `[warmup] batch_size`, which may not exceed it).
+    pub const MAX_BATCH_SIZE: usize = 4096;
+    /// `[batching] queue_capacity`.
+    pub const MAX_QUEUE_CAPACITY: usize = 1 << 16;
+    /// `[batching] runner_instances`.
+    pub const MAX_RUNNER_INSTANCES: usize = 64;
+    /// `[batching] replicas`.
+    pub const MAX_REPLICAS: usize = 16;
+    /// `[warmup] batches`.
+    pub const MAX_WARMUP_BATCHES: usize = 100;
+    /// Elements in one row of any input or output (product of `dims`).
+    pub const MAX_ROW_ELEMENTS: usize = 1 << 20;
+    /// Bytes of one full batch of input (`max_batch_size` x row x 8 bytes).
+    pub const MAX_BATCH_BYTES: usize = 256 << 20;
+    /// Versions a `specific` policy or `latest = N` may name.
+    pub const MAX_VERSIONS: usize = 64;
+    /// Size of one weights file.
+    pub const MAX_WEIGHTS_BYTES: u64 = 4 << 30;
+}
+
 /// Element types a request may carry and a model may declare.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 pub enum DataType {
@@ -372,6 +397,82 @@ impl ModelConfig {
             return Err("outputs are FP32".into());
         }
         parse_device(&self.device)?;
+        self.check_sizes()?;
+        if let Some(mlp) = &self.mlp {
+            check_relative_path("[mlp] weights", &mlp.weights)?;
+        }
+        Ok(())
+    }
+
+    /// Every size within [`limits`].
+    fn check_sizes(&self) -> Result<(), String> {
+        use limits::*;
+        let b = &self.batching;
+        let over = |what: &str, got: usize, max: usize| {
+            (got > max).then(|| format!("{what} = {got} is over the limit of {max}"))
+        };
+        let checks = [
+            over(
+                "[batching] max_batch_size",
+                b.max_batch_size.get(),
+                MAX_BATCH_SIZE,
+            ),
+            over(
+                "[batching] queue_capacity",
+                b.queue_capacity.get(),
+                MAX_QUEUE_CAPACITY,
+            ),
+            over(
+                "[batching] runner_instances",
+                b.runner_instances.get(),
+                MAX_RUNNER_INSTANCES,
+            ),
+            over("[batching] replicas", b.replicas.get(), MAX_REPLICAS),
+            over("[warmup] batches", self.warmup.batches, MAX_WARMUP_BATCHES),
+            over(
+                "[warmup] batch_size",
+                self.warmup.batch_size,
+                b.max_batch_size.get(),
+            ),
+        ];
+        if let Some(e) = checks.into_iter().flatten().next() {
+            return Err(e);
+        }
+        match &self.version_policy {
+            VersionPolicy::Latest(n) if n.get() > MAX_VERSIONS => {
+                return Err(format!(
+                    "version_policy.latest = {n} is over the limit of {MAX_VERSIONS}"
+                ))
+            }
+            VersionPolicy::Specific(v) if v.len() > MAX_VERSIONS => {
+                return Err(format!(
+                    "version_policy.specific names {} versions; the limit is {MAX_VERSIONS}",
+                    v.len()
+                ))
+            }
+            _ => {}
+        }
+        for t in self.inputs.iter().chain(&self.outputs) {
+            let row = t
+                .dims
+                .iter()
+                .try_fold(1usize, |a, d| a.checked_mul(*d))
+                .filter(|r| *r <= MAX_ROW_ELEMENTS)
+                .ok_or_else(|| {
+                    format!(
+                        "tensor '{}': dims {:?} make more than {MAX_ROW_ELEMENTS} elements per row",
+                        t.name, t.dims
+                    )
+                })?;
+            if row.saturating_mul(b.max_batch_size.get()).saturating_mul(8) > MAX_BATCH_BYTES {
+                return Err(format!(
+                    "tensor '{}': a batch of max_batch_size = {} rows of {row} elements is over {} MiB",
+                    t.name,
+                    b.max_batch_size,
+                    MAX_BATCH_BYTES >> 20
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -384,6 +485,24 @@ impl ModelConfig {
     pub fn output(&self) -> &TensorSpec {
         &self.outputs[0]
     }
+}
+
+/// A path in model.toml that must stay inside the version directory: relative,
+/// without `..`, not empty.
+pub fn check_relative_path(what: &str, p: &str) -> Result<(), String> {
+    use std::path::Component;
+    let path = Path::new(p);
+    if p.is_empty()
+        || !path
+            .components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
+    {
+        return Err(format!(
+            "{what} = {:?} must be a relative path inside the version directory (no '..', not absolute)",
+            p.chars().take(200).collect::<String>()
+        ));
+    }
+    Ok(())
 }
 
 /// Where a model runs.
@@ -451,6 +570,59 @@ mod tests {
         let text = format!("{MIN}\n[version_policy]\nlatest = 1\nall = true\n");
         let err = ModelConfig::parse(&text, "m").unwrap_err();
         assert!(err.contains("exactly one"), "{err}");
+    }
+
+    #[test]
+    fn every_size_has_an_upper_bound_named_in_the_refusal() {
+        let cases = [
+            (
+                "[batching]\nmax_batch_size = 1000000000000",
+                "max_batch_size",
+            ),
+            ("[batching]\nqueue_capacity = 10000000", "queue_capacity"),
+            ("[batching]\nrunner_instances = 1000", "runner_instances"),
+            ("[batching]\nreplicas = 1000", "replicas"),
+            ("[warmup]\nbatches = 1000000", "[warmup] batches"),
+            // The case: warmup of 10^12 rows used to allocate terabytes.
+            (
+                "[batching]\nmax_batch_size = 64\n[warmup]\nbatch_size = 1000000000000",
+                "[warmup] batch_size",
+            ),
+            ("[version_policy]\nlatest = 100000", "latest"),
+        ];
+        for (extra, named) in cases {
+            let err = ModelConfig::parse(&format!("{MIN}\n{extra}\n"), "m").unwrap_err();
+            assert!(err.contains(named), "{extra}: {err}");
+        }
+        // Huge dims: overflow of the row width and a batch over the byte bound.
+        let wide = MIN.replace("dims = [4]", "dims = [4294967296, 4294967296, 4294967296]");
+        let err = ModelConfig::parse(&wide, "m").unwrap_err();
+        assert!(err.contains("elements per row"), "{err}");
+        let big = MIN.replace("dims = [4]", "dims = [1000000]");
+        let err = ModelConfig::parse(&format!("{big}\n[batching]\nmax_batch_size = 4096\n"), "m")
+            .unwrap_err();
+        assert!(err.contains("MiB"), "{err}");
+        // At the limits, fine.
+        let ok = format!(
+            "{MIN}\n[batching]\nmax_batch_size = {}\n[warmup]\nbatch_size = {}\n",
+            limits::MAX_BATCH_SIZE,
+            limits::MAX_BATCH_SIZE
+        );
+        ModelConfig::parse(&ok, "m").unwrap();
+    }
+
+    #[test]
+    fn weights_must_stay_in_the_version_directory() {
+        for bad in ["../../etc/passwd", "/etc/passwd", "", "a/../../b"] {
+            let text = MIN.replace("[mlp]", &format!("[mlp]\nweights = {bad:?}"));
+            let err = ModelConfig::parse(&text, "m").unwrap_err();
+            assert!(
+                err.contains("relative path inside the version directory"),
+                "{bad}: {err}"
+            );
+        }
+        let text = MIN.replace("[mlp]", "[mlp]\nweights = \"sub/model.safetensors\"");
+        ModelConfig::parse(&text, "m").unwrap();
     }
 
     #[test]

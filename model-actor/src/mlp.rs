@@ -50,6 +50,28 @@ fn dtype_of(p: Precision) -> DType {
     }
 }
 
+/// The last two parts of `path` (`<version>/<file>`): messages name the file
+/// without the host's absolute path.
+fn shown(path: &Path) -> String {
+    let mut parts: Vec<_> = path.iter().rev().take(2).collect();
+    parts.reverse();
+    parts
+        .iter()
+        .map(|p| p.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// Whether every element of `t` is finite (checked in f32, which f16/bf16 widen to).
+fn all_finite(t: &Tensor) -> Result<bool, String> {
+    let v = t
+        .to_dtype(candle_core::DType::F32)
+        .and_then(|t| t.flatten_all())
+        .and_then(|t| t.to_vec1::<f32>())
+        .map_err(|e| e.to_string())?;
+    Ok(v.iter().all(|x| x.is_finite()))
+}
+
 impl Mlp {
     /// Reads `path` (safetensors) onto `device` in `precision`. Checks that layer
     /// shapes chain, that there is one activation per hidden layer, and that the
@@ -63,7 +85,7 @@ impl Mlp {
         output_width: usize,
     ) -> Result<Self, String> {
         let tensors = candle_core::safetensors::load(path, device)
-            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+            .map_err(|e| format!("reading {}: {e}", shown(path)))?;
         let dtype = dtype_of(precision);
         let mut layers = Vec::new();
         let mut width = input_width;
@@ -71,12 +93,12 @@ impl Mlp {
             .take_while(|i| tensors.contains_key(&format!("l{i}.weight")))
             .count();
         if n_layers == 0 {
-            return Err(format!("{} has no tensor named l0.weight", path.display()));
+            return Err(format!("{} has no tensor named l0.weight", shown(path)));
         }
         if cfg.activations.len() + 1 != n_layers {
             return Err(format!(
                 "{} has {n_layers} layers, so [mlp].activations needs {} entries (one per hidden layer), not {}",
-                path.display(),
+                shown(path),
                 n_layers - 1,
                 cfg.activations.len()
             ));
@@ -85,8 +107,15 @@ impl Mlp {
             let w = &tensors[&format!("l{i}.weight")];
             let b = tensors
                 .get(&format!("l{i}.bias"))
-                .ok_or_else(|| format!("{}: l{i}.bias is missing", path.display()))?;
+                .ok_or_else(|| format!("{}: l{i}.bias is missing", shown(path)))?;
             let (out, inp) = w.dims2().map_err(|e| format!("l{i}.weight: {e}"))?;
+            for (name, t) in [("weight", w), ("bias", b)] {
+                if !all_finite(t)? {
+                    return Err(format!(
+                        "l{i}.{name} holds NaN or infinite values; refused (a model with them answers garbage)"
+                    ));
+                }
+            }
             if inp != width {
                 return Err(format!(
                     "l{i}.weight is [{out}, {inp}] but its input width should be {width}"

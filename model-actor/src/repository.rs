@@ -338,8 +338,9 @@ pub fn build_factory(config: &ModelConfig, version_dir: &Path) -> Result<ModelFa
                 .as_ref()
                 .ok_or("kind = \"mlp\" needs an [mlp] table")?;
             let device = open_device(parse_device(&config.device)?)?;
+            let weights = weights_inside(version_dir, &mlp_cfg.weights)?;
             let mlp = Mlp::load(
-                &version_dir.join(&mlp_cfg.weights),
+                &weights,
                 mlp_cfg,
                 config.dtype,
                 &device,
@@ -349,6 +350,44 @@ pub fn build_factory(config: &ModelConfig, version_dir: &Path) -> Result<ModelFa
             Ok(Arc::new(move || Box::new(mlp.clone()) as Box<dyn Model>))
         }
     }
+}
+
+/// The weights file of a version: it must resolve (links followed) to a regular
+/// file inside the version directory, no larger than
+/// [`limits::MAX_WEIGHTS_BYTES`](crate::config::limits::MAX_WEIGHTS_BYTES).
+/// Messages name the file relative to the repository, not the host's absolute path.
+pub fn weights_inside(version_dir: &Path, name: &str) -> Result<std::path::PathBuf, String> {
+    crate::config::check_relative_path("weights", name)?;
+    let shown = || {
+        let v = version_dir
+            .file_name()
+            .map(|v| v.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        format!("{v}/{name}")
+    };
+    let dir = version_dir
+        .canonicalize()
+        .map_err(|e| format!("version directory {}: {e}", shown()))?;
+    let file = dir
+        .join(name)
+        .canonicalize()
+        .map_err(|e| format!("weights {}: {}", shown(), e.kind()))?;
+    if !file.starts_with(&dir) {
+        return Err(format!(
+            "weights {} resolve outside the version directory (a link?); refused",
+            shown()
+        ));
+    }
+    let meta = std::fs::metadata(&file).map_err(|e| format!("weights {}: {e}", shown()))?;
+    let max = crate::config::limits::MAX_WEIGHTS_BYTES;
+    if !meta.is_file() || meta.len() > max {
+        return Err(format!(
+            "weights {} must be a regular file of at most {} GiB",
+            shown(),
+            max >> 30
+        ));
+    }
+    Ok(file)
 }
 
 /// Numeric subdirectories of a model directory.

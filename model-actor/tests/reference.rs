@@ -268,3 +268,80 @@ async fn half_precision_weights_stay_close_to_the_reference() {
         assert!(worst > 1e-6, "{dtype}: error {worst} suspiciously small");
     }
 }
+
+/// A load that must not hurt what is serving: weights with NaN, weights that link
+/// outside the version directory, and a model.toml over a size bound are each
+/// refused with a message that names the problem (and not the host's absolute
+/// path), and version 1 keeps answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_loads_are_refused_and_the_serving_version_stays() {
+    let dir = tempfile::tempdir().unwrap();
+    copy_repo(dir.path());
+    let system = ActorSystem::start().unwrap();
+    let repo = ModelRepository::new(dir.path(), system.clone()).unwrap();
+    repo.load("fraud_mlp").await.unwrap();
+    let m = dir.path().join("fraud_mlp");
+    let serving = |repo: &ModelRepository| repo.get("fraud_mlp", None).map(|h| h.version);
+    assert_eq!(serving(&repo).unwrap(), 1);
+
+    // Version 2: the reference weights with one NaN in a bias.
+    let mut tensors = candle_core::safetensors::load(
+        reference_dir().join("fraud_mlp.safetensors"),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let mut bias: Vec<f32> = tensors["l1.bias"].to_vec1().unwrap();
+    bias[3] = f32::NAN;
+    tensors.insert(
+        "l1.bias".into(),
+        candle_core::Tensor::from_vec(bias, 32, &candle_core::Device::Cpu).unwrap(),
+    );
+    std::fs::create_dir_all(m.join("2")).unwrap();
+    candle_core::safetensors::save(&tensors, m.join("2/model.safetensors")).unwrap();
+    let err = repo.load("fraud_mlp").await.unwrap_err().to_string();
+    assert!(err.contains("l1.bias") && err.contains("NaN"), "{err}");
+    assert_eq!(serving(&repo).unwrap(), 1);
+    std::fs::remove_dir_all(m.join("2")).unwrap();
+
+    // Version 3: the weights are a link to a file outside the version directory.
+    let outside = dir.path().join("elsewhere.safetensors");
+    std::fs::copy(reference_dir().join("fraud_mlp.safetensors"), &outside).unwrap();
+    std::fs::create_dir_all(m.join("3")).unwrap();
+    std::os::unix::fs::symlink(&outside, m.join("3/model.safetensors")).unwrap();
+    let err = repo.load("fraud_mlp").await.unwrap_err().to_string();
+    assert!(err.contains("outside the version directory"), "{err}");
+    assert!(
+        !err.contains(&dir.path().display().to_string()),
+        "the message shows the host path: {err}"
+    );
+    assert_eq!(serving(&repo).unwrap(), 1);
+    std::fs::remove_dir_all(m.join("3")).unwrap();
+
+    // A model.toml that asks for a warmup of 10^12 rows: refused at parse time.
+    let toml = std::fs::read_to_string(m.join("model.toml")).unwrap();
+    std::fs::write(
+        m.join("model.toml"),
+        toml.replace("\nbatch_size = 16", "\nbatch_size = 1000000000000"),
+    )
+    .unwrap();
+    let err = repo.load("fraud_mlp").await.unwrap_err().to_string();
+    assert!(
+        err.contains("[warmup] batch_size") && err.contains("over the limit"),
+        "{err}"
+    );
+    assert_eq!(serving(&repo).unwrap(), 1);
+    let h = repo.get("fraud_mlp", None).unwrap();
+    let out = h
+        .infer(
+            Batch {
+                rows: 1,
+                cols: 32,
+                data: vec![0.0; 32],
+            },
+            deadline(),
+        )
+        .await
+        .unwrap();
+    assert!(out.data[0].is_finite());
+    system.stop();
+}
