@@ -461,4 +461,46 @@ mod tests {
         prepare_dir(&ours).unwrap();
         assert!(!ours.join("old").exists() && ours.join(MARKER).exists());
     }
+
+    #[test]
+    fn the_top_two_percent_are_fraud() {
+        let truths: Vec<(String, f64)> = (0..200)
+            .map(|i| (format!("demo-{i}"), f64::from(i)))
+            .collect();
+        let (csv, fraud) = outcomes_csv(&truths);
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(lines[0], "request_id,label");
+        assert_eq!(lines.len(), 201);
+        // The cut is the 98th percentile (196): 197, 198 and 199 are above it.
+        assert_eq!(fraud, 3);
+        assert_eq!(lines[1], "demo-0,0");
+        assert_eq!(
+            &lines[197..],
+            ["demo-196,0", "demo-197,1", "demo-198,1", "demo-199,1"]
+        );
+        assert_eq!(outcomes_csv(&[]), ("request_id,label\n".to_owned(), 0));
+    }
+
+    #[test]
+    fn summary_files_name_everything_the_demo_writes() {
+        let p = Paths::new(Path::new("data/demo"));
+        let files = p.files();
+        let keys: Vec<&str> = files.keys().map(|k| k.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "config",
+                "data",
+                "features",
+                "join",
+                "metrics",
+                "outcomes",
+                "predictions",
+                "summary"
+            ]
+        );
+        assert_eq!(files["config"], Path::new("data/demo/mesh.toml"));
+        assert_eq!(files["outcomes"], Path::new("data/demo/outcomes.csv"));
+        assert_eq!(files["summary"], Path::new("data/demo/summary.json"));
+    }
 }

@@ -189,6 +189,20 @@ fn versions(report: &JoinReport) -> Vec<VersionSummary> {
 
 impl std::fmt::Display for Summary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.fmt_traffic(f)?;
+        self.fmt_breakers(f)?;
+        self.fmt_versions(f)?;
+        writeln!(f, "\n== files")?;
+        for (k, v) in &self.files {
+            writeln!(f, "{k:<12} {}", v.display())?;
+        }
+        Ok(())
+    }
+}
+
+impl Summary {
+    /// Throughput, latency and answers overall and per phase.
+    fn fmt_traffic(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
             "\n== traffic: {} callers, Decide over gRPC",
@@ -223,6 +237,11 @@ impl std::fmt::Display for Summary {
                 "after the faults cleared, the model answered again within {s:.1} s (a breaker's half-open probe; probes back off while a replica keeps failing)"
             )?;
         }
+        Ok(())
+    }
+
+    /// The breakers' transitions, from the mesh's /metrics.
+    fn fmt_breakers(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
             "\n== circuit breakers (mesh_router_breaker_transitions_total)"
@@ -233,6 +252,11 @@ impl std::fmt::Display for Summary {
         for (k, v) in &self.breaker_transitions {
             writeln!(f, "{k:<40} {v}")?;
         }
+        Ok(())
+    }
+
+    /// Each model version against the outcomes.
+    fn fmt_versions(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
             "\n== model versions against outcomes ({} transactions, {} fraud; {} log records)",
@@ -261,10 +285,6 @@ impl std::fmt::Display for Summary {
             )?;
         }
         writeln!(f, "(version - : answers no model gave: the precomputed batch score, rules or the default)")?;
-        writeln!(f, "\n== files")?;
-        for (k, v) in &self.files {
-            writeln!(f, "{k:<12} {}", v.display())?;
-        }
         Ok(())
     }
 }
@@ -356,7 +376,7 @@ mod tests {
     }
 
     #[test]
-    fn the_summary_adds_up_the_phases_and_keeps_its_json_fields() {
+    fn the_summary_adds_up_the_phases() {
         let s = build(traffic(), findings(false)).unwrap();
         assert_eq!((s.decisions, s.transactions, s.concurrency), (9, 9, 3));
         assert_eq!(
@@ -379,6 +399,11 @@ mod tests {
             .unwrap()
             .model_back_after_s
             .is_none());
+    }
+
+    #[test]
+    fn the_summary_keeps_its_json_fields_and_printed_sections() {
+        let s = build(traffic(), findings(false)).unwrap();
         // The fields tests/e2e/test_demo.py and readers of summary.json use.
         let json = serde_json::to_value(&s).unwrap();
         let mut keys: Vec<&str> = json
