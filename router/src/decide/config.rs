@@ -185,14 +185,37 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for WithoutDeadline<'_, A> {
     }
 }
 
-/// A duration value, as [`duration::deserialize`] reads it.
+/// The value of the old `[decisions.stack] deadline`: a duration string, or
+/// (as it was also accepted) a bare integer of milliseconds.
 struct DurationSeed;
 
 impl<'de> DeserializeSeed<'de> for DurationSeed {
     type Value = Duration;
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Duration, D::Error> {
-        duration::deserialize(d)
+        d.deserialize_any(self)
+    }
+}
+
+impl Visitor<'_> for DurationSeed {
+    type Value = Duration;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a duration such as \"50ms\"")
+    }
+
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Duration, E> {
+        mesh_stack::parse_duration(s).map_err(E::custom)
+    }
+
+    fn visit_u64<E: de::Error>(self, ms: u64) -> Result<Duration, E> {
+        Ok(Duration::from_millis(ms))
+    }
+
+    fn visit_i64<E: de::Error>(self, ms: i64) -> Result<Duration, E> {
+        u64::try_from(ms)
+            .map(Duration::from_millis)
+            .map_err(|_| E::custom(format!("a duration cannot be negative ({ms})")))
     }
 }
 

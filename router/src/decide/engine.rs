@@ -63,7 +63,28 @@ async fn call_stack(
         cols: row.len(),
         deadline: deadline.into(),
     };
-    stack.oneshot(call).await.map_err(RouterError::Stack)
+    let answer = stack.oneshot(call).await.map_err(RouterError::Stack)?;
+    check_scores(&answer)?;
+    Ok(answer)
+}
+
+/// The fail-closed rule of a decision's score: it is a probability, so a score
+/// that is not finite or not within [0, 1] is a model fault (the fallback chain
+/// answers, with this as the reason), never a decision. An approve therefore only
+/// ever comes from a finite probability from a named source (or from rules and
+/// the configured default, which say so in the reasons).
+pub(crate) fn check_scores(a: &ModelAnswer) -> Result<(), RouterError> {
+    match a.scores.iter().find(|s| !(0.0..=1.0).contains(*s)) {
+        Some(bad) => Err(RouterError::Internal(format!(
+            "v{} answered {bad}, which is not a probability in [0, 1]; treated as a model fault",
+            a.version
+        ))),
+        None if a.scores.is_empty() => Err(RouterError::Internal(format!(
+            "v{} answered no score; treated as a model fault",
+            a.version
+        ))),
+        None => Ok(()),
+    }
 }
 
 impl Engine {
@@ -405,6 +426,23 @@ mod tests {
     use crate::decide::testing::answer;
     use mesh_stack::{StackConfig, StackError};
     use std::sync::Mutex as StdMutex;
+
+    #[test]
+    fn only_a_finite_probability_is_a_score() {
+        for ok in [0.0, 0.5, 1.0] {
+            assert!(check_scores(&answer(1, ok)).is_ok());
+        }
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.01, 1.01, 3e38] {
+            let e = check_scores(&answer(2, bad)).unwrap_err();
+            assert!(
+                matches!(e, RouterError::Internal(ref m) if m.contains("not a probability")),
+                "{bad}: {e}"
+            );
+        }
+        let mut empty = answer(1, 0.5);
+        empty.scores.clear();
+        assert!(check_scores(&empty).is_err());
+    }
 
     /// A stack over one fake replica that answers twice the row's first value as
     /// version 3, and records the deadline of each call.

@@ -174,11 +174,13 @@ pub async fn batch_score(
     if c.statuses.first() != Some(&FeatureStatus::Present) {
         return None;
     }
-    match &c.values {
+    let score = match &c.values {
         ColumnValues::F32(v) => v.first().copied(),
         ColumnValues::F64(v) => v.first().map(|x| *x as f32),
         _ => None,
-    }
+    };
+    // Same rule as a model's score: only a probability answers.
+    score.filter(|s| (0.0..=1.0).contains(s))
 }
 
 #[cfg(test)]

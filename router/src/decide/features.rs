@@ -114,7 +114,15 @@ pub fn build_row(
                 });
             }
             (None, Raw::Number(x)) => {
-                out.push(e.transform(x) as f32);
+                // Fail closed: a value that does not survive the conversion to the
+                // model's f32 (1e300 becomes inf) is refused, never scored.
+                let v = e.transform(x) as f32;
+                if !v.is_finite() {
+                    return Err(format!(
+                        "{name} = {x:e} is not a finite f32 after its transforms; refused"
+                    ));
+                }
+                out.push(v);
                 used.push(FeatureUsed {
                     name,
                     value: Some(x),

@@ -60,11 +60,19 @@ pub fn validate(
                 r.model
             )));
         }
-        if let Some((k, v)) = r.features.iter().find(|(_, v)| !v.is_finite()) {
+        // Models compute in f32: a finite f64 past f32's range (1e300) would become
+        // inf there, so it is refused here, naming the feature.
+        if let Some((k, v)) = r
+            .features
+            .iter()
+            .find(|(_, v)| !v.is_finite() || v.abs() > f64::from(f32::MAX))
+        {
             return Err(at(format!(
-                "feature '{k}' is {v}: request features must be finite"
+                "feature '{}' is {v:e}: request features must be finite numbers within f32's range",
+                crate::error::clip(k, 64)
             )));
         }
+        crate::request::check_request_id(&r.request_id)?;
         let pinned = crate::request::parse_version(&r.model, &r.version)?;
         items.push(Item { req: r, pinned });
     }
@@ -301,7 +309,23 @@ mod tests {
         let mut nan = ok.clone();
         nan.features.insert("x".into(), f64::NAN);
         let m = message(validate(std::slice::from_ref(&nan), 10).err().unwrap());
-        assert_eq!(m, "feature 'x' is NaN: request features must be finite");
+        assert_eq!(
+            m,
+            "feature 'x' is NaN: request features must be finite numbers within f32's range"
+        );
+        // Finite in f64, infinite in the model's f32: refused, naming the feature.
+        for big in [1e300, -1e39, f64::from(f32::MAX) * 2.0] {
+            let mut r = ok.clone();
+            r.features.insert("amount".into(), big);
+            let m = message(validate(std::slice::from_ref(&r), 10).err().unwrap());
+            assert!(m.starts_with("feature 'amount' is"), "{m}");
+        }
+        let mut edge = ok.clone();
+        edge.features.insert("amount".into(), f64::from(f32::MAX));
+        assert!(validate(std::slice::from_ref(&edge), 10).is_ok());
+        let mut long_id = ok.clone();
+        long_id.request_id = "r".repeat(300);
+        assert!(message(validate(&[long_id], 10).err().unwrap()).contains("limit is 256"));
         let mut no_id = ok.clone();
         no_id.request_id.clear();
         assert!(message(validate(&[no_id], 10).err().unwrap()).contains("request_id is empty"));

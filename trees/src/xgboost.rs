@@ -1,0 +1,544 @@
+//! XGBoost JSON model loader (`Booster.save_model("*.json")`).
+//!
+//! Rules, as in XGBoost's `predict_fn.h` and `common/categorical.h`:
+//! - numeric split: left iff `x < split_condition` (f32); NaN goes to the default child
+//!   (`default_left`);
+//! - categorical split (`split_type` 1): NaN goes to the default child; a category in
+//!   the node's set goes right; anything else (unseen, negative, >= 2^24) goes left;
+//!   the code is the input truncated toward zero;
+//! - a node is a leaf iff its left child is -1; its value is `split_conditions[i]`;
+//! - the prediction is `base_margin + sum of leaves`, summed in f32 tree by tree, then
+//!   the objective's transform. `base_score` is stored in probability space; the
+//!   logistic objectives turn it into a margin with `logit` (after clamping to
+//!   [1e-6, 1 - 1e-6]); `binary:logitraw`, `reg:squarederror` and `multi:softprob` use
+//!   it as is (checked against XGBoost 2.0 to 3.2 sources and against 3.2 itself).
+//!
+//! XGBoost's own predictor takes the right child as `left + 1`; a file where that does
+//! not hold is refused rather than evaluated differently from XGBoost.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::{Result, TreeError};
+use crate::layout::{Layout, RawNode, RawTree, Split};
+use crate::{
+    Forest, ModelFormat, Transform, MAX_CATEGORICAL_WORDS, MAX_CATEGORY, MAX_CLASSES, MAX_FEATURES,
+    MAX_TREES,
+};
+
+const FORMAT: &str = "XGBoost JSON";
+
+/// XGBoost versions (major, minor) whose JSON this loader was tested against.
+pub(crate) const TESTED_VERSIONS: &[(u64, u64)] = &[(3, 2)];
+
+#[derive(Deserialize)]
+struct Document {
+    version: Vec<u64>,
+    learner: Learner,
+}
+
+#[derive(Deserialize)]
+struct Learner {
+    #[serde(default)]
+    feature_names: Vec<String>,
+    #[serde(default)]
+    feature_types: Vec<String>,
+    gradient_booster: GradientBooster,
+    learner_model_param: LearnerModelParam,
+    objective: Objective,
+}
+
+#[derive(Deserialize)]
+struct LearnerModelParam {
+    base_score: String,
+    num_class: String,
+    num_feature: String,
+    #[serde(default)]
+    num_target: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Objective {
+    name: String,
+}
+
+#[derive(Deserialize)]
+struct GradientBooster {
+    name: String,
+    #[serde(default)]
+    model: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct GbTree {
+    gbtree_model_param: GbTreeParam,
+    tree_info: Vec<i64>,
+    trees: Vec<Tree>,
+    #[serde(default)]
+    cats: Option<Cats>,
+}
+
+#[derive(Deserialize)]
+struct GbTreeParam {
+    num_trees: String,
+    #[serde(default)]
+    num_parallel_tree: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Cats {
+    #[serde(default)]
+    enc: Vec<Value>,
+}
+
+#[derive(Deserialize)]
+struct Tree {
+    tree_param: TreeParam,
+    left_children: Vec<i64>,
+    right_children: Vec<i64>,
+    split_indices: Vec<i64>,
+    split_conditions: Vec<f64>,
+    default_left: Vec<i64>,
+    #[serde(default)]
+    split_type: Option<Vec<i64>>,
+    #[serde(default)]
+    categories: Vec<i64>,
+    #[serde(default)]
+    categories_nodes: Vec<i64>,
+    #[serde(default)]
+    categories_segments: Vec<i64>,
+    #[serde(default)]
+    categories_sizes: Vec<i64>,
+}
+
+#[derive(Deserialize)]
+struct TreeParam {
+    num_nodes: String,
+    #[serde(default)]
+    size_leaf_vector: Option<String>,
+}
+
+fn malformed(detail: impl Into<String>) -> TreeError {
+    TreeError::Malformed {
+        format: FORMAT,
+        detail: detail.into(),
+    }
+}
+
+fn unsupported(what: impl Into<String>) -> TreeError {
+    TreeError::Unsupported {
+        format: FORMAT,
+        what: what.into(),
+    }
+}
+
+fn parse_count(field: &str, s: &str) -> Result<u64> {
+    s.trim()
+        .parse::<u64>()
+        .map_err(|_| malformed(format!("{field} is not a count: {s:?}")))
+}
+
+/// Parses `base_score`: "[2.016875E-2]" (3.x, one value per output) or "5E-1" (2.x).
+fn parse_base_score(s: &str) -> Result<Vec<f32>> {
+    let t = s.trim();
+    let inner = t
+        .strip_prefix('[')
+        .and_then(|r| r.strip_suffix(']'))
+        .unwrap_or(t);
+    let mut out = Vec::new();
+    for part in inner.split(',') {
+        let part = part.trim();
+        let v: f32 = part
+            .parse()
+            .map_err(|_| malformed(format!("base_score is not a number list: {s:?}")))?;
+        if !v.is_finite() {
+            return Err(malformed(format!("base_score is not finite: {s:?}")));
+        }
+        out.push(v);
+        if out.len() > MAX_CLASSES {
+            return Err(malformed(
+                "base_score has more values than any supported output",
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// XGBoost's `LogisticProbToMargin` in f32.
+fn logit_f32(p: f32) -> f32 {
+    let p = p.clamp(1e-6, 1.0 - 1e-6);
+    -(1.0f32 / p - 1.0f32).ln()
+}
+
+pub(crate) fn load(bytes: &[u8]) -> Result<Forest> {
+    crate::check_size(FORMAT, bytes.len())?;
+    let doc: Document = serde_json::from_slice(bytes).map_err(|e| malformed(e.to_string()))?;
+
+    // Version.
+    if doc.version.len() < 2 {
+        return Err(malformed(format!(
+            "version {:?} is not [major, minor, patch]",
+            doc.version
+        )));
+    }
+    let (major, minor) = (doc.version[0], doc.version[1]);
+    if !TESTED_VERSIONS.contains(&(major, minor)) {
+        return Err(unsupported(format!(
+            "XGBoost version {major}.{minor} (tested: {})",
+            TESTED_VERSIONS
+                .iter()
+                .map(|(a, b)| format!("{a}.{b}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    let learner = doc.learner;
+
+    // Booster.
+    match learner.gradient_booster.name.as_str() {
+        "gbtree" => {}
+        "dart" => return Err(unsupported("DART booster (per-tree weight_drop weights)")),
+        other => return Err(unsupported(format!("booster {other:?}"))),
+    }
+    let model = learner
+        .gradient_booster
+        .model
+        .ok_or_else(|| malformed("gradient_booster has no model"))?;
+    let model: GbTree =
+        serde_json::from_value(model).map_err(|e| malformed(format!("gbtree model: {e}")))?;
+
+    // Shape.
+    let p = &learner.learner_model_param;
+    let num_feature = parse_count("num_feature", &p.num_feature)? as usize;
+    if num_feature > MAX_FEATURES {
+        return Err(TreeError::Limit {
+            format: FORMAT,
+            what: "num_feature",
+            value: num_feature as u64,
+            limit: MAX_FEATURES as u64,
+        });
+    }
+    let num_class = parse_count("num_class", &p.num_class)? as usize;
+    let num_target = match &p.num_target {
+        Some(s) => parse_count("num_target", s)? as usize,
+        None => 1,
+    };
+    if num_target > 1 {
+        return Err(unsupported(format!(
+            "multi-target model (num_target = {num_target})"
+        )));
+    }
+    if num_class > MAX_CLASSES {
+        return Err(TreeError::Limit {
+            format: FORMAT,
+            what: "num_class",
+            value: num_class as u64,
+            limit: MAX_CLASSES as u64,
+        });
+    }
+    if !learner.feature_names.is_empty() && learner.feature_names.len() != num_feature {
+        return Err(malformed(format!(
+            "{} feature_names for num_feature {num_feature}",
+            learner.feature_names.len()
+        )));
+    }
+    if !learner.feature_types.is_empty() && learner.feature_types.len() != num_feature {
+        return Err(malformed(format!(
+            "{} feature_types for num_feature {num_feature}",
+            learner.feature_types.len()
+        )));
+    }
+
+    // Objective.
+    let objective = learner.objective.name.clone();
+    let (num_outputs, transform, logit_base) = match objective.as_str() {
+        "binary:logistic" | "reg:logistic" => (1, Transform::SigmoidF32, true),
+        "binary:logitraw" => (1, Transform::Identity, false),
+        "reg:squarederror" => (1, Transform::Identity, false),
+        "multi:softprob" => {
+            if num_class < 2 {
+                return Err(malformed(format!(
+                    "multi:softprob with num_class {num_class}"
+                )));
+            }
+            (num_class, Transform::SoftmaxF32, false)
+        }
+        other => return Err(unsupported(format!("objective {other:?}"))),
+    };
+    if num_outputs == 1 && num_class > 1 {
+        return Err(malformed(format!(
+            "objective {objective} with num_class {num_class}"
+        )));
+    }
+    let base = parse_base_score(&p.base_score)?;
+    let base: Vec<f32> = if base.len() == 1 {
+        vec![base[0]; num_outputs]
+    } else if base.len() == num_outputs {
+        base
+    } else {
+        return Err(malformed(format!(
+            "base_score has {} values for {num_outputs} outputs",
+            base.len()
+        )));
+    };
+    let base_margin: Vec<f64> = base
+        .iter()
+        .map(|&b| {
+            if logit_base {
+                if !(0.0..=1.0).contains(&b) {
+                    return Err(malformed(format!("base_score {b} is not a probability")));
+                }
+                Ok(f64::from(logit_f32(b)))
+            } else {
+                Ok(f64::from(b))
+            }
+        })
+        .collect::<Result<_>>()?;
+
+    // Trees.
+    let num_trees = parse_count("num_trees", &model.gbtree_model_param.num_trees)? as usize;
+    if num_trees > MAX_TREES {
+        return Err(TreeError::Limit {
+            format: FORMAT,
+            what: "num_trees",
+            value: num_trees as u64,
+            limit: MAX_TREES as u64,
+        });
+    }
+    if let Some(npt) = &model.gbtree_model_param.num_parallel_tree {
+        let npt = parse_count("num_parallel_tree", npt)?;
+        if npt != 1 {
+            return Err(unsupported(format!(
+                "num_parallel_tree = {npt} (random forest)"
+            )));
+        }
+    }
+    if model.trees.len() != num_trees || model.tree_info.len() != num_trees {
+        return Err(malformed(format!(
+            "num_trees is {num_trees} but there are {} trees and {} tree_info entries",
+            model.trees.len(),
+            model.tree_info.len()
+        )));
+    }
+    if let Some(cats) = &model.cats {
+        check_identity_encoding(&cats.enc, &learner.feature_names)?;
+    }
+
+    let mut cat_words_budget = MAX_CATEGORICAL_WORDS;
+    let mut trees = Vec::with_capacity(num_trees);
+    for (t, (tree, &info)) in model.trees.iter().zip(&model.tree_info).enumerate() {
+        if info < 0 || info as usize >= num_outputs {
+            return Err(TreeError::InvalidTree {
+                format: FORMAT,
+                tree: t,
+                detail: format!("tree_info {info} is not an output below {num_outputs}"),
+            });
+        }
+        trees.push(read_tree(t, tree, info as usize, &mut cat_words_budget)?);
+    }
+
+    let declared: Vec<usize> = learner
+        .feature_types
+        .iter()
+        .enumerate()
+        .filter(|(_, ty)| ty.as_str() == "c")
+        .map(|(i, _)| i)
+        .collect();
+    let categorical = crate::categorical_features(&declared, &trees);
+    let feature_names = if learner.feature_names.is_empty() {
+        (0..num_feature).map(|i| format!("f{i}")).collect()
+    } else {
+        learner.feature_names
+    };
+    let layout = Layout::build(FORMAT, trees, num_feature, num_outputs)?;
+    Ok(Forest {
+        layout,
+        format: ModelFormat::XGBoost,
+        objective,
+        num_features: num_feature,
+        feature_names,
+        categorical,
+        base_margin,
+        transform,
+        cat_floor: 0.0,
+        snap_zero: false,
+    })
+}
+
+/// XGBoost 3.1+ stores the training categories of each categorical feature (`cats.enc`)
+/// and re-codes DataFrame inputs with them. This evaluator takes codes, so it accepts the
+/// table only where the recoding is the identity (values `0..n` in order); anything else
+/// (string categories, other integer values) is refused rather than silently mis-coded.
+fn check_identity_encoding(enc: &[Value], names: &[String]) -> Result<()> {
+    for (i, e) in enc.iter().enumerate() {
+        let values = match e.get("values") {
+            Some(Value::Array(v)) => v,
+            _ => return Err(malformed(format!("cats.enc[{i}] has no values array"))),
+        };
+        let identity = values
+            .iter()
+            .enumerate()
+            .all(|(j, v)| v.as_u64() == Some(j as u64));
+        if !identity {
+            let name = names.get(i).map(String::as_str).unwrap_or("?");
+            return Err(unsupported(format!(
+                "category encoding of feature {i} ({name}) is not the codes 0..n in order \
+                 (string or re-coded categories need a recoding this evaluator does not do)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn read_tree(t: usize, tree: &Tree, output: usize, cat_budget: &mut usize) -> Result<RawTree> {
+    let invalid = |detail: String| TreeError::InvalidTree {
+        format: FORMAT,
+        tree: t,
+        detail,
+    };
+    if let Some(s) = &tree.tree_param.size_leaf_vector {
+        let v = parse_count("size_leaf_vector", s)?;
+        if v > 1 {
+            return Err(unsupported(format!(
+                "vector leaves (size_leaf_vector = {v}) in tree {t}"
+            )));
+        }
+    }
+    let n = parse_count("num_nodes", &tree.tree_param.num_nodes)? as usize;
+    let lens = [
+        ("left_children", tree.left_children.len()),
+        ("right_children", tree.right_children.len()),
+        ("split_indices", tree.split_indices.len()),
+        ("split_conditions", tree.split_conditions.len()),
+        ("default_left", tree.default_left.len()),
+        ("split_type", tree.split_type.as_ref().map_or(n, Vec::len)),
+    ];
+    for (name, len) in lens {
+        if len != n {
+            return Err(invalid(format!(
+                "{name} has {len} entries, num_nodes is {n}"
+            )));
+        }
+    }
+    if n == 0 {
+        return Err(invalid("num_nodes is 0".into()));
+    }
+    let c = &tree.categories_nodes;
+    if tree.categories_segments.len() != c.len() || tree.categories_sizes.len() != c.len() {
+        return Err(invalid(
+            "categories_nodes, categories_segments and categories_sizes differ in length".into(),
+        ));
+    }
+    // Node -> position in categories_nodes.
+    let mut cat_of_node: Vec<Option<usize>> = vec![None; n];
+    for (k, &node) in c.iter().enumerate() {
+        if node < 0 || node as usize >= n {
+            return Err(invalid(format!(
+                "categories_nodes names node {node}, the tree has {n}"
+            )));
+        }
+        if cat_of_node[node as usize].replace(k).is_some() {
+            return Err(invalid(format!("categories_nodes names node {node} twice")));
+        }
+    }
+
+    let mut nodes = Vec::with_capacity(n);
+    for i in 0..n {
+        let left = tree.left_children[i];
+        if left == -1 {
+            let v = tree.split_conditions[i] as f32;
+            nodes.push(RawNode::Leaf(f64::from(v)));
+            continue;
+        }
+        let right = tree.right_children[i];
+        if left < 0 || left as usize >= n {
+            return Err(invalid(format!(
+                "node {i} has left child {left}, the tree has {n} nodes"
+            )));
+        }
+        if right != left + 1 {
+            return Err(invalid(format!(
+                "node {i} has children {left} and {right}; XGBoost's predictor takes the right \
+                 child as left + 1, so this file would not evaluate as written"
+            )));
+        }
+        let feature = tree.split_indices[i];
+        if feature < 0 {
+            return Err(invalid(format!("node {i} splits on feature {feature}")));
+        }
+        let nan_left = match tree.default_left[i] {
+            0 => false,
+            1 => true,
+            other => return Err(invalid(format!("node {i} has default_left {other}"))),
+        };
+        let split_type = tree.split_type.as_ref().map_or(0, |s| s[i]);
+        let split = match split_type {
+            0 => {
+                let thr = tree.split_conditions[i] as f32;
+                if !thr.is_finite() {
+                    return Err(invalid(format!(
+                        "node {i} has a non-finite threshold {}",
+                        tree.split_conditions[i]
+                    )));
+                }
+                Split::Numeric {
+                    lt: thr,
+                    nan_left,
+                    zero_is_missing: false,
+                    all_left: false,
+                }
+            }
+            1 => {
+                let k = cat_of_node[i]
+                    .ok_or_else(|| invalid(format!("categorical node {i} has no categories")))?;
+                let (seg, size) = (tree.categories_segments[k], tree.categories_sizes[k]);
+                if seg < 0
+                    || size <= 0
+                    || (seg as u64).saturating_add(size as u64) > tree.categories.len() as u64
+                {
+                    return Err(invalid(format!(
+                        "categorical node {i}: segment {seg}+{size} is outside the {} categories",
+                        tree.categories.len()
+                    )));
+                }
+                let cats = &tree.categories[seg as usize..(seg + size) as usize];
+                let mut max = 0u32;
+                for &cat in cats {
+                    if cat < 0 || cat > i64::from(MAX_CATEGORY) {
+                        return Err(invalid(format!(
+                            "categorical node {i} names category {cat}"
+                        )));
+                    }
+                    max = max.max(cat as u32);
+                }
+                let words_len = (max / 32 + 1) as usize;
+                if words_len > *cat_budget {
+                    return Err(TreeError::Limit {
+                        format: FORMAT,
+                        what: "categorical bitset words",
+                        value: (MAX_CATEGORICAL_WORDS - *cat_budget + words_len) as u64,
+                        limit: MAX_CATEGORICAL_WORDS as u64,
+                    });
+                }
+                *cat_budget -= words_len;
+                let mut words = vec![0u32; words_len];
+                for &cat in cats {
+                    words[(cat / 32) as usize] |= 1 << (cat % 32);
+                }
+                Split::Categorical {
+                    words,
+                    in_set_left: false,
+                    nan_left,
+                }
+            }
+            other => return Err(invalid(format!("node {i} has split_type {other}"))),
+        };
+        nodes.push(RawNode::Split {
+            feature: feature as usize,
+            split,
+            left: left as usize,
+            right: right as usize,
+        });
+    }
+    Ok(RawTree { nodes, output })
+}
