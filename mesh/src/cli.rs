@@ -241,6 +241,10 @@ impl Command {
                 let c = serve.resolve()?;
                 let threads = c.server.compute_threads;
                 telemetry::init_logs(log_format.unwrap_or(c.log.format));
+                let file = serve.config.clone().unwrap_or_default();
+                for notice in &c.deprecations {
+                    tracing::warn!(config = %file.display(), "{notice}");
+                }
                 config = Some(c);
                 Some(threads)
             }
@@ -271,7 +275,7 @@ pub fn features(command: FeaturesCommand) -> anyhow::Result<()> {
 pub async fn run(command: Command, prepared: Prepared) -> anyhow::Result<()> {
     match command {
         Command::Serve(_) => serve(prepared.config.context("serve without a configuration")?).await,
-        Command::Demo(a) => crate::demo::run(a).await.map_err(Into::into),
+        Command::Demo(a) => crate::demo::run(a).await,
         Command::BatchScore(a) => crate::batch_score::run(a).await,
         Command::Bench(a) => {
             let json = a.json;

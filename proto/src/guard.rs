@@ -124,10 +124,7 @@ static GET_FEATURES: Shape = Shape {
 pub const MAX_PUSH_VALUES: u64 = 1024;
 static PUSH_ROW: Shape = Shape {
     name: "rows[]",
-    fields: &[
-        f(1, "key", 1, None),
-        f(3, "values", MAX_PUSH_VALUES, None),
-    ],
+    fields: &[f(1, "key", 1, None), f(3, "values", MAX_PUSH_VALUES, None)],
 };
 static PUSH: Shape = Shape {
     name: "PushRequest",
@@ -141,7 +138,10 @@ fn shape_of<U: 'static>() -> Option<&'static Shape> {
         (TypeId::of::<oip::ModelInferRequest>(), &MODEL_INFER),
         (TypeId::of::<mesh::DecideRequest>(), &DECIDE),
         (TypeId::of::<mesh::DecideBatchRequest>(), &DECIDE_BATCH),
-        (TypeId::of::<mesh::GetOnlineFeaturesRequest>(), &GET_FEATURES),
+        (
+            TypeId::of::<mesh::GetOnlineFeaturesRequest>(),
+            &GET_FEATURES,
+        ),
         (TypeId::of::<mesh::PushRequest>(), &PUSH),
     ]
     .into_iter()
@@ -299,8 +299,9 @@ impl<U: Message + Default + 'static> Decoder for GuardedDecoder<U> {
             let bytes = buf.chunk();
             if bytes.len() == buf.remaining() {
                 let mut budget = MAX_ITEMS;
-                check(bytes, shape, &mut budget, 0)
-                    .map_err(|e| Status::resource_exhausted(format!("request refused before decoding: {e}")))?;
+                check(bytes, shape, &mut budget, 0).map_err(|e| {
+                    Status::resource_exhausted(format!("request refused before decoding: {e}"))
+                })?;
             }
         }
         U::decode(buf)
@@ -355,7 +356,10 @@ mod tests {
             ..Default::default()
         };
         let e = check_msg(&r).unwrap_err();
-        assert!(e.contains("ModelInferRequest.inputs") && e.contains("64"), "{e}");
+        assert!(
+            e.contains("ModelInferRequest.inputs") && e.contains("64"),
+            "{e}"
+        );
         let b = mesh::DecideBatchRequest {
             requests: vec![Default::default(); 5000],
         };
@@ -388,10 +392,10 @@ mod tests {
     fn malformed_bytes_are_errors_not_panics() {
         let shape = &MODEL_INFER;
         for bytes in [
-            &[0x2a][..],                   // field 5, LEN, missing length
-            &[0x2a, 0x05, 0x00][..],       // length past the end
-            &[0x2b][..],                   // wire type 3 (group)
-            &[0xff; 11][..],               // varint too long
+            &[0x2a][..],             // field 5, LEN, missing length
+            &[0x2a, 0x05, 0x00][..], // length past the end
+            &[0x2b][..],             // wire type 3 (group)
+            &[0xff; 11][..],         // varint too long
         ] {
             let mut budget = MAX_ITEMS;
             assert!(check(bytes, shape, &mut budget, 0).is_err(), "{bytes:?}");

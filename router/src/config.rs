@@ -44,7 +44,7 @@ use serde::{Deserialize, Deserializer};
 
 use crate::telemetry::LogFormat;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct MeshConfig {
     pub server: ServerConfig,
     pub log: LogConfig,
@@ -56,19 +56,6 @@ pub struct MeshConfig {
     /// instead). The file is read before logging is installed, so whoever
     /// installs it logs these (`mesh serve` does, at warn). Not a key of the file.
     pub deprecations: Vec<String>,
-}
-
-impl Default for MeshConfig {
-    fn default() -> Self {
-        Self {
-            server: ServerConfig::default(),
-            log: LogConfig::default(),
-            features: FeaturesConfig::default(),
-            decisions: Default::default(),
-            prediction_log: None,
-            deprecations: Vec::new(),
-        }
-    }
 }
 
 impl<'de> Deserialize<'de> for MeshConfig {
@@ -319,6 +306,7 @@ impl MeshConfig {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -332,7 +320,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("grpc_prot"), "{err}");
-        let err = toml::from_str::<MeshConfig>("[sever]\n").unwrap_err().to_string();
+        let err = toml::from_str::<MeshConfig>("[sever]\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("sever"), "{err}");
     }
 
@@ -359,12 +349,17 @@ mod tests {
         let c = MeshConfig::from_toml("[server]\nmax_timeout_ms = 2000\nmax_timeout = \"2s\"\n")
             .unwrap();
         assert_eq!(c.server.max_timeout(), Duration::from_secs(2));
-        assert!(c.deprecations[0].contains("remove [server] max_timeout_ms"), "{:?}", c.deprecations);
+        assert!(
+            c.deprecations[0].contains("remove [server] max_timeout_ms"),
+            "{:?}",
+            c.deprecations
+        );
         // Both, disagreeing: refused, naming both.
         let err = MeshConfig::from_toml("[server]\nmax_timeout_ms = 1000\nmax_timeout = \"2s\"\n")
             .unwrap_err();
         assert!(
-            err.contains("[server] max_timeout (2s)") && err.contains("[server] max_timeout_ms (1s)"),
+            err.contains("[server] max_timeout (2s)")
+                && err.contains("[server] max_timeout_ms (1s)"),
             "{err}"
         );
     }

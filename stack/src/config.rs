@@ -263,7 +263,7 @@ pub fn format_duration(d: Duration) -> String {
         ("ms", 1_000_000),
         ("us", 1_000),
     ] {
-        if nanos != 0 && nanos % per == 0 {
+        if nanos != 0 && nanos / per * per == nanos {
             return format!("{}{unit}", nanos / per);
         }
     }
@@ -395,6 +395,7 @@ pub fn collect_deprecations<T>(read: impl FnOnce() -> T) -> (T, Vec<String>) {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
