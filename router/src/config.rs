@@ -209,6 +209,8 @@ pub struct ServerConfig {
     /// small-batch pass in a few µs; more helps only large batches.
     pub compute_threads: usize,
     pub role: Role,
+    /// `[server.connections]`: connection lifetimes and the shutdown grace period.
+    pub connections: crate::listen::ConnectionConfig,
 }
 
 impl Default for ServerConfig {
@@ -222,6 +224,7 @@ impl Default for ServerConfig {
             max_timeout: Duration::from_secs(30),
             compute_threads: 1,
             role: Role::All,
+            connections: Default::default(),
         }
     }
 }
@@ -246,6 +249,7 @@ struct ServerFile {
     max_timeout_ms: Option<u64>,
     compute_threads: usize,
     role: Role,
+    connections: crate::listen::ConnectionConfig,
 }
 
 impl Default for ServerFile {
@@ -261,6 +265,7 @@ impl Default for ServerFile {
             max_timeout_ms: None,
             compute_threads: d.compute_threads,
             role: d.role,
+            connections: d.connections,
         }
     }
 }
@@ -273,6 +278,7 @@ impl TryFrom<ServerFile> for ServerConfig {
             ("[server] max_timeout", f.max_timeout),
             &[("[server] max_timeout_ms", millis(f.max_timeout_ms))],
         )?;
+        f.connections.validate()?;
         Ok(Self {
             host: f.host,
             grpc_port: f.grpc_port,
@@ -282,6 +288,7 @@ impl TryFrom<ServerFile> for ServerConfig {
             max_timeout: max_timeout.unwrap_or(ServerConfig::default().max_timeout),
             compute_threads: f.compute_threads,
             role: f.role,
+            connections: f.connections,
         })
     }
 }

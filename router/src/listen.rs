@@ -6,9 +6,9 @@
 //! and the maximum connection age set on the servers, no client can hold a slot
 //! for ever. TCP_NODELAY is set on every connection: small answers must not wait
 //! for delayed ACKs (~40 ms).
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -314,7 +314,10 @@ mod tests {
         let (_b, _) = l.accept_conn().await.unwrap();
         // The third waits for a slot...
         let third = tokio::time::timeout(Duration::from_millis(200), l.accept_conn()).await;
-        assert!(third.is_err(), "a third connection was accepted past the cap");
+        assert!(
+            third.is_err(),
+            "a third connection was accepted past the cap"
+        );
         // ...and gets one when a connection closes.
         drop(a);
         let third = tokio::time::timeout(Duration::from_secs(5), l.accept_conn()).await;

@@ -3,7 +3,6 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::serve::ListenerExt;
 use http::HeaderValue;
 use mesh_model_actor::{ActorSystem, ModelRepository};
 use mesh_proto::inference::grpc_inference_service_server::GrpcInferenceServiceServer;
@@ -20,6 +19,7 @@ use crate::config::{FeaturesConfig, MeshConfig, Role, ServerConfig};
 use crate::decide::service::DecisionService;
 use crate::decide::Engine;
 use crate::error::RouterError;
+use crate::listen::{ConnectionConfig, Limited};
 use crate::oip::grpc::OipGrpc;
 use crate::oip::http::{router, HttpState};
 use crate::oip::{Core, Limits};
@@ -243,7 +243,7 @@ pub async fn start_mesh(mesh: &MeshConfig) -> Result<Running, RouterError> {
         metrics: Arc::new(move || metrics.render()),
     };
     let app = router(http_state).merge(crate::admin::routes(parts.admin()));
-    let http_task = http_server(app, http_listener, stopped);
+    let http_task = http_server(app, http_listener, &cfg.connections, stopped);
     let models: Vec<String> = parts
         .core
         .iter()
@@ -261,7 +261,7 @@ pub async fn start_mesh(mesh: &MeshConfig) -> Result<Running, RouterError> {
         stop,
         tasks: vec![grpc_task, http_task],
         system: parts.system,
-        grace: crate::listen::ConnectionConfig::default().shutdown_grace,
+        grace: cfg.connections.shutdown_grace,
     })
 }
 
@@ -316,7 +316,12 @@ async fn grpc_server(
     if features.is_some() {
         health.set_serving::<mesh_proto::mesh::v1::feature_store_server::FeatureStoreServer<FeatureStoreService>>().await;
     }
+    let conns = &cfg.connections;
     let grpc = tonic::transport::Server::builder()
+        .timeout(conns.request_timeout)
+        .http2_keepalive_interval(Some(conns.keepalive_interval))
+        .http2_keepalive_timeout(Some(conns.keepalive_timeout))
+        .max_connection_age(conns.max_connection_age)
         .layer(tower::util::MapResponseLayer::new(
             too_large_is_resource_exhausted,
         ))
@@ -327,8 +332,7 @@ async fn grpc_server(
         .add_service(reflection_v1alpha)
         .add_service(health_service)
         .serve_with_incoming_shutdown(
-            // TCP_NODELAY: small answers must not wait for delayed ACKs (~40 ms).
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            Limited::new(listener, conns.limits()).into_stream(),
             async move {
                 let _ = stopped.wait_for(|s| *s).await;
             },
@@ -340,23 +344,35 @@ async fn grpc_server(
     }))
 }
 
-/// The HTTP server for `app`, until `stopped` turns true.
+/// The HTTP server for `app`, until `stopped` turns true. A request (body
+/// included) that takes longer than `request_timeout` is answered 408.
 fn http_server(
     app: axum::Router,
     listener: TcpListener,
+    conns: &ConnectionConfig,
     mut stopped: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
+    let limit = conns.request_timeout;
+    let app = app.layer(axum::middleware::from_fn(
+        move |req: axum::extract::Request, next: axum::middleware::Next| async move {
+            match tokio::time::timeout(limit, next.run(req)).await {
+                Ok(res) => res,
+                Err(_) => axum::response::IntoResponse::into_response((
+                    http::StatusCode::REQUEST_TIMEOUT,
+                    axum::Json(serde_json::json!({
+                        "error": format!("request not complete within {limit:?} (request_timeout)")
+                    })),
+                )),
+            }
+        },
+    ));
+    let listener = Limited::new(listener, conns.limits());
     tokio::spawn(async move {
-        if let Err(e) = axum::serve(
-            listener.tap_io(|tcp| {
-                let _ = tcp.set_nodelay(true);
-            }),
-            app,
-        )
-        .with_graceful_shutdown(async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        })
-        .await
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            })
+            .await
         {
             tracing::error!(error = %e, "HTTP server stopped");
         }

@@ -75,7 +75,7 @@ fn config(dir: &Path, deadline_ms: u64, per_try_ms: u64, extra: &str) -> MeshCon
         path = "{db}"
         views = "{views}"
         [decisions]
-        deadline_ms = {deadline_ms}
+        deadline = "{deadline_ms}ms"
         default_decision = "review"
         max_batch_items = 500
         [decisions.stack]

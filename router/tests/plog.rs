@@ -22,7 +22,9 @@ async fn every_prediction_is_logged_once() {
     common::model_repo(&dir.path().join("models"), &[3], &toml_text);
     let logs = dir.path().join("predictions");
     let cfg: MeshConfig = toml::from_str(&format!(
-        "[server]\ngrpc_port = 0\nhttp_port = 0\nmodels = \"{}\"\n[prediction_log]\ndir = \"{}\"\n",
+        // A generous decision deadline: this test is about logging, and a debug build
+        // under a parallel test run can take longer than the default 50 ms.
+        "[server]\ngrpc_port = 0\nhttp_port = 0\nmodels = \"{}\"\n[decisions]\ndeadline = \"5s\"\n[prediction_log]\ndir = \"{}\"\n",
         dir.path().join("models").display(),
         logs.display()
     ))
@@ -50,7 +52,7 @@ async fn every_prediction_is_logged_once() {
             .await
             .unwrap()
             .into_inner();
-        assert_eq!(r.model_version, "3");
+        assert_eq!(r.model_version, "3", "{:?}", r.reasons);
     }
     const M: usize = 20;
     for i in 0..M {

@@ -1,8 +1,7 @@
 //! Overall deadline: no answer leaves the stack after the request's deadline.
 //!
 //! The request carries its deadline ([`HasDeadline`]); the router sets it to
-//! `min(now + grpc-timeout, now + configured budget)` with
-//! [`crate::StackConfig::deadline_for`].
+//! `min(arrival + grpc-timeout, arrival + [decisions] deadline)`.
 //!
 //! tower's `Timeout` times only the response future, not `poll_ready`. Here
 //! the wait for readiness of everything below (buffer slot, a ready replica)

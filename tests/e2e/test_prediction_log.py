@@ -17,7 +17,7 @@ def test_log_join_matches_duckdb(tmp_path, samples):
     repo = copy_repo(tmp_path / "models")
     logs = tmp_path / "predictions"
     cfg = tmp_path / "mesh.toml"
-    cfg.write_text(f'[prediction_log]\ndir = "{logs}"\nflush_interval_ms = 50\n')
+    cfg.write_text(f'[prediction_log]\ndir = "{logs}"\nflush_interval = "50ms"\n')
     m = Mesh(repo, "--config", str(cfg))
     try:
         c = grpcclient.InferenceServerClient(m.grpc)

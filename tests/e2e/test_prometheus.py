@@ -143,10 +143,10 @@ views = "{views}"
 
 [prediction_log]
 dir = "{logs}"
-flush_interval_ms = 50
+flush_interval = "50ms"
 
 [decisions]
-deadline_ms = 50
+deadline = "50ms"
 default_decision = "review"
 
 [decisions.stack]

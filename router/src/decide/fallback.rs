@@ -3,7 +3,7 @@
 //! the precomputed batch score (the rules and the default follow in postprocess).
 //!
 //! ```text
-//! started                                              deadline = started + min(grpc-timeout, deadline_ms)
+//! started                                              deadline = started + min(grpc-timeout, [decisions] deadline)
 //!   |-- routed version (model call) ----------|-- reserve --|
 //!                                  previous versions ...|-- margin --|
 //! ```
@@ -19,13 +19,13 @@ use super::replica::ModelAnswer;
 use crate::error::RouterError;
 use mesh_prediction_log::Role;
 
-/// The share of the decision budget (`deadline_ms`) kept back from the routed
+/// The share of the decision budget (`[decisions] deadline`) kept back from the routed
 /// version's call for the fallbacks: one fifth. A model that used the whole budget
 /// would leave a timed-out request nothing but the default decision; with a fifth
 /// left, a previous version or at least the batch score and rules still answer.
 pub const FALLBACK_RESERVE_DIVISOR: u32 = 5;
 
-/// The most the reserve takes, however large `deadline_ms` is: the fallbacks after
+/// The most the reserve takes, however large the deadline is: the fallbacks after
 /// the model call (a previous version on a warm replica, one point lookup, the
 /// rules) fit in a few milliseconds, so a long budget goes to the routed version.
 pub const FALLBACK_RESERVE_MAX: Duration = Duration::from_millis(5);
@@ -53,7 +53,7 @@ pub fn model_call_deadline(deadline: Instant, budget: Duration) -> Instant {
 }
 
 /// The budget of a shadow call, from the moment it is sent: a whole decision budget
-/// (`deadline_ms`) of its own. Nobody waits for the shadow, so the caller's
+/// (`[decisions] deadline`) of its own. Nobody waits for the shadow, so the caller's
 /// grpc-timeout does not bound it; the budget only stops a stuck shadow version
 /// from holding the task (and its row) forever.
 pub fn shadow_budget(budget: Duration) -> Duration {

@@ -1,0 +1,287 @@
+"""Hostile input against a real `mesh serve` (issue: fail closed).
+
+Each case sends what an attacker or a careless client would, checks the status and
+message the mesh answers, that good requests are still answered after it, and that
+the server's peak resident memory (VmHWM) stays under PEAK_BOUND_MB. Connections:
+silent sockets and stalled bodies are closed within their timeouts, the open
+connection count is capped, and SIGTERM finishes with connections still open.
+
+Requests are hand-encoded protobuf sent with grpcio's raw (bytes in, bytes out)
+calls, so the test can send what no generated client would.
+"""
+import os
+import signal
+import socket
+import struct
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import ROOT, Mesh
+
+# The whole suite's bound on the server's peak RSS. Before the guards, one 16 MiB
+# ModelInfer of empty inputs alone took the process to 2.5 GB.
+PEAK_BOUND_MB = 600
+
+
+# --- protobuf by hand -------------------------------------------------------------
+def varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def ld(num: int, payload: bytes) -> bytes:
+    return varint(num << 3 | 2) + varint(len(payload)) + payload
+
+
+def vi(num: int, n: int) -> bytes:
+    return varint(num << 3) + varint(n)
+
+
+def f64(num: int, x: float) -> bytes:
+    return varint(num << 3 | 1) + struct.pack("<d", x)
+
+
+def decide_request(rid: str, features: dict, card: int = 1, merchant: str = "m000001") -> bytes:
+    msg = ld(1, rid.encode()) + ld(2, b"fraud_mlp")
+    msg += ld(4, ld(1, b"card_id") + ld(2, vi(1, card)))
+    msg += ld(4, ld(1, b"merchant_id") + ld(2, ld(2, merchant.encode())))
+    for k, v in features.items():
+        msg += ld(5, ld(1, k.encode()) + f64(2, v))
+    return msg
+
+
+def raw_call(addr: str, method: str, body: bytes, timeout: float = 30):
+    with grpc.insecure_channel(
+        addr,
+        options=[("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)],
+    ) as ch:
+        call = ch.unary_unary(method, request_serializer=None, response_deserializer=None)
+        return call(body, timeout=timeout)
+
+
+def status_of(addr, method, body):
+    try:
+        raw_call(addr, method, body)
+        return grpc.StatusCode.OK, ""
+    except grpc.RpcError as e:
+        return e.code(), e.details() or ""
+
+
+def vm_hwm_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+# --- the mesh under test ----------------------------------------------------------
+def write_config(tmp: Path) -> Path:
+    cfg = tmp / "mesh.toml"
+    cfg.write_text(
+        f"""
+[server]
+models = "{ROOT / 'examples' / 'models'}"
+
+[server.connections]
+max_connections = 64
+idle_timeout = "2s"
+request_timeout = "3s"
+shutdown_grace = "2s"
+
+[features]
+path = "{tmp / 'features'}"
+views = "{ROOT / 'examples' / 'features' / 'views.toml'}"
+
+[decisions]
+deadline = "200ms"
+
+[[decisions.deployments]]
+model = "fraud_mlp"
+"""
+    )
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hostile")
+    m = Mesh(ROOT / "examples" / "models", "--config", str(write_config(tmp)))
+    m.peak_mb = vm_hwm_mb(m.proc.pid)
+    yield m
+    m.stop()
+    print(f"peak memory of the hostile suite's server: {m.peak_mb:.0f} MB")
+
+
+def good_infer(mesh):
+    c = grpcclient.InferenceServerClient(mesh.grpc)
+    x = np.zeros((1, 32), np.float32)
+    inp = grpcclient.InferInput("input", [1, 32], "FP32")
+    inp.set_data_from_numpy(x)
+    p = c.infer("fraud_mlp", [inp]).as_numpy("probability")
+    assert p.shape == (1, 1) and 0.0 <= p[0, 0] <= 1.0
+
+
+def good_decide(mesh):
+    resp = raw_call(mesh.grpc, "/mesh.v1.Decisions/Decide", decide_request("ok-1", {"amount": 42.0}))
+    assert resp, "empty DecideResponse"
+
+
+def check_still_serving(mesh):
+    good_infer(mesh)
+    good_decide(mesh)
+    mesh.peak_mb = vm_hwm_mb(mesh.proc.pid)
+    assert mesh.peak_mb < PEAK_BOUND_MB, f"server peak RSS {mesh.peak_mb:.0f} MB"
+
+
+# --- 1. bounded work per request ---------------------------------------------------
+# (method, body, field the refusal names): each is mostly 2-byte empty entries, under
+# the message size limits (16 MiB for OIP, 4 MiB for the mesh.v1 services).
+AMPLIFIERS = {
+    "infer-empty-inputs": ("/inference.GRPCInferenceService/ModelInfer", lambda: ld(1, b"fraud_mlp") + ld(5, b"") * 7_000_000, "inputs"),
+    "infer-empty-parameters": ("/inference.GRPCInferenceService/ModelInfer", lambda: ld(1, b"fraud_mlp") + ld(4, b"") * 4_000_000, "parameters"),
+    "decide-batch-empty-items": ("/mesh.v1.Decisions/DecideBatch", lambda: ld(1, b"") * 1_500_000, "requests"),
+    "decide-empty-features": ("/mesh.v1.Decisions/Decide", lambda: ld(5, b"") * 1_500_000, "features"),
+    "push-empty-rows": ("/mesh.v1.FeatureStore/Push", lambda: ld(1, b"card") + ld(2, b"") * 1_500_000, "100000"),
+    "push-empty-values": ("/mesh.v1.FeatureStore/Push", lambda: ld(1, b"card") + ld(2, ld(3, b"") * 2000) * 100, "values"),
+    "lookup-empty-names": ("/mesh.v1.FeatureStore/GetOnlineFeatures", lambda: ld(1, b"") * 1_500_000, "features"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(AMPLIFIERS))
+def test_amplifying_messages_are_refused_before_decoding(hostile, case):
+    method, body, named = AMPLIFIERS[case]
+    code, msg = status_of(hostile.grpc, method, body())
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (code, msg)
+    assert named in msg, msg
+    check_still_serving(hostile)
+
+
+def test_long_values_are_cut_in_messages_and_ids_are_bounded(hostile):
+    c = grpcclient.InferenceServerClient(hostile.grpc)
+    inp = grpcclient.InferInput("input", [1, 32], "FP32")
+    inp.set_data_from_numpy(np.zeros((1, 32), np.float32))
+    with pytest.raises(InferenceServerException) as e:
+        c.infer("m" * (1 << 20), [inp])
+    assert "StatusCode.NOT_FOUND" in str(e.value.status())
+    assert len(e.value.message()) < 1200, len(e.value.message())
+    with pytest.raises(InferenceServerException) as e:
+        c.infer("fraud_mlp", [inp], request_id="i" * (4 << 20))
+    assert "StatusCode.INVALID_ARGUMENT" in str(e.value.status())
+    assert "request id" in e.value.message()
+    code, msg = status_of(hostile.grpc, "/mesh.v1.Decisions/Decide", decide_request("r" * 100_000, {"amount": 1.0}))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "limit is 256" in msg, (code, msg)
+    check_still_serving(hostile)
+
+
+def test_bad_utf8_is_invalid_argument(hostile):
+    code, msg = status_of(hostile.grpc, "/inference.GRPCInferenceService/ModelInfer", ld(1, b"\xff\xfe\xfd"))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, msg)
+    check_still_serving(hostile)
+
+
+def test_version_labels_come_only_from_served_versions(hostile):
+    c = grpcclient.InferenceServerClient(hostile.grpc)
+    inp = grpcclient.InferInput("input", [1, 32], "FP32")
+    inp.set_data_from_numpy(np.zeros((1, 32), np.float32))
+    for v in range(1000, 1200):
+        with pytest.raises(InferenceServerException):
+            c.infer("fraud_mlp", [inp], model_version=str(v))
+    metrics = urllib.request.urlopen(f"http://{hostile.http}/metrics", timeout=10).read().decode()
+    assert 'version="1000"' not in metrics and 'version="1199"' not in metrics
+    assert 'version="unknown"' in metrics
+
+
+# --- 2. numbers fail closed --------------------------------------------------------
+@pytest.mark.parametrize("value", [1e300, -1e39, 3.5e38])
+def test_a_value_past_f32_is_refused_naming_the_feature(hostile, value):
+    code, msg = status_of(hostile.grpc, "/mesh.v1.Decisions/Decide", decide_request("big", {"amount": value}))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, msg)
+    assert "amount" in msg, msg
+
+
+# --- 3. connections have lifetimes -------------------------------------------------
+def test_silent_and_stalled_connections_are_closed(hostile):
+    host, port = hostile.http.rsplit(":", 1)
+    silent = [socket.create_connection((host, int(port)), timeout=10) for _ in range(8)]
+    # A body promised and never sent: closed by request_timeout (3 s) or idle_timeout (2 s).
+    stalled = socket.create_connection((host, int(port)), timeout=10)
+    stalled.sendall(b"POST /v2/models/fraud_mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{\"inputs\"")
+    ghost, gport = hostile.grpc.rsplit(":", 1)
+    half_grpc = socket.create_connection((ghost, int(gport)), timeout=10)
+    half_grpc.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")  # the preface, then nothing
+    started = time.time()
+    for s in silent + [stalled, half_grpc]:
+        while True:
+            try:
+                data = s.recv(65536)
+            except (ConnectionResetError, TimeoutError):
+                break
+            if not data:
+                break
+        s.close()
+    took = time.time() - started
+    assert took < 8, f"connections held {took:.1f} s past idle_timeout=2s / request_timeout=3s"
+    check_still_serving(hostile)
+
+
+def test_open_connections_are_capped(hostile):
+    host, port = hostile.http.rsplit(":", 1)
+    before = open_fds(hostile.proc.pid)
+    socks = []
+    for _ in range(200):
+        try:
+            socks.append(socket.create_connection((host, int(port)), timeout=5))
+        except OSError:
+            break
+    time.sleep(0.5)
+    during = open_fds(hostile.proc.pid)
+    # At most max_connections (64) accepted on this port; the rest wait in the backlog.
+    assert during - before <= 64 + 4, (before, during)
+    for s in socks:
+        s.close()
+    time.sleep(3)  # the idle timeout frees every slot
+    check_still_serving(hostile)
+
+
+def test_sigterm_finishes_with_connections_open(tmp_path):
+    m = Mesh(ROOT / "examples" / "models", "--config", str(write_config(tmp_path)))
+    try:
+        good_infer(m)
+        ghost, gport = m.grpc.rsplit(":", 1)
+        idle_h2 = grpc.insecure_channel(m.grpc)
+        grpc.channel_ready_future(idle_h2).result(timeout=10)
+        raw = socket.create_connection((ghost, int(gport)), timeout=10)
+        raw.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        hh, hp = m.http.rsplit(":", 1)
+        partial = socket.create_connection((hh, int(hp)), timeout=10)
+        partial.sendall(b"POST /v2/models/fraud_mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{")
+        started = time.time()
+        m.proc.send_signal(signal.SIGTERM)
+        m.proc.wait(timeout=15)
+        took = time.time() - started
+        assert m.proc.returncode == 0, m.proc.returncode
+        assert took < 8, f"SIGTERM took {took:.1f} s with shutdown_grace = 2s"
+        idle_h2.close()
+        raw.close()
+        partial.close()
+    finally:
+        if m.proc.poll() is None:
+            m.proc.kill()
