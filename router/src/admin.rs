@@ -82,7 +82,14 @@ impl Admin {
     }
 
     /// Injects (or clears, with zeros) trouble into one replica: for drills and demos.
+    /// A delay is at most [`MAX_FAULT_DELAY_MS`].
     pub fn set_fault(&self, f: &FaultState) -> Result<(), RouterError> {
+        if f.delay_ms > MAX_FAULT_DELAY_MS {
+            return Err(RouterError::invalid(format!(
+                "delay_ms = {} is over the limit of {MAX_FAULT_DELAY_MS}",
+                f.delay_ms
+            )));
+        }
         let fault = self.engine()?.fault(&f.replica).ok_or_else(|| {
             RouterError::NotFound(format!(
                 "no replica '{}' (see GET /admin/replicas)",
@@ -94,6 +101,10 @@ impl Admin {
         Ok(())
     }
 }
+
+/// Longest delay a fault may inject, ms: a drill stalls a replica for longer than
+/// any deadline, not for ever.
+pub const MAX_FAULT_DELAY_MS: u64 = 60_000;
 
 type HttpResult = Result<Response, RouterError>;
 

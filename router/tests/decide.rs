@@ -421,3 +421,46 @@ async fn canary_share_follows_its_weight_and_shadow_answers_stay_hidden() {
     assert_eq!(shadow_count(), primary);
     m.running.shutdown().await;
 }
+
+/// An unloaded model is a model fault like any other: its decisions go down the
+/// fallback chain (here to the rules and the default) with a reason, and never
+/// fail the request; a model the mesh never served stays NOT_FOUND.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unloaded_model_decides_through_the_fallbacks() {
+    let mut m = mesh(1000, 200, "").await;
+    let r = m
+        .client
+        .decide(request(1, &m.rows[1].0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.source, pb::AnswerSource::Model as i32);
+    let core = m.running.core.clone().unwrap();
+    core.repo.unload("fraud_mlp").await.unwrap();
+    let r = m
+        .client
+        .decide(request(2, &m.rows[2].0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_ne!(r.source, pb::AnswerSource::Model as i32, "{r:?}");
+    assert_ne!(r.decision, pb::Decision::Approve as i32, "{r:?}");
+    assert!(
+        r.reasons.iter().any(|x| x.contains("no ready version")),
+        "{:?}",
+        r.reasons
+    );
+    let mut other = request(3, &m.rows[3].0);
+    other.model = "never_served".into();
+    let e = m.client.decide(other).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    // Loaded again: the model answers again.
+    core.repo.load("fraud_mlp").await.unwrap();
+    let r = m
+        .client
+        .decide(request(4, &m.rows[4].0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.source, pb::AnswerSource::Model as i32, "{r:?}");
+}

@@ -289,3 +289,4 @@ impl Http {
         self.request("POST", path, body).await
     }
 }
+

@@ -209,6 +209,46 @@ def test_version_labels_come_only_from_served_versions(hostile):
     assert 'version="unknown"' in metrics
 
 
+def test_an_expired_deadline_is_deadline_exceeded(hostile):
+    # Raw HTTP/2 (curl): gRPC clients refuse to send a deadline that has passed.
+    import subprocess
+
+    from tritonclient.grpc import service_pb2
+
+    req = service_pb2.ModelInferRequest(model_name="fraud_mlp")
+    t = req.inputs.add(name="input", datatype="FP32", shape=[1, 32])
+    t.contents.fp32_contents.extend([0.0] * 32)
+    body = req.SerializeToString()
+    framed = b"\x00" + struct.pack(">I", len(body)) + body
+    for timeout in ["0m", "0n", "1n"]:
+        out = subprocess.run(
+            ["curl", "-s", "-i", "--http2-prior-knowledge", "-X", "POST",
+             f"http://{hostile.grpc}/inference.GRPCInferenceService/ModelInfer",
+             "-H", "content-type: application/grpc", "-H", "te: trailers",
+             "-H", f"grpc-timeout: {timeout}", "--data-binary", "@-"],
+            input=framed, capture_output=True, timeout=30,
+        ).stdout.decode(errors="replace").lower()
+        assert "grpc-status: 4" in out, f"{timeout}: {out}"
+    good_infer(hostile)
+
+
+def test_a_huge_fault_delay_is_refused(hostile):
+    import json
+    import urllib.error
+
+    base = f"http://{hostile.http}"
+    replicas = json.loads(urllib.request.urlopen(f"{base}/admin/replicas", timeout=10).read())["replicas"]
+    assert replicas
+    body = json.dumps({"replica": replicas[0]["replica"], "delay_ms": 2**64 - 1}).encode()
+    req = urllib.request.Request(f"{base}/admin/faults", data=body, method="POST",
+                                 headers={"content-type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    assert e.value.code == 400
+    assert "delay_ms" in e.value.read().decode()
+    check_still_serving(hostile)
+
+
 # --- 2. numbers fail closed --------------------------------------------------------
 @pytest.mark.parametrize("value", [1e300, -1e39, 3.5e38])
 def test_a_value_past_f32_is_refused_naming_the_feature(hostile, value):

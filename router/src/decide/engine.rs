@@ -36,6 +36,10 @@ pub struct Engine {
     cfg: DecisionsConfig,
     /// Input specs by model, rebuilt when a reload replaced the model's config.
     specs: VersionCache<Arc<DecisionSpec>>,
+    /// The last spec each model answered with, so that a model that was unloaded
+    /// (or failed every load) still decides through the fallback chain with its
+    /// thresholds instead of failing the request.
+    last_specs: parking_lot::RwLock<std::collections::HashMap<String, Arc<DecisionSpec>>>,
     /// Model-call stacks by model and version, rebuilt when a reload replaced the
     /// version's actor groups. A stack is cloned out per call (cheap, `Clone`).
     stacks: VersionCache<Stack>,
@@ -100,6 +104,7 @@ impl Engine {
             store,
             cfg,
             specs: VersionCache::default(),
+            last_specs: Default::default(),
             stacks: VersionCache::default(),
             faults: Mutex::new(BTreeMap::new()),
             sink,
@@ -143,6 +148,31 @@ impl Engine {
     }
 
     fn spec(&self, config: &Arc<ModelConfig>) -> Result<Arc<DecisionSpec>, RouterError> {
+        let spec = self.build_spec(config)?;
+        let known = self
+            .last_specs
+            .read()
+            .get(&config.name)
+            .is_some_and(|s| Arc::ptr_eq(s, &spec));
+        if !known {
+            self.last_specs
+                .write()
+                .insert(config.name.clone(), spec.clone());
+        }
+        Ok(spec)
+    }
+
+    /// The spec of a served model, or the last one of a model that is not served
+    /// now (unloaded, or its load failed): its decisions go down the fallback chain.
+    /// A model the engine never served is NOT_FOUND.
+    fn spec_of(&self, model: &str) -> Result<Arc<DecisionSpec>, RouterError> {
+        match self.repo.model(model) {
+            Ok(served) => self.spec(&served.config),
+            Err(e) => self.last_specs.read().get(model).cloned().ok_or(e.into()),
+        }
+    }
+
+    fn build_spec(&self, config: &Arc<ModelConfig>) -> Result<Arc<DecisionSpec>, RouterError> {
         let identity = [Arc::as_ptr(config) as usize];
         self.specs.get_or_build(&config.name, 0, identity, || {
             let spec = DecisionSpec::from_model(config)
@@ -230,8 +260,7 @@ impl Engine {
         let deadline = started + caller_timeout.map_or(budget, |t| t.min(budget));
         let items = stages::validate(reqs, self.cfg.max_batch_items)?;
         let model = &reqs[0].model;
-        let served = self.repo.model(model)?;
-        let spec = self.spec(&served.config)?;
+        let spec = self.spec_of(model)?;
         let mut shared = Timings {
             validate: us(started.elapsed()),
             ..Timings::default()
@@ -242,11 +271,9 @@ impl Engine {
         shared.features = us(t0.elapsed());
 
         let futs = items.iter().enumerate().map(|(i, it)| {
-            let (spec, lookup, served) = (&spec, lookup.as_ref(), &served);
+            let (spec, lookup) = (&spec, lookup.as_ref());
             async move {
-                let mut o = self
-                    .decide_one(it, i, &served.config.name, lookup, deadline, spec)
-                    .await;
+                let mut o = self.decide_one(it, i, model, lookup, deadline, spec).await;
                 o.model.clone_from(model);
                 o.timings.validate = shared.validate;
                 o.timings.features = shared.features;
@@ -432,7 +459,14 @@ mod tests {
         for ok in [0.0, 0.5, 1.0] {
             assert!(check_scores(&answer(1, ok)).is_ok());
         }
-        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.01, 1.01, 3e38] {
+        for bad in [
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            -0.01,
+            1.01,
+            3e38,
+        ] {
             let e = check_scores(&answer(2, bad)).unwrap_err();
             assert!(
                 matches!(e, RouterError::Internal(ref m) if m.contains("not a probability")),

@@ -43,17 +43,14 @@ impl Elements {
         }
     }
 
-    /// Converts to f32; the position of the first NaN or infinity is an error.
-    fn into_f32(self) -> Result<Vec<f32>, usize> {
-        let out: Vec<f32> = match self {
+    /// Converts to f32 (an FP64 beyond f32's range becomes infinite, which the
+    /// model's column rules then refuse).
+    fn into_f32(self) -> Vec<f32> {
+        match self {
             Self::Fp32(v) => v,
             Self::Fp64(v) => v.into_iter().map(|x| x as f32).collect(),
             Self::Int32(v) => v.into_iter().map(|x| x as f32).collect(),
             Self::Int64(v) => v.into_iter().map(|x| x as f32).collect(),
-        };
-        match out.iter().position(|x| !x.is_finite()) {
-            Some(i) => Err(i),
-            None => Ok(out),
         }
     }
 }
@@ -91,7 +88,10 @@ pub fn element_count(name: &str, shape: &[i64]) -> Result<usize, RouterError> {
 }
 
 /// Turns the request's inputs into one batch for `config`'s single input: the
-/// right name, datatype, shape `[rows, dims...]` and element count, finite values.
+/// right name, datatype, shape `[rows, dims...]` and element count, and values the
+/// model's column rules accept (`ModelConfig::check_values`: never infinity; NaN only
+/// in columns `[trees] missing` declares, none for the MLP; integer codes in
+/// categorical columns). A refusal names the row and column.
 pub fn to_batch(config: &ModelConfig, inputs: Vec<InputTensor>) -> Result<Batch, RouterError> {
     let spec = config.input();
     if inputs.is_empty() {
@@ -140,9 +140,10 @@ pub fn to_batch(config: &ModelConfig, inputs: Vec<InputTensor>) -> Result<Batch,
     }
     let rows = t.shape[0] as usize;
     let cols = spec.row_width();
-    let data = t.data.into_f32().map_err(|i| {
-        RouterError::invalid(format!("input '{}' element {i} is NaN or infinite", t.name))
-    })?;
+    let data = t.data.into_f32();
+    config
+        .check_values(&data, cols)
+        .map_err(|e| RouterError::invalid(format!("input '{}': {e}", t.name)))?;
     Ok(Batch { rows, cols, data })
 }
 
@@ -234,8 +235,61 @@ mod tests {
             Elements::from_raw(DataType::Int64, &7i64.to_le_bytes()),
             Elements::Int64(vec![7])
         );
-        assert_eq!(Elements::Int64(vec![7, -1]).into_f32(), Ok(vec![7.0, -1.0]));
-        assert_eq!(Elements::Fp64(vec![0.5]).into_f32(), Ok(vec![0.5]));
+        assert_eq!(Elements::Int64(vec![7, -1]).into_f32(), vec![7.0, -1.0]);
+        assert_eq!(Elements::Fp64(vec![0.5]).into_f32(), vec![0.5]);
+    }
+
+    fn trees_cfg() -> ModelConfig {
+        ModelConfig::parse(
+            r#"
+            kind = "xgboost"
+            [[inputs]]
+            name = "input"
+            datatype = "FP32"
+            dims = [3]
+            [[outputs]]
+            name = "p"
+            datatype = "FP32"
+            dims = [1]
+            [trees]
+            categorical = [2]
+            missing = [0]
+            "#,
+            "t",
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn column_rules_come_from_the_model_config() {
+        let c = trees_cfg();
+        let batch = |v: Vec<f32>| {
+            let n = v.len() as i64 / 3;
+            to_batch(&c, vec![input(vec![n, 3], Elements::Fp32(v))])
+        };
+        // NaN in the declared missing column, codes in the categorical one: accepted.
+        let b = batch(vec![f32::NAN, 1.5, 3.0, 0.0, -2.0, 0.0]).unwrap();
+        assert!(b.data[0].is_nan());
+        let msg = |v: Vec<f32>| batch(v).unwrap_err().to_string();
+        let e = msg(vec![0.0, 0.0, 0.0, 0.0, f32::NAN, 1.0]);
+        assert!(e.contains("row 1 column 1") && e.contains("NaN"), "{e}");
+        let e = msg(vec![0.0, 0.0, 0.0, f32::INFINITY, 0.0, 1.0]);
+        assert!(
+            e.contains("row 1 column 0") && e.contains("infinite"),
+            "{e}"
+        );
+        for bad in [-1.0, 2.5, 1e9, f32::NAN] {
+            let e = msg(vec![0.0, 0.0, bad]);
+            assert!(e.contains("row 0 column 2"), "{bad}: {e}");
+        }
+        // FP64 beyond f32's range is infinite once converted.
+        let e = to_batch(
+            &c,
+            vec![input(vec![1, 3], Elements::Fp64(vec![1e300, 0.0, 0.0]))],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("infinite"), "{e}");
     }
 
     #[test]

@@ -139,7 +139,7 @@ pub fn model_config(c: &ModelConfig) -> pb::ModelConfig {
     pb::ModelConfig {
         name: c.name.clone(),
         platform: c.platform.clone(),
-        backend: "candle".to_owned(),
+        backend: c.kind.backend().to_owned(),
         version_policy: Some(pb::ModelVersionPolicy {
             policy_choice: Some(policy),
         }),

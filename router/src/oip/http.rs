@@ -30,11 +30,7 @@ pub struct HttpState {
 
 impl IntoResponse for RouterError {
     fn into_response(self) -> Response {
-        (
-            self.http_status(),
-            Json(json!({ "error": self.message() })),
-        )
-            .into_response()
+        (self.http_status(), Json(json!({ "error": self.message() }))).into_response()
     }
 }
 
@@ -320,7 +316,7 @@ async fn config(State(s): State<HttpState>, Path(model): Path<String>) -> HttpRe
     Ok(Json(json!({
         "name": c.name,
         "platform": c.platform,
-        "backend": "candle",
+        "backend": c.kind.backend(),
         "max_batch_size": c.batching.max_batch_size.get(),
         "input": c.inputs.iter().map(|t| json!({"name": t.name, "data_type": format!("TYPE_{}", t.datatype.as_str()), "dims": t.dims})).collect::<Vec<_>>(),
         "output": c.outputs.iter().map(|t| json!({"name": t.name, "data_type": format!("TYPE_{}", t.datatype.as_str()), "dims": t.dims})).collect::<Vec<_>>(),
