@@ -21,6 +21,10 @@ pub fn log_result<T>(result: &Result<T, RouterError>, started: Instant, request_
     }
 }
 
+/// Shortest deadline a request may bring: no model answers sooner, so a shorter
+/// one (`grpc-timeout: 0m`) is DEADLINE_EXCEEDED at once.
+pub const MIN_DEADLINE: Duration = Duration::from_micros(100);
+
 /// Longest request id a caller may send, bytes: the id is copied into every log
 /// line and prediction-log record of the request.
 pub const MAX_REQUEST_ID_BYTES: usize = 256;

@@ -174,6 +174,19 @@ def test_amplifying_messages_are_refused_before_decoding(hostile, case):
     check_still_serving(hostile)
 
 
+def test_a_rest_body_of_zeros_stays_small_in_memory(hostile):
+    import urllib.error
+
+    zeros = ",".join(["0"] * 7_000_000)  # 14 MB, under the 16 MiB body limit
+    body = ('{"inputs":[{"name":"input","shape":[1,32],"datatype":"FP32","data":[' + zeros + "]}]}").encode()
+    req = urllib.request.Request(f"http://{hostile.http}/v2/models/fraud_mlp/infer", data=body, method="POST",
+                                 headers={"content-type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    assert e.value.code == 400, e.value.code
+    check_still_serving(hostile)
+
+
 def test_long_values_are_cut_in_messages_and_ids_are_bounded(hostile):
     c = grpcclient.InferenceServerClient(hostile.grpc)
     inp = grpcclient.InferInput("input", [1, 32], "FP32")

@@ -94,6 +94,16 @@ impl Core {
         // (`mesh bench --target infer`, see README), so the default `info` skips them.
         let span = tracing::debug_span!("infer", request_id = %id, model, protocol);
         let result = async {
+            // Before any await: a deadline that has passed on arrival is answered
+            // here, as DEADLINE_EXCEEDED, before the transport's own timer can turn
+            // it into CANCELLED.
+            if timeout.is_some_and(|t| t < crate::request::MIN_DEADLINE) {
+                return Err(RouterError::Model(
+                    mesh_model_actor::ModelError::DeadlineExceeded(
+                        "the request's deadline is too short to meet (grpc-timeout)",
+                    ),
+                ));
+            }
             check_request_id(request_id)?;
             let handle = self.repo.get(model, version)?;
             let batch = make_batch(&handle)?;
