@@ -94,28 +94,21 @@ fn startup(what: &str, e: impl std::fmt::Display) -> RouterError {
     RouterError::Internal(format!("{what}: {e}"))
 }
 
-/// Statuses tonic's transport makes before any handler runs, rewritten to the
-/// mesh's contract (each rejection is a trailers-only response: the status is in
-/// the headers):
-/// - an over-limit message is OUT_OF_RANGE in tonic, RESOURCE_EXHAUSTED here;
-/// - a request past its deadline (`grpc-timeout`, `0m` included, or the
-///   `request_timeout`) is CANCELLED "Timeout expired" in tonic, DEADLINE_EXCEEDED
-///   here.
+/// tonic rejects an over-limit message with OUT_OF_RANGE before any handler runs;
+/// the mesh's contract is RESOURCE_EXHAUSTED, so the status is rewritten here (the
+/// rejection is a trailers-only response: the status is in the headers). (tonic's
+/// own deadline timer sits outside this layer, so a deadline that expires there is
+/// CANCELLED; a deadline already passed on arrival is answered DEADLINE_EXCEEDED by
+/// the handler first, see `request::MIN_DEADLINE`.)
 fn transport_statuses<B>(mut res: http::Response<B>) -> http::Response<B> {
     let h = res.headers_mut();
-    let status = h.get("grpc-status").and_then(|v| v.to_str().ok());
-    let message = h
-        .get("grpc-message")
-        .and_then(|m| m.to_str().ok())
-        .unwrap_or_default();
-    let code = match status {
-        Some("11") if message.contains("too%20large") || message.contains("too large") => "8",
-        Some("1") if message.contains("Timeout%20expired") || message.contains("Timeout expired") => {
-            "4"
-        }
-        _ => return res,
-    };
-    h.insert("grpc-status", HeaderValue::from_static(code));
+    let is_size = h.get("grpc-status").is_some_and(|v| v == "11")
+        && h.get("grpc-message")
+            .and_then(|m| m.to_str().ok())
+            .is_some_and(|m| m.contains("too%20large") || m.contains("too large"));
+    if is_size {
+        h.insert("grpc-status", HeaderValue::from_static("8"));
+    }
     res
 }
 
