@@ -1,10 +1,11 @@
 //! `model.toml`: what a model is, how it is batched and which versions are served.
 //!
 //! ```toml
-//! kind = "mlp"                 # the only kind so far
-//! dtype = "f32"                # f32 | f16 | bf16 (weights and compute)
-//! device = "cpu"               # cpu | cuda:N (needs the `cuda` feature)
-//! platform = "candle_mlp"      # reported in metadata
+//! kind = "mlp"                 # mlp | xgboost | lightgbm (trees: see below)
+//! dtype = "f32"                # f32 | f16 | bf16 (weights and compute; mlp only)
+//! device = "cpu"               # cpu | cuda:N (needs the `cuda` feature; trees: cpu)
+//! platform = "candle_mlp"      # reported in metadata (default by kind: candle_mlp,
+//!                              # xgboost_json, lightgbm_text)
 //!
 //! [[inputs]]
 //! name = "input"
@@ -36,6 +37,38 @@
 //! batches = 2                  # forward passes run before a version is READY
 //! batch_size = 8
 //! ```
+//!
+//! Kinds `xgboost` and `lightgbm` (gradient-boosted trees, evaluated natively by
+//! `mesh-trees`) take a `[trees]` table instead of `[mlp]`; one FP32 input of dims
+//! `[features]` in the model file's feature order, one output of dims `[1]` (or
+//! `[classes]`):
+//!
+//! ```toml
+//! kind = "xgboost"
+//!
+//! [[inputs]]
+//! name = "input"
+//! datatype = "FP32"
+//! dims = [34]                  # must equal the model file's number of features
+//!
+//! [[outputs]]
+//! name = "probability"         # probability; raw value for regression / logitraw
+//! datatype = "FP32"
+//! dims = [1]                   # must equal the model's outputs (classes for multiclass)
+//!
+//! [trees]
+//! file = "model.json"          # inside each version directory (default: model.json for
+//!                              # xgboost, model.txt for lightgbm)
+//! categorical = [32, 33]       # columns holding integer category codes; must equal the
+//!                              # model file's categorical features
+//! missing = [4, 9, 20]         # columns where NaN (missing) is accepted; or "any" | "none"
+//! ```
+//!
+//! Every request is checked against these: infinity is refused everywhere, NaN outside
+//! the `missing` columns (the MLP refuses NaN in every column), and a categorical value
+//! that is not an integer code from 0 to 2^24 - 1; the refusal (`INVALID_ARGUMENT`)
+//! names the row and column. The width, categorical columns and outputs are checked
+//! against the model file when a version loads.
 use std::num::NonZeroUsize;
 use std::path::Path;
 use std::time::Duration;
@@ -143,7 +176,185 @@ pub enum OutputActivation {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ModelKind {
+    /// Dense layers from safetensors, run with candle (`[mlp]`).
     Mlp,
+    /// Gradient-boosted trees from XGBoost's JSON model format (`[trees]`), evaluated
+    /// by `mesh-trees`.
+    Xgboost,
+    /// Gradient-boosted trees from LightGBM's text model format (`[trees]`), evaluated
+    /// by `mesh-trees`.
+    Lightgbm,
+}
+
+impl ModelKind {
+    /// The name used in `model.toml`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Mlp => "mlp",
+            Self::Xgboost => "xgboost",
+            Self::Lightgbm => "lightgbm",
+        }
+    }
+
+    /// `platform` reported in metadata when `model.toml` names none.
+    pub fn default_platform(self) -> &'static str {
+        match self {
+            Self::Mlp => "candle_mlp",
+            Self::Xgboost => "xgboost_json",
+            Self::Lightgbm => "lightgbm_text",
+        }
+    }
+
+    /// What runs the model, reported as Triton's ModelConfig `backend`.
+    pub fn backend(self) -> &'static str {
+        match self {
+            Self::Mlp => "candle",
+            Self::Xgboost | Self::Lightgbm => "mesh_trees",
+        }
+    }
+
+    /// Whether the kind is a tree ensemble read by `mesh-trees` (`[trees]`).
+    pub fn is_trees(self) -> bool {
+        matches!(self, Self::Xgboost | Self::Lightgbm)
+    }
+}
+
+/// `[trees]` of kinds `xgboost` and `lightgbm`, as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTreesConfig {
+    file: Option<String>,
+    #[serde(default)]
+    categorical: Vec<usize>,
+    missing: Option<RawMissing>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged, expecting = "\"any\", \"none\" or a list of column indices")]
+enum RawMissing {
+    Word(String),
+    Columns(Vec<usize>),
+}
+
+/// Which input columns may be NaN (missing).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum MissingColumns {
+    /// None: NaN is refused everywhere (the default).
+    #[default]
+    None,
+    /// Every column.
+    Any,
+    /// These columns (ascending, distinct).
+    Columns(Vec<usize>),
+}
+
+/// `[trees]`: the model file and what each input column may hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreesConfig {
+    /// The model file inside each version directory (default `model.json` for
+    /// `xgboost`, `model.txt` for `lightgbm`).
+    pub file: String,
+    /// Input columns holding category codes (ascending, distinct); must equal the
+    /// categorical features of the model file.
+    pub categorical: Vec<usize>,
+    /// Input columns where NaN (missing) is accepted.
+    pub missing: MissingColumns,
+}
+
+/// What the values of each input column may be, from `model.toml`: checked on every
+/// request before it is queued ([`ModelConfig::check_values`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ColumnRules {
+    /// One entry per input column (bits [`ColumnRules::MISSING`],
+    /// [`ColumnRules::CATEGORICAL`]); empty when every column only takes finite
+    /// values (the MLP).
+    flags: Vec<u8>,
+    /// `[trees]` may declare missing columns (refusals say how).
+    trees: bool,
+}
+
+impl ColumnRules {
+    /// NaN is accepted (missing).
+    pub const MISSING: u8 = 1;
+    /// The value is a category code: an integer from 0 to [`mesh_trees::MAX_CATEGORY`].
+    pub const CATEGORICAL: u8 = 2;
+
+    fn new(width: usize, trees: &TreesConfig) -> Self {
+        let mut flags = vec![0u8; width];
+        match &trees.missing {
+            MissingColumns::None => {}
+            MissingColumns::Any => flags.iter_mut().for_each(|f| *f |= Self::MISSING),
+            MissingColumns::Columns(c) => c.iter().for_each(|&i| flags[i] |= Self::MISSING),
+        }
+        for &i in &trees.categorical {
+            flags[i] |= Self::CATEGORICAL;
+        }
+        if flags.iter().all(|&f| f == 0) {
+            flags.clear();
+        }
+        Self { flags, trees: true }
+    }
+
+    /// The flags of column `c`.
+    pub fn column(&self, c: usize) -> u8 {
+        self.flags.get(c).copied().unwrap_or(0)
+    }
+
+    /// Checks row-major `data` of `cols` values per row: infinity is refused
+    /// everywhere, NaN outside the missing columns, and anything but an integer code
+    /// from 0 to 2^24 - 1 in a categorical column (NaN there too, unless it is also
+    /// a missing column). The refusal names the row and the column.
+    pub fn check(&self, data: &[f32], cols: usize) -> Result<(), String> {
+        // The common case first: all finite, no categorical column.
+        if self.flags.is_empty() {
+            return match data.iter().position(|x| !x.is_finite()) {
+                None => Ok(()),
+                Some(i) => Err(self.refusal(i, cols, data[i], 0)),
+            };
+        }
+        if cols != self.flags.len() {
+            return Err(format!(
+                "rows of {cols} values, but the model's input has {} columns",
+                self.flags.len()
+            ));
+        }
+        for (r, row) in data.chunks_exact(cols).enumerate() {
+            for (c, (&x, &f)) in row.iter().zip(&self.flags).enumerate() {
+                let ok = if x.is_nan() {
+                    f & Self::MISSING != 0
+                } else if f & Self::CATEGORICAL != 0 {
+                    x >= 0.0 && x.fract() == 0.0 && x <= mesh_trees::MAX_CATEGORY as f32
+                } else {
+                    x.is_finite()
+                };
+                if !ok {
+                    return Err(self.refusal(r * cols + c, cols, x, f));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn refusal(&self, i: usize, cols: usize, x: f32, flags: u8) -> String {
+        let (r, c) = (i / cols.max(1), i % cols.max(1));
+        if x.is_nan() && !self.trees {
+            format!("row {r} column {c} is NaN; this model takes finite values only (NaN or infinite values are refused)")
+        } else if x.is_nan() {
+            format!(
+                "row {r} column {c} is NaN, and column {c} is not declared missing \
+                 (NaN is accepted only in the columns [trees] missing names)"
+            )
+        } else if x.is_infinite() {
+            format!("row {r} column {c} is infinite ({x}); NaN or infinite values are refused")
+        } else if flags & Self::CATEGORICAL != 0 {
+            format!(
+                "row {r} column {c} is categorical and must be an integer code from 0 to {}, not {x}",
+                mesh_trees::MAX_CATEGORY
+            )
+        } else {
+            format!("row {r} column {c} is {x}; refused")
+        }
+    }
 }
 
 /// One input or output tensor of a model; `dims` excludes the batch dimension.
@@ -275,6 +486,7 @@ struct RawModelConfig {
     inputs: Vec<TensorSpec>,
     outputs: Vec<TensorSpec>,
     mlp: Option<MlpConfig>,
+    trees: Option<RawTreesConfig>,
     #[serde(default)]
     batching: BatchingConfig,
     #[serde(default)]
@@ -289,6 +501,43 @@ struct RawModelConfig {
 /// Top-level tables of `model.toml` that belong to other layers: the router's input
 /// spec (feature order, defaults, transforms) and its decision thresholds.
 pub const EXTRA_TABLES: &[&str] = &["input_spec", "decision"];
+
+/// Resolves `[trees]`: the default file name, sorted distinct column lists.
+fn trees_config(kind: ModelKind, raw: RawTreesConfig) -> Result<TreesConfig, String> {
+    let file = raw.file.unwrap_or_else(|| {
+        match kind {
+            ModelKind::Lightgbm => "model.txt",
+            _ => "model.json",
+        }
+        .to_owned()
+    });
+    let distinct = |what: &str, mut v: Vec<usize>| {
+        let n = v.len();
+        v.sort_unstable();
+        v.dedup();
+        if v.len() != n {
+            return Err(format!("[trees] {what} names a column twice"));
+        }
+        Ok(v)
+    };
+    let missing = match raw.missing {
+        None => MissingColumns::None,
+        Some(RawMissing::Word(w)) if w == "any" => MissingColumns::Any,
+        Some(RawMissing::Word(w)) if w == "none" => MissingColumns::None,
+        Some(RawMissing::Word(w)) => {
+            return Err(format!(
+                "[trees] missing = {:?}: expected \"any\", \"none\" or a list of column indices",
+                w.chars().take(100).collect::<String>()
+            ))
+        }
+        Some(RawMissing::Columns(c)) => MissingColumns::Columns(distinct("missing", c)?),
+    };
+    Ok(TreesConfig {
+        file,
+        categorical: distinct("categorical", raw.categorical)?,
+        missing,
+    })
+}
 
 fn default_device() -> String {
     "cpu".to_owned()
@@ -305,6 +554,10 @@ pub struct ModelConfig {
     pub inputs: Vec<TensorSpec>,
     pub outputs: Vec<TensorSpec>,
     pub mlp: Option<MlpConfig>,
+    /// `[trees]` of kinds `xgboost` and `lightgbm`.
+    pub trees: Option<TreesConfig>,
+    /// What each input column may hold (from `[trees]`; finite values for the MLP).
+    pub columns: ColumnRules,
     pub batching: BatchingConfig,
     pub version_policy: VersionPolicy,
     pub warmup: WarmupConfig,
@@ -353,21 +606,29 @@ impl ModelConfig {
             }
             _ => return Err("version_policy takes exactly one of latest, all, specific".into()),
         };
-        let cfg = Self {
+        let trees = raw.trees.map(|t| trees_config(raw.kind, t)).transpose()?;
+        let mut cfg = Self {
             name: raw.name.unwrap_or_else(|| default_name.to_owned()),
             kind: raw.kind,
             dtype: raw.dtype,
             device: raw.device,
-            platform: raw.platform.unwrap_or_else(|| "candle_mlp".to_owned()),
+            platform: raw
+                .platform
+                .unwrap_or_else(|| raw.kind.default_platform().to_owned()),
             inputs: raw.inputs,
             outputs: raw.outputs,
             mlp: raw.mlp,
+            trees,
+            columns: ColumnRules::default(),
             batching: raw.batching,
             version_policy,
             warmup: raw.warmup,
             extra: raw.extra,
         };
         cfg.validate()?;
+        if let Some(t) = &cfg.trees {
+            cfg.columns = ColumnRules::new(cfg.input().row_width(), t);
+        }
         Ok(cfg)
     }
 
@@ -380,8 +641,42 @@ impl ModelConfig {
                 if self.mlp.is_none() {
                     return Err("kind = \"mlp\" needs an [mlp] table".into());
                 }
+                if self.trees.is_some() {
+                    return Err("[trees] is for kinds xgboost and lightgbm, not mlp".into());
+                }
                 if self.inputs.len() != 1 || self.outputs.len() != 1 {
                     return Err("an mlp model has exactly one input and one output".into());
+                }
+            }
+            ModelKind::Xgboost | ModelKind::Lightgbm => {
+                let kind = self.kind.as_str();
+                if self.mlp.is_some() {
+                    return Err(format!("[mlp] is for kind mlp, not {kind}"));
+                }
+                if self.trees.is_none() {
+                    return Err(format!("kind = \"{kind}\" needs a [trees] table"));
+                }
+                if self.inputs.len() != 1 || self.outputs.len() != 1 {
+                    return Err(format!(
+                        "a {kind} model has exactly one input and one output"
+                    ));
+                }
+                if self.inputs[0].dims.len() != 1 || self.outputs[0].dims.len() != 1 {
+                    return Err(format!(
+                        "a {kind} model's input dims are [features] and its output dims \
+                         [1] or [classes] (one dimension each)"
+                    ));
+                }
+                if self.dtype != Precision::F32 {
+                    return Err(format!(
+                        "dtype applies to kind mlp; a {kind} model computes in its own precision (leave dtype out or f32)"
+                    ));
+                }
+                if self.device != "cpu" {
+                    return Err(format!(
+                        "a {kind} model runs on the cpu, not '{}'",
+                        self.device
+                    ));
                 }
             }
         }
@@ -401,7 +696,28 @@ impl ModelConfig {
         if let Some(mlp) = &self.mlp {
             check_relative_path("[mlp] weights", &mlp.weights)?;
         }
+        if let Some(t) = &self.trees {
+            check_relative_path("[trees] file", &t.file)?;
+            let width = self.input().row_width();
+            let cols = match &t.missing {
+                MissingColumns::Columns(c) => c.as_slice(),
+                _ => &[],
+            };
+            for (what, list) in [("categorical", &t.categorical[..]), ("missing", cols)] {
+                if let Some(c) = list.iter().find(|&&c| c >= width) {
+                    return Err(format!(
+                        "[trees] {what} names column {c}, but the input has {width} columns (0 to {})",
+                        width - 1
+                    ));
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// Checks request rows against [`ModelConfig::columns`] (see [`ColumnRules::check`]).
+    pub fn check_values(&self, data: &[f32], cols: usize) -> Result<(), String> {
+        self.columns.check(data, cols)
     }
 
     /// Every size within [`limits`].
@@ -636,6 +952,114 @@ mod tests {
     fn unknown_key_is_named() {
         let err = ModelConfig::parse(&format!("{MIN}\n[batchign]\nx = 1\n"), "m").unwrap_err();
         assert!(err.contains("batchign"), "{err}");
+    }
+
+    const TREES: &str = r#"
+        kind = "xgboost"
+        [[inputs]]
+        name = "input"
+        datatype = "FP32"
+        dims = [4]
+        [[outputs]]
+        name = "p"
+        datatype = "FP32"
+        dims = [1]
+        [trees]
+        categorical = [3]
+        missing = [2, 0]
+    "#;
+
+    #[test]
+    fn trees_kinds_parse_with_defaults_by_kind() {
+        let c = ModelConfig::parse(TREES, "t").unwrap();
+        assert_eq!(c.kind, ModelKind::Xgboost);
+        assert_eq!(c.platform, "xgboost_json");
+        assert_eq!(c.kind.backend(), "mesh_trees");
+        let t = c.trees.as_ref().unwrap();
+        assert_eq!(t.file, "model.json");
+        assert_eq!(t.categorical, vec![3]);
+        assert_eq!(t.missing, MissingColumns::Columns(vec![0, 2]));
+        assert_eq!(c.columns.column(0), ColumnRules::MISSING);
+        assert_eq!(c.columns.column(1), 0);
+        assert_eq!(c.columns.column(3), ColumnRules::CATEGORICAL);
+        let l = ModelConfig::parse(&TREES.replace("xgboost", "lightgbm"), "t").unwrap();
+        assert_eq!(l.trees.unwrap().file, "model.txt");
+        assert_eq!(l.platform, "lightgbm_text");
+        let any = ModelConfig::parse(&TREES.replace("missing = [2, 0]", "missing = \"any\""), "t")
+            .unwrap();
+        assert_eq!(any.trees.unwrap().missing, MissingColumns::Any);
+        let none = ModelConfig::parse(&TREES.replace("missing = [2, 0]", ""), "t").unwrap();
+        assert_eq!(none.trees.unwrap().missing, MissingColumns::None);
+        // The MLP keeps its platform and backend.
+        let m = ModelConfig::parse(MIN, "m").unwrap();
+        assert_eq!(
+            (m.platform.as_str(), m.kind.backend()),
+            ("candle_mlp", "candle")
+        );
+    }
+
+    #[test]
+    fn trees_config_refusals_are_named() {
+        let cases = [
+            ("missing = [2, 0]", "missing = [9]", "names column 9"),
+            ("categorical = [3]", "categorical = [4]", "names column 4"),
+            ("categorical = [3]", "categorical = [3, 3]", "twice"),
+            ("missing = [2, 0]", "missing = \"some\"", "\"any\""),
+            ("missing = [2, 0]", "missing = [-1]", "\"any\""),
+            ("[trees]", "[trees]\nfile = \"../x.json\"", "relative path"),
+            ("[trees]", "[trees]\nfiel = \"x.json\"", "fiel"),
+            (
+                "[trees]",
+                "[mlp]\nactivations = []\noutput_activation = \"none\"\n[trees]",
+                "[mlp] is for kind mlp",
+            ),
+            ("dims = [4]", "dims = [2, 2]", "one dimension"),
+            (
+                "kind = \"xgboost\"",
+                "kind = \"xgboost\"\ndtype = \"f16\"",
+                "dtype",
+            ),
+            (
+                "kind = \"xgboost\"",
+                "kind = \"xgboost\"\ndevice = \"cuda:0\"",
+                "cpu",
+            ),
+        ];
+        for (from, to, named) in cases {
+            let err = ModelConfig::parse(&TREES.replace(from, to), "t").unwrap_err();
+            assert!(err.contains(named), "{to}: {err}");
+        }
+        let no_table = TREES.split("[trees]").next().unwrap();
+        let err = ModelConfig::parse(no_table, "t").unwrap_err();
+        assert!(err.contains("needs a [trees] table"), "{err}");
+        let err = ModelConfig::parse(&format!("{MIN}\n[trees]\n"), "m").unwrap_err();
+        assert!(err.contains("[trees] is for kinds"), "{err}");
+    }
+
+    #[test]
+    fn column_rules_check_every_value() {
+        let c = ModelConfig::parse(TREES, "t").unwrap();
+        let nan = f32::NAN;
+        c.check_values(&[nan, 1.0, nan, 7.0, 0.5, -3.0, 1.0, 0.0], 4)
+            .unwrap();
+        let err = |v: &[f32]| c.check_values(v, 4).unwrap_err();
+        assert!(err(&[0.0, 0.0, 0.0, 0.0, 0.0, nan, 0.0, 0.0]).contains("row 1 column 1 is NaN"));
+        assert!(err(&[f32::INFINITY, 0.0, 0.0, 0.0]).contains("row 0 column 0 is infinite"));
+        for bad in [-1.0, 0.5, 1e8, nan] {
+            let e = err(&[0.0, 0.0, 0.0, bad]);
+            assert!(e.contains("row 0 column 3"), "{bad}: {e}");
+        }
+        // The MLP: finite values only.
+        let m = ModelConfig::parse(MIN, "m").unwrap();
+        m.check_values(&[1.0, -2.0, 0.5, 1e30], 4).unwrap();
+        let e = m
+            .check_values(&[1.0, 2.0, 3.0, 4.0, 0.0, nan, 0.0, 0.0], 4)
+            .unwrap_err();
+        assert!(e.contains("row 1 column 1 is NaN"), "{e}");
+        let e = m
+            .check_values(&[f32::NEG_INFINITY, 0.0, 0.0, 0.0], 4)
+            .unwrap_err();
+        assert!(e.contains("infinite"), "{e}");
     }
 
     #[test]

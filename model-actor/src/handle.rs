@@ -152,6 +152,11 @@ impl VersionHandle {
                 batch.data.len()
             )));
         }
+        // NaN only where model.toml declares missing values, category codes where
+        // it declares categorical columns, never infinity.
+        self.config
+            .check_values(&batch.data, cols)
+            .map_err(ModelError::InvalidInput)?;
         let Ok(permit) = self.permits.clone().try_acquire_owned() else {
             self.meters.overloaded.increment(1);
             return Err(ModelError::Overloaded {

@@ -1,4 +1,5 @@
-//! Model repository, candle models and dynamic-batching actix actors.
+//! Model repository, candle models, tree ensembles (`mesh-trees`) and dynamic-batching
+//! actix actors.
 //!
 //! A [`ModelRepository`] serves the versions of each model in a directory. Each
 //! version is a [`VersionHandle`]: admission (a semaphore sized to the queue
@@ -15,6 +16,7 @@ pub mod repository;
 mod runner;
 pub mod stats;
 pub mod system;
+pub mod trees;
 
 pub use config::{DataType, ModelConfig};
 pub use error::ModelError;

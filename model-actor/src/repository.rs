@@ -15,6 +15,7 @@ use crate::handle::VersionHandle;
 use crate::mlp::{open_device, Mlp};
 use crate::model::{Batch, Model, ModelFactory};
 use crate::system::ActorSystem;
+use crate::trees::Trees;
 
 /// The served versions of one model (an immutable snapshot, replaced whole).
 #[derive(Debug)]
@@ -54,6 +55,11 @@ impl ServedModel {
     }
 }
 
+/// Checks a model's configuration before any of its versions is swapped in (the
+/// router's decision engine installs one: `[input_spec]` against the feature store).
+/// `Err` refuses the load with that message; what was served keeps serving.
+pub type ConfigValidator = Arc<dyn Fn(&ModelConfig) -> Result<(), String> + Send + Sync>;
+
 /// State of a version for the repository index.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IndexEntry {
@@ -71,6 +77,8 @@ pub struct ModelRepository {
     failures: Mutex<BTreeMap<(String, u64), String>>,
     /// Loads and unloads run one at a time.
     changes: tokio::sync::Mutex<()>,
+    /// Called with each model's config before any of its versions is swapped in.
+    validator: RwLock<Option<ConfigValidator>>,
 }
 
 impl ModelRepository {
@@ -89,7 +97,13 @@ impl ModelRepository {
             models: RwLock::new(BTreeMap::new()),
             failures: Mutex::new(BTreeMap::new()),
             changes: tokio::sync::Mutex::new(()),
+            validator: RwLock::new(None),
         })
+    }
+
+    /// Installs the check every later `load` runs on a model's config first.
+    pub fn set_validator(&self, check: ConfigValidator) {
+        *self.validator.write() = Some(check);
     }
 
     pub fn root(&self) -> &Path {
@@ -134,6 +148,20 @@ impl ModelRepository {
             });
         }
         let current = self.models.read().get(name).cloned();
+        let check = self.validator.read().clone();
+        if let Some(Err(msg)) = check.map(|check| check(&config)) {
+            let e = ModelError::Config {
+                path: PathBuf::from(name).join("model.toml"),
+                msg,
+            };
+            tracing::error!(model = name, error = %e, "model configuration refused");
+            for v in &wanted {
+                if !current.as_ref().is_some_and(|m| m.replicas.contains_key(v)) {
+                    self.failures.lock().insert((name.to_owned(), *v), e.to_string());
+                }
+            }
+            return Err(e);
+        }
         let mut next = BTreeMap::new();
         let mut errors = Vec::new();
         for v in &wanted {
@@ -348,6 +376,11 @@ pub fn build_factory(config: &ModelConfig, version_dir: &Path) -> Result<ModelFa
                 config.output().row_width(),
             )?;
             Ok(Arc::new(move || Box::new(mlp.clone()) as Box<dyn Model>))
+        }
+        ModelKind::Xgboost | ModelKind::Lightgbm => {
+            // One forest per version; runner instances and replicas share it.
+            let trees = Trees::load(config, version_dir)?;
+            Ok(Arc::new(move || Box::new(trees.clone()) as Box<dyn Model>))
         }
     }
 }

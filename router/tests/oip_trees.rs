@@ -5,6 +5,8 @@
 //! request; NaN and category codes follow model.toml; Triton's ModelConfig and
 //! metadata name the kind.
 
+#![allow(clippy::unwrap_used)]
+
 use std::path::{Path, PathBuf};
 
 use mesh_proto::inference as pb;
