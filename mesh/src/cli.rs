@@ -39,6 +39,8 @@ pub enum Command {
     /// The prediction log: label joins and a live tail.
     #[command(subcommand)]
     Logs(LogsCommand),
+    /// Send one transaction to a running mesh (mesh.v1.Decisions/Decide) and print the answer.
+    Decide(crate::decide::DecideArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -47,6 +49,10 @@ pub enum FeaturesCommand {
     Ingest(IngestArgs),
     /// Fill the `card` and `merchant` views of the example views file with synthetic rows.
     Demo(FeaturesDemoArgs),
+    /// Read one view's features for some entities from a running mesh (GetOnlineFeatures).
+    Get(crate::features::GetArgs),
+    /// List the views a running mesh serves, with their keys and features (ListViews).
+    List(crate::features::ListArgs),
 }
 
 #[derive(Debug, Args)]
@@ -251,10 +257,18 @@ impl Command {
             // Logs commands print to stdout and log nothing.
             Command::Logs(_) => return Ok(Prepared { config }),
             Command::Demo(_) | Command::BatchScore(_) => Some(1),
-            Command::Features(_) | Command::Bench(_) => None,
+            Command::Features(_) | Command::Bench(_) | Command::Decide(_) => None,
         };
         if !matches!(self, Command::Serve(_)) {
-            telemetry::init_logs(log_format.unwrap_or_default());
+            // One-shot commands print their own summary: only warnings and errors
+            // are logged unless RUST_LOG asks for more. The demo runs a mesh and
+            // reports on it, so it keeps info.
+            let level = if matches!(self, Command::Demo(_)) {
+                "info"
+            } else {
+                "warn"
+            };
+            telemetry::init_logs_at(log_format.unwrap_or_default(), level);
         }
         if let Some(n) = threads {
             set_compute_threads(n);
@@ -263,11 +277,19 @@ impl Command {
     }
 }
 
-/// Runs a `mesh features` command (blocking; no runtime needed).
+/// Runs a `mesh features` command: the offline ones on this thread, the ones that
+/// call a running mesh on a small runtime of their own.
 pub fn features(command: FeaturesCommand) -> anyhow::Result<()> {
+    let client = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    };
     match command {
         FeaturesCommand::Demo(a) => features_demo(a),
         FeaturesCommand::Ingest(a) => ingest(a),
+        FeaturesCommand::Get(a) => client()?.block_on(crate::features::get(a)),
+        FeaturesCommand::List(a) => client()?.block_on(crate::features::list(a)),
     }
 }
 
@@ -289,6 +311,7 @@ pub async fn run(command: Command, prepared: Prepared) -> anyhow::Result<()> {
         }
         Command::Logs(c) => crate::logs::run(c),
         Command::Features(c) => features(c),
+        Command::Decide(a) => crate::decide::run(a).await,
     }
 }
 

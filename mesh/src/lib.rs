@@ -6,5 +6,7 @@
 pub mod batch_score;
 pub mod bench;
 pub mod cli;
+pub mod decide;
 pub mod demo;
+pub mod features;
 pub mod logs;

@@ -1,9 +1,15 @@
 //! The `mesh` binary: parse the command line, set up logs and the compute threads,
 //! build the one tokio runtime, run the command.
+//!
+//! A command that fails prints its error and the chain of causes on one line and
+//! exits 1, without a backtrace (even with `RUST_BACKTRACE` set: a user error is not
+//! a bug). Panics keep Rust's own report and backtrace.
+use std::process::ExitCode;
+
 use clap::Parser;
 use mesh::cli::{Cli, Command};
 
-fn main() -> anyhow::Result<()> {
+fn run() -> anyhow::Result<()> {
     let args = Cli::parse();
     // Logs and the compute-thread setting come before any other thread exists.
     let prepared = args.command.prepare(args.log_format)?;
@@ -16,4 +22,27 @@ fn main() -> anyhow::Result<()> {
             .build()?
             .block_on(mesh::cli::run(command, prepared)),
     }
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The error and its causes on one line, each cause once (many errors already
+/// repeat their source's text in their own message).
+fn chain(e: &anyhow::Error) -> String {
+    let mut line = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !line.contains(&c) {
+            line = format!("{line}: {c}");
+        }
+    }
+    line
 }

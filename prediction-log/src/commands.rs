@@ -36,15 +36,43 @@ pub fn run_join(args: &JoinArgs, out: &mut dyn Write) -> Result<()> {
         score_thresholds: args.thresholds.clone(),
         include_wal: args.include_wal,
     };
+    if !args.logs.is_dir() {
+        return Err(LogError::NoLogDir(args.logs.clone()));
+    }
     let report = join(&args.logs, &args.labels, &opts)?;
+    let in_wal = if args.include_wal {
+        0
+    } else {
+        crate::reader::wal_record_count(&args.logs)?
+    };
     let io = |e| LogError::io("<output>", e);
     if args.json {
         serde_json::to_writer_pretty(&mut *out, &report)?;
         writeln!(out).map_err(io)?;
+        // The JSON stays the report; the note goes where a person reads it.
+        if let Some(note) = wal_note(in_wal) {
+            eprintln!("{note}");
+        }
     } else {
         write!(out, "{report}").map_err(io)?;
+        if let Some(note) = wal_note(in_wal) {
+            writeln!(out, "\n{note}").map_err(io)?;
+        }
     }
     out.flush().map_err(io)
+}
+
+/// What a join without `--include-wal` left out, when it left something out.
+pub fn wal_note(in_wal: u64) -> Option<String> {
+    (in_wal > 0).then(|| {
+        format!(
+            "note: {in_wal} record{} still in the write-ahead file (a running mesh's open segment, \
+             or left by a crash) {} not joined; add --include-wal to join {}, or stop the mesh to close the segment",
+            if in_wal == 1 { " is" } else { "s are" },
+            if in_wal == 1 { "and was" } else { "and were" },
+            if in_wal == 1 { "it" } else { "them" },
+        )
+    })
 }
 
 /// `mesh logs tail`: the newest records, then new ones as they are written.

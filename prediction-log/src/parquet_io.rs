@@ -340,7 +340,8 @@ pub fn from_batch(path: &Path, batch: &RecordBatch, out: &mut Vec<PredictionReco
                 .map(|j| FeatureUsed {
                     name: f_name.value(j).to_string(),
                     value: f_value.is_valid(j).then(|| f_value.value(j)),
-                    status: f_status.value(j).to_string(),
+                    // Files written before statuses were upper case read as today's.
+                    status: crate::record::status::normalize(f_status.value(j)),
                     event_time_us: f_time.is_valid(j).then(|| f_time.value(j)),
                 })
                 .collect()

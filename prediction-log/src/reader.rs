@@ -37,6 +37,22 @@ pub fn scan(dir: &Path, opts: ReadOptions, mut f: impl FnMut(PredictionRecord)) 
     Ok(())
 }
 
+/// Records in `dir`'s write-ahead files: written by a running writer (its open
+/// segment) or left by a crash, and not yet in a Parquet file, so readers of the
+/// Parquet files (and a join without `include_wal`) do not see them.
+pub fn wal_record_count(dir: &Path) -> Result<u64> {
+    let mut n = 0u64;
+    for w in wal_files(dir)? {
+        match read_wal_from(&w, 0) {
+            Ok(c) => n += c.records.len() as u64,
+            Err(crate::error::LogError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
 /// Every record of `dir`.
 pub fn read_all(dir: &Path, opts: ReadOptions) -> Result<Vec<PredictionRecord>> {
     let mut out = Vec::new();

@@ -15,6 +15,35 @@ pub mod source {
     pub const DEFAULT: &str = "DEFAULT";
 }
 
+/// The status of a feature value (`FeatureUsed::status`): the feature store's four, as
+/// `mesh.v1.FeatureStatus` spells them, plus two the decision path adds. One spelling
+/// in the API, the Parquet files and the docs.
+pub mod status {
+    /// The value was read and used.
+    pub const PRESENT: &str = "PRESENT";
+    /// The store has no row for the entity (an unknown card): the spec's default was used.
+    pub const NOT_FOUND: &str = "NOT_FOUND";
+    /// The row exists but this feature is null: the default was used.
+    pub const NULL: &str = "NULL";
+    /// The stored value is older than the view's `max_age`: the default was used.
+    pub const OUTSIDE_MAX_AGE: &str = "OUTSIDE_MAX_AGE";
+    /// A request feature the input spec reads was not in the request: the default was used.
+    pub const MISSING: &str = "MISSING";
+    /// The feature store could not be read (no store, or the lookup failed): the default was used.
+    pub const UNAVAILABLE: &str = "UNAVAILABLE";
+    /// Every status the mesh writes.
+    pub const ALL: [&str; 6] = [PRESENT, NOT_FOUND, NULL, OUTSIDE_MAX_AGE, MISSING, UNAVAILABLE];
+
+    /// The one spelling of a status: logs written before statuses were upper case
+    /// (`not_found`) read as `NOT_FOUND`.
+    pub fn normalize(s: &str) -> String {
+        match ALL.iter().find(|a| a.eq_ignore_ascii_case(s)) {
+            Some(a) => (*a).to_owned(),
+            None => s.to_owned(),
+        }
+    }
+}
+
 /// Deployment role of the model version that produced the prediction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -58,7 +87,8 @@ pub struct FeatureUsed {
     pub name: String,
     /// `None` when the store had no usable value (the model then used its default).
     pub value: Option<f64>,
-    /// PRESENT | NOT_FOUND | OUTSIDE_MAX_AGE | NULL (free-form).
+    /// One of [`status`]: PRESENT | NOT_FOUND | NULL | OUTSIDE_MAX_AGE (the feature
+    /// store's) | MISSING (a request feature) | UNAVAILABLE (the store could not be read).
     pub status: String,
     /// Event time of the value, microseconds since the Unix epoch.
     pub event_time_us: Option<i64>,
@@ -252,6 +282,16 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn statuses_have_one_spelling() {
+        assert_eq!(status::normalize("not_found"), "NOT_FOUND");
+        assert_eq!(status::normalize("outside_max_age"), "OUTSIDE_MAX_AGE");
+        assert_eq!(status::normalize("PRESENT"), "PRESENT");
+        assert_eq!(status::normalize("missing"), "MISSING");
+        assert_eq!(status::normalize("other"), "other");
+    }
+
     use super::*;
 
     #[test]

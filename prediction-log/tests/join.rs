@@ -331,3 +331,50 @@ async fn duckdb_reads_the_same_counts_and_auc() {
     );
     assert!(stdout.contains("counts and AUC match"), "{stdout}");
 }
+
+/// `mesh logs join` on a running writer: the records still in the write-ahead file
+/// are counted and --include-wal is suggested; a missing --logs path is an error.
+#[tokio::test]
+async fn join_names_records_in_the_wal_and_refuses_a_missing_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let labels = dir.path().join("labels.csv");
+    std::fs::write(&labels, LABELS_CSV).unwrap();
+    let logs = dir.path().join("logs");
+    let (log, writer) = PredictionLog::start(LogConfig::new(&logs)).unwrap();
+    for i in 0..3 {
+        log.record_wait(PredictionRecord::new(format!("w{i}"), "fraud", "1", Role::Primary))
+            .await
+            .unwrap();
+    }
+    assert_eq!(log.flush().await.unwrap(), 3);
+    let mut args = JoinArgs {
+        logs: logs.clone(),
+        labels: labels.clone(),
+        key: "request_id".into(),
+        label: "label".into(),
+        thresholds: vec![],
+        include_wal: false,
+        json: false,
+    };
+    let mut out = Vec::new();
+    run_join(&args, &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.contains("predictions: 0 records"), "{text}");
+    assert!(
+        text.contains("note: 3 records are still in the write-ahead file")
+            && text.contains("add --include-wal"),
+        "{text}"
+    );
+    args.include_wal = true;
+    let mut out = Vec::new();
+    run_join(&args, &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.contains("predictions: 3 records"), "{text}");
+    assert!(!text.contains("write-ahead"), "{text}");
+    log.shutdown().await.unwrap();
+    writer.join().unwrap();
+
+    args.logs = dir.path().join("no-such-dir");
+    let e = run_join(&args, &mut Vec::new()).unwrap_err().to_string();
+    assert!(e.contains("no-such-dir") && e.contains("does not exist"), "{e}");
+}

@@ -2,7 +2,10 @@
 //! decision replicas, over HTTP (`/admin/...`, `/v2/repository/models/{m}/load|unload`)
 //! and, for repository control, over gRPC (the OIP service's Repository* calls go
 //! through [`Admin`] too). Everything here changes what is serving, so it lives apart
-//! from the data plane.
+//! from the data plane: every route needs the admin credential ([`crate::auth`]),
+//! and the dangerous parts are off unless mesh.toml turns them on — fault
+//! injection with `[admin] fault_injection = true`, load/unload with
+//! `[admin] model_control = "explicit"`.
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +18,7 @@ use mesh_model_actor::ModelRepository;
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::auth::{ModelControl, Planes};
 use crate::decide::Engine;
 use crate::error::RouterError;
 use crate::oip::http::Body;
@@ -25,6 +29,10 @@ use crate::oip::http::Body;
 pub struct Admin {
     pub repo: Option<Arc<ModelRepository>>,
     pub engine: Option<Arc<Engine>>,
+    /// Whether load/unload may be asked for (default: no, models load at start).
+    pub model_control: ModelControl,
+    /// Whether faults may be injected (default: no).
+    pub fault_injection: bool,
 }
 
 /// One replica's injected fault, as `GET /admin/replicas` lists it.
@@ -50,8 +58,19 @@ impl Admin {
             .ok_or_else(|| RouterError::NotFound("no decision engine in this process".into()))
     }
 
+    fn model_control(&self, what: &str) -> Result<(), RouterError> {
+        match self.model_control {
+            ModelControl::Explicit => Ok(()),
+            ModelControl::None => Err(RouterError::invalid(format!(
+                "model {what} is off: models load at start only ([admin] model_control = \"none\"); \
+                 set [admin] model_control = \"explicit\" in mesh.toml to allow load and unload"
+            ))),
+        }
+    }
+
     /// Loads (or reloads) every version the model's policy names.
     pub async fn load(&self, model: &str) -> Result<(), RouterError> {
+        self.model_control("load")?;
         self.repo()?.load(model).await?;
         tracing::info!(model, "model loaded by the admin plane");
         Ok(())
@@ -59,6 +78,7 @@ impl Admin {
 
     /// Unloads every version of the model.
     pub async fn unload(&self, model: &str) -> Result<(), RouterError> {
+        self.model_control("unload")?;
         self.repo()?.unload(model).await?;
         tracing::warn!(model, "model unloaded by the admin plane");
         Ok(())
@@ -84,6 +104,12 @@ impl Admin {
     /// Injects (or clears, with zeros) trouble into one replica: for drills and demos.
     /// A delay is at most [`MAX_FAULT_DELAY_MS`].
     pub fn set_fault(&self, f: &FaultState) -> Result<(), RouterError> {
+        if !self.fault_injection {
+            return Err(RouterError::NotFound(
+                "fault injection is off; set [admin] fault_injection = true in mesh.toml to turn it on"
+                    .into(),
+            ));
+        }
         if f.delay_ms > MAX_FAULT_DELAY_MS {
             return Err(RouterError::invalid(format!(
                 "delay_ms = {} is over the limit of {MAX_FAULT_DELAY_MS}",
@@ -108,13 +134,18 @@ pub const MAX_FAULT_DELAY_MS: u64 = 60_000;
 
 type HttpResult = Result<Response, RouterError>;
 
-/// The admin plane's HTTP routes.
-pub fn routes(admin: Admin) -> Router {
+/// The admin plane's HTTP routes, each behind [`crate::auth::http_admin_guard`]
+/// (credential, `Origin` allow-list, `application/json`, audit line).
+pub fn routes(admin: Admin, planes: Arc<Planes>) -> Router {
     Router::new()
         .route("/admin/replicas", get(replicas))
         .route("/admin/faults", post(set_fault))
         .route("/v2/repository/models/{model}/load", post(load))
         .route("/v2/repository/models/{model}/unload", post(unload))
+        .route_layer(axum::middleware::from_fn_with_state(
+            planes,
+            crate::auth::http_admin_guard,
+        ))
         .with_state(admin)
 }
 

@@ -33,7 +33,8 @@
 //! ```
 //!
 //! `[decisions]`: see [`crate::decide::config`]; `[decisions.stack]`: see
-//! [`mesh_stack::config`].
+//! [`mesh_stack::config`]; `[admin]` and `[writer]`: see [`crate::auth`];
+//! `[tls]`: see [`crate::tls`].
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -52,6 +53,12 @@ pub struct MeshConfig {
     pub decisions: crate::decide::config::DecisionsConfig,
     /// Where every prediction is logged; off when absent.
     pub prediction_log: Option<crate::plog::PredictionLogConfig>,
+    /// `[admin]`: the admin plane's credential and what it may do (see [`crate::auth`]).
+    pub admin: crate::auth::AdminConfig,
+    /// `[writer]`: the credential of feature writes (see [`crate::auth`]).
+    pub writer: crate::auth::WriterConfig,
+    /// `[tls]`: TLS and mTLS on both ports, and to remote roles (see [`crate::tls`]).
+    pub tls: crate::tls::TlsConfig,
     /// One notice per deprecated spelling the file used (old key, what to write
     /// instead). The file is read before logging is installed, so whoever
     /// installs it logs these (`mesh serve` does, at warn). Not a key of the file.
@@ -69,15 +76,24 @@ impl<'de> Deserialize<'de> for MeshConfig {
             features: FeaturesConfig,
             decisions: crate::decide::config::DecisionsConfig,
             prediction_log: Option<crate::plog::PredictionLogConfig>,
+            admin: crate::auth::AdminConfig,
+            writer: crate::auth::WriterConfig,
+            tls: crate::tls::TlsConfig,
         }
         let (file, deprecations) = mesh_stack::collect_deprecations(|| File::deserialize(d));
         let f = file?;
+        f.tls
+            .validate()
+            .map_err(<D::Error as serde::de::Error>::custom)?;
         Ok(Self {
             server: f.server,
             log: f.log,
             features: f.features,
             decisions: f.decisions,
             prediction_log: f.prediction_log,
+            admin: f.admin,
+            writer: f.writer,
+            tls: f.tls,
             deprecations,
         })
     }
@@ -211,6 +227,9 @@ pub struct ServerConfig {
     pub role: Role,
     /// `[server.connections]`: connection lifetimes and the shutdown grace period.
     pub connections: crate::listen::ConnectionConfig,
+    /// Request bytes all connections together may hold while bodies are read; past
+    /// it, new requests are refused (RESOURCE_EXHAUSTED / 429) instead of buffered.
+    pub max_inflight_bytes: usize,
 }
 
 impl Default for ServerConfig {
@@ -225,6 +244,7 @@ impl Default for ServerConfig {
             compute_threads: 1,
             role: Role::All,
             connections: Default::default(),
+            max_inflight_bytes: 512 << 20,
         }
     }
 }
@@ -250,6 +270,7 @@ struct ServerFile {
     compute_threads: usize,
     role: Role,
     connections: crate::listen::ConnectionConfig,
+    max_inflight_bytes: usize,
 }
 
 impl Default for ServerFile {
@@ -266,6 +287,7 @@ impl Default for ServerFile {
             compute_threads: d.compute_threads,
             role: d.role,
             connections: d.connections,
+            max_inflight_bytes: d.max_inflight_bytes,
         }
     }
 }
@@ -289,6 +311,7 @@ impl TryFrom<ServerFile> for ServerConfig {
             compute_threads: f.compute_threads,
             role: f.role,
             connections: f.connections,
+            max_inflight_bytes: f.max_inflight_bytes,
         })
     }
 }

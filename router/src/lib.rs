@@ -7,6 +7,8 @@
 //! `request` (what both front doors share), `plog` (prediction-log records),
 //! `telemetry` (metric names) and `error`.
 pub mod admin;
+pub mod budget;
+pub mod auth;
 pub mod config;
 pub mod decide;
 pub mod error;
@@ -17,5 +19,6 @@ pub mod plog;
 pub mod request;
 pub mod server;
 pub mod telemetry;
+pub mod tls;
 
 pub use error::RouterError;

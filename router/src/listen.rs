@@ -100,34 +100,178 @@ pub struct ConnLimits {
     pub idle_timeout: Duration,
 }
 
-/// A listener that admits at most `max_connections` at once.
+/// Who is at the other end of a connection: its address and, under mTLS, the
+/// identities of its client certificate (DNS/URI/email SANs and the subject
+/// CN). The connection info of both servers (tonic request extensions,
+/// axum's `ConnectInfo<PeerInfo>`).
+#[derive(Debug, Clone, Default)]
+pub struct PeerInfo {
+    pub remote: Option<SocketAddr>,
+    /// Whether the connection is TLS.
+    pub tls: bool,
+    /// Whether the client presented a certificate (verified against the client CA).
+    pub client_cert: bool,
+    pub client_names: Arc<Vec<String>>,
+}
+
+impl PeerInfo {
+    /// The caller, for logs: its address, or `unknown`.
+    pub fn who(&self) -> String {
+        self.remote
+            .map_or_else(|| "unknown".to_owned(), |a| a.to_string())
+    }
+}
+
+/// Most time a client has to finish its TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A listener that admits at most `max_connections` at once (and, with TLS,
+/// completes each handshake on its own task, so a slow client holds only its
+/// own slot).
 pub struct Limited {
-    listener: TcpListener,
-    permits: Arc<Semaphore>,
-    idle_timeout: Duration,
+    inner: Accepting,
+}
+
+enum Accepting {
+    Plain {
+        listener: TcpListener,
+        permits: Arc<Semaphore>,
+        idle_timeout: Duration,
+    },
+    Tls {
+        local: SocketAddr,
+        ready: tokio::sync::Mutex<tokio::sync::mpsc::Receiver<(Conn, SocketAddr)>>,
+        _task: AbortOnDrop,
+    },
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl Limited {
     pub fn new(listener: TcpListener, limits: ConnLimits) -> Self {
         Self {
-            listener,
-            permits: Arc::new(Semaphore::new(limits.max_connections.max(1))),
-            idle_timeout: limits.idle_timeout,
+            inner: Accepting::Plain {
+                listener,
+                permits: Arc::new(Semaphore::new(limits.max_connections.max(1))),
+                idle_timeout: limits.idle_timeout,
+            },
         }
     }
 
-    /// Waits for a free slot, then for a client.
+    /// TLS on every connection when `tls` is set (the acceptor's current
+    /// certificates at the time of each handshake); plain otherwise.
+    pub fn with_tls(
+        listener: TcpListener,
+        limits: ConnLimits,
+        tls: Option<crate::tls::Acceptor>,
+    ) -> io::Result<Self> {
+        let Some(tls) = tls else {
+            return Ok(Self::new(listener, limits));
+        };
+        let local = listener.local_addr()?;
+        let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+        let idle_timeout = limits.idle_timeout;
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok(permit) = permits.clone().acquire_owned().await else {
+                    return;
+                };
+                let (tcp, addr) = match listener.accept().await {
+                    Ok(c) => c,
+                    Err(e) if is_connection_error(&e) => continue,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed; retrying in 50 ms");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = tcp.set_nodelay(true);
+                metrics::gauge!(crate::telemetry::names::OPEN_CONNECTIONS).increment(1.0);
+                let idle = Idle::new(tcp, permit, idle_timeout);
+                let acceptor = tokio_rustls::TlsAcceptor::from(tls.config());
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(idle)).await {
+                        Ok(Ok(stream)) => {
+                            let (client_cert, client_names) =
+                                crate::tls::client_identity(stream.get_ref().1);
+                            let conn = Conn {
+                                io: Io::Tls(Box::new(stream)),
+                                peer: PeerInfo {
+                                    remote: Some(addr),
+                                    tls: true,
+                                    client_cert,
+                                    client_names: Arc::new(client_names),
+                                },
+                            };
+                            let _ = tx.send((conn, addr)).await;
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(peer = %addr, error = %e, "TLS handshake failed");
+                        }
+                        Err(_) => {
+                            tracing::debug!(peer = %addr, "TLS handshake timed out");
+                        }
+                    }
+                });
+            }
+        });
+        Ok(Self {
+            inner: Accepting::Tls {
+                local,
+                ready: tokio::sync::Mutex::new(rx),
+                _task: AbortOnDrop(task),
+            },
+        })
+    }
+
+    /// Waits for a free slot, then for a client (with TLS: one whose handshake
+    /// is done).
     pub async fn accept_conn(&self) -> io::Result<(Conn, SocketAddr)> {
-        let permit = self
-            .permits
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| io::Error::other("listener closed"))?;
-        let (tcp, addr) = self.listener.accept().await?;
-        let _ = tcp.set_nodelay(true);
-        metrics::gauge!(crate::telemetry::names::OPEN_CONNECTIONS).increment(1.0);
-        Ok((Conn::new(tcp, permit, self.idle_timeout), addr))
+        match &self.inner {
+            Accepting::Plain {
+                listener,
+                permits,
+                idle_timeout,
+            } => {
+                let permit = permits
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| io::Error::other("listener closed"))?;
+                let (tcp, addr) = listener.accept().await?;
+                let _ = tcp.set_nodelay(true);
+                metrics::gauge!(crate::telemetry::names::OPEN_CONNECTIONS).increment(1.0);
+                let conn = Conn {
+                    io: Io::Plain(Idle::new(tcp, permit, *idle_timeout)),
+                    peer: PeerInfo {
+                        remote: Some(addr),
+                        ..PeerInfo::default()
+                    },
+                };
+                Ok((conn, addr))
+            }
+            Accepting::Tls { ready, .. } => ready
+                .lock()
+                .await
+                .recv()
+                .await
+                .ok_or_else(|| io::Error::other("listener closed")),
+        }
+    }
+
+    fn local(&self) -> io::Result<SocketAddr> {
+        match &self.inner {
+            Accepting::Plain { listener, .. } => listener.local_addr(),
+            Accepting::Tls { local, .. } => Ok(*local),
+        }
     }
 
     /// The connections as a stream, for tonic's `serve_with_incoming_shutdown`.
@@ -175,20 +319,43 @@ impl axum::serve::Listener for Limited {
     }
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.listener.local_addr()
+        self.local()
     }
 }
 
-/// An accepted connection: holds its slot until dropped, and fails its reads once
-/// nothing has arrived for the idle timeout.
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Limited>> for PeerInfo {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, Limited>) -> Self {
+        stream.io().peer.clone()
+    }
+}
+
+/// An accepted connection (plain or TLS) and who is at the other end.
 pub struct Conn {
+    io: Io,
+    peer: PeerInfo,
+}
+
+enum Io {
+    Plain(Idle),
+    Tls(Box<tokio_rustls::server::TlsStream<Idle>>),
+}
+
+impl Conn {
+    pub fn peer(&self) -> &PeerInfo {
+        &self.peer
+    }
+}
+
+/// A TCP connection that holds its slot until dropped, and fails its reads once
+/// nothing has arrived for the idle timeout (below TLS: raw bytes count).
+pub struct Idle {
     tcp: TcpStream,
     _permit: OwnedSemaphorePermit,
     idle_timeout: Duration,
     idle: Pin<Box<Sleep>>,
 }
 
-impl Conn {
+impl Idle {
     fn new(tcp: TcpStream, permit: OwnedSemaphorePermit, idle_timeout: Duration) -> Self {
         Self {
             tcp,
@@ -199,13 +366,13 @@ impl Conn {
     }
 }
 
-impl Drop for Conn {
+impl Drop for Idle {
     fn drop(&mut self) {
         metrics::gauge!(crate::telemetry::names::OPEN_CONNECTIONS).decrement(1.0);
     }
 }
 
-impl AsyncRead for Conn {
+impl AsyncRead for Idle {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -234,7 +401,7 @@ impl AsyncRead for Conn {
     }
 }
 
-impl AsyncWrite for Conn {
+impl AsyncWrite for Idle {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -264,11 +431,69 @@ impl AsyncWrite for Conn {
     }
 }
 
+impl AsyncRead for Conn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match &mut self.io {
+            Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match &mut self.io {
+            Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match &mut self.io {
+            Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match &self.io {
+            Io::Plain(s) => s.is_write_vectored(),
+            Io::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.io {
+            Io::Plain(s) => Pin::new(s).poll_flush(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.io {
+            Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
 impl tonic::transport::server::Connected for Conn {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+    type ConnectInfo = PeerInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.tcp.connect_info()
+        self.peer.clone()
     }
 }
 

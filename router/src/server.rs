@@ -1,5 +1,7 @@
 //! Starts the servers of `mesh serve`: the gRPC server (OIP v2, reflection,
 //! health) and the HTTP server (REST mirror, metrics, health), sharing one core.
+//! Both accept from [`Limited`] (connection cap, idle timeout, TLS when `[tls]`
+//! is set); the admin and writer planes are gated by [`crate::auth`].
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -15,14 +17,16 @@ use mesh_feature_store::{FeatureStore, Limits as FsLimits, ViewsConfig};
 use mesh_proto::mesh::v1::decisions_server::DecisionsServer;
 
 use crate::admin::Admin;
+use crate::auth::{GrpcGuardLayer, ModelControl, Planes};
 use crate::config::{FeaturesConfig, MeshConfig, Role, ServerConfig};
 use crate::decide::service::DecisionService;
 use crate::decide::Engine;
 use crate::error::RouterError;
-use crate::listen::{ConnectionConfig, Limited};
+use crate::listen::{ConnectionConfig, Limited, PeerInfo};
 use crate::oip::grpc::OipGrpc;
 use crate::oip::http::{router, HttpState};
 use crate::oip::{Core, Limits};
+use crate::tls::Acceptor;
 
 /// A running mesh. Dropping it does not stop it; call [`Running::shutdown`].
 pub struct Running {
@@ -152,6 +156,12 @@ struct Parts {
     )>,
     core: Option<Core>,
     engine: Option<Arc<Engine>>,
+    /// The credentials of the admin and writer planes.
+    planes: Arc<Planes>,
+    model_control: ModelControl,
+    fault_injection: bool,
+    /// Request bytes in flight, shared by both ports.
+    budget: crate::budget::InFlightBytes,
 }
 
 impl Parts {
@@ -159,6 +169,9 @@ impl Parts {
     /// that `mesh.server.role` asks for.
     async fn build(mesh: &MeshConfig) -> Result<Self, RouterError> {
         let cfg = &mesh.server;
+        let planes = Arc::new(
+            Planes::load(&mesh.admin, &mesh.writer).map_err(RouterError::InvalidArgument)?,
+        );
         let system = ActorSystem::start().map_err(|e| startup("starting the actor system", e))?;
         let serves_models = cfg.role != Role::Features;
         let store = match cfg.role {
@@ -206,6 +219,10 @@ impl Parts {
             log,
             core,
             engine,
+            planes,
+            model_control: mesh.admin.model_control,
+            fault_injection: mesh.admin.fault_injection,
+            budget: crate::budget::InFlightBytes::new(cfg.max_inflight_bytes),
         })
     }
 
@@ -213,6 +230,23 @@ impl Parts {
         Admin {
             repo: self.core.as_ref().map(|c| c.repo.clone()),
             engine: self.engine.clone(),
+            model_control: self.model_control,
+            fault_injection: self.fault_injection,
+        }
+    }
+
+    /// Says at start what the non-data planes accept.
+    fn log_planes(&self) {
+        for plane in [&self.planes.admin, &self.planes.writer] {
+            if plane.configured() {
+                tracing::info!(plane = plane.name, "the {} plane needs its credential", plane.name);
+            } else {
+                tracing::info!(plane = plane.name, "the {} plane is off (no credential configured in [{}])", plane.name, plane.name);
+            }
+        }
+        tracing::info!(model_control = ?self.model_control, "model control");
+        if self.fault_injection {
+            tracing::warn!("fault injection is ON ([admin] fault_injection = true): POST /admin/faults can stall or fail replicas");
         }
     }
 }
@@ -236,24 +270,45 @@ async fn bind(
 pub async fn start_mesh(mesh: &MeshConfig) -> Result<Running, RouterError> {
     let cfg = &mesh.server;
     let metrics = crate::telemetry::metrics();
+    // TLS files and client settings first: a bad file fails the start before
+    // models load.
+    let tls = if mesh.tls.serves() {
+        Some(Acceptor::load(&mesh.tls).map_err(RouterError::InvalidArgument)?)
+    } else {
+        None
+    };
+    crate::decide::replica::set_client_tls(
+        crate::tls::client_tls(&mesh.tls.client).map_err(RouterError::InvalidArgument)?,
+    );
     let parts = Parts::build(mesh).await?;
+    parts.log_planes();
     let (grpc_listener, grpc_addr) = bind(cfg.host, cfg.grpc_port, "gRPC").await?;
     let (http_listener, http_addr) = bind(cfg.host, cfg.http_port, "HTTP").await?;
+    let limited = |l| {
+        Limited::with_tls(l, cfg.connections.limits(), tls.clone())
+            .map_err(|e| startup("listening", e))
+    };
+    let (grpc_listener, http_listener) = (limited(grpc_listener)?, limited(http_listener)?);
     let (stop, stopped) = watch::channel(false);
     let grpc_task = grpc_server(mesh, &parts, grpc_listener, stopped.clone()).await?;
     let http_state = HttpState {
         core: parts.core.clone(),
         metrics: Arc::new(move || metrics.render()),
     };
-    let app = router(http_state).merge(crate::admin::routes(parts.admin()));
-    let http_task = http_server(app, http_listener, &cfg.connections, stopped);
+    let app = router(http_state).merge(crate::admin::routes(parts.admin(), parts.planes.clone()));
+    let app = app.layer(crate::budget::BudgetLayer::new(parts.budget.clone()));
+    let http_task = http_server(app, http_listener, &cfg.connections, stopped.clone());
+    let mut tasks = vec![grpc_task, http_task];
+    if let Some(tls) = tls {
+        tasks.push(tls.watch(stopped));
+    }
     let models: Vec<String> = parts
         .core
         .iter()
         .flat_map(|c| c.repo.models())
         .map(|m| m.config.name.clone())
         .collect();
-    tracing::info!(%grpc_addr, %http_addr, role = ?cfg.role, ?models, feature_store = parts.store.is_some(), "mesh serving");
+    tracing::info!(%grpc_addr, %http_addr, role = ?cfg.role, ?models, feature_store = parts.store.is_some(), tls = mesh.tls.serves(), "mesh serving");
     Ok(Running {
         grpc_addr,
         http_addr,
@@ -262,7 +317,7 @@ pub async fn start_mesh(mesh: &MeshConfig) -> Result<Running, RouterError> {
         store: parts.store,
         log: parts.log,
         stop,
-        tasks: vec![grpc_task, http_task],
+        tasks,
         system: parts.system,
         grace: cfg.connections.shutdown_grace,
     })
@@ -273,7 +328,7 @@ pub async fn start_mesh(mesh: &MeshConfig) -> Result<Running, RouterError> {
 async fn grpc_server(
     mesh: &MeshConfig,
     parts: &Parts,
-    listener: TcpListener,
+    listener: Limited,
     mut stopped: watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, RouterError> {
     let cfg = &mesh.server;
@@ -328,6 +383,10 @@ async fn grpc_server(
         .layer(tower::util::MapResponseLayer::new(
             transport_statuses,
         ))
+        // Admin- and writer-plane RPCs need their credential (see crate::auth).
+        .layer(GrpcGuardLayer(parts.planes.clone()))
+        // Request bytes in flight come from one pool (see crate::budget).
+        .layer(crate::budget::BudgetLayer::new(parts.budget.clone()))
         .add_optional_service(oip)
         .add_optional_service(decisions)
         .add_optional_service(features)
@@ -335,7 +394,7 @@ async fn grpc_server(
         .add_service(reflection_v1alpha)
         .add_service(health_service)
         .serve_with_incoming_shutdown(
-            Limited::new(listener, conns.limits()).into_stream(),
+            listener.into_stream(),
             async move {
                 let _ = stopped.wait_for(|s| *s).await;
             },
@@ -351,7 +410,7 @@ async fn grpc_server(
 /// included) that takes longer than `request_timeout` is answered 408.
 fn http_server(
     app: axum::Router,
-    listener: TcpListener,
+    listener: Limited,
     conns: &ConnectionConfig,
     mut stopped: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
@@ -369,9 +428,11 @@ fn http_server(
             }
         },
     ));
-    let listener = Limited::new(listener, conns.limits());
     tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app)
+        if let Err(e) = axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<PeerInfo>(),
+        )
             .with_graceful_shutdown(async move {
                 let _ = stopped.wait_for(|s| *s).await;
             })

@@ -9,9 +9,13 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 /// `mesh_model_*` in model-actor's `stats`, `mesh_features_*` in feature-store's
 /// `metrics`, `mesh_log_*` in prediction-log, the stack's in mesh-stack's `metrics`).
 pub mod names {
-    /// Counter: finished OIP requests by `model`, `version`, `protocol`, `code`.
+    /// Counter: finished requests by `model`, `version`, `protocol`, `code`:
+    /// OIP (`protocol` = grpc | http) and decisions (`protocol` = decide: one per
+    /// Decide or DecideBatch call; `version` is the answering version of a Decide
+    /// scored by a model, else empty). Unknown models are `model="unknown"`.
     pub const REQUESTS: &str = "mesh_router_requests_total";
-    /// Histogram: OIP time from request decoded to answer ready, by `model`, `protocol`.
+    /// Histogram: time from request decoded to answer ready, by `model`, `protocol`
+    /// (the same protocols).
     pub const REQUEST_DURATION: &str = "mesh_router_request_duration_seconds";
     /// Counter: decisions by `model`, `source`, `decision`, `role`.
     pub const DECISIONS: &str = "mesh_router_decisions_total";
@@ -20,6 +24,10 @@ pub mod names {
     /// Histogram: time per decision stage (`stage` = validate, features, preprocess,
     /// queue, compute, postprocess, total).
     pub const STAGE: &str = "mesh_router_stage_seconds";
+    /// Counter: features a decision filled with its spec's default (unknown entity,
+    /// NULL, OUTSIDE_MAX_AGE, a failed lookup, a request feature not sent), by
+    /// `model` and `view` (`request` for request features).
+    pub const DEFAULTED_FEATURES: &str = "mesh_router_defaulted_features_total";
     /// Gauge: connections open on the gRPC and HTTP ports together.
     pub const OPEN_CONNECTIONS: &str = "mesh_router_open_connections";
     /// Counter: connections closed because nothing arrived for `idle_timeout`.
@@ -47,12 +55,23 @@ impl std::str::FromStr for LogFormat {
     }
 }
 
-/// Installs the tracing subscriber (filter from `RUST_LOG`, default `info`).
+/// Installs the tracing subscriber (filter from `RUST_LOG`, default `info`): what
+/// `mesh serve` uses.
 pub fn init_logs(format: LogFormat) {
+    init_logs_at(format, "info");
+}
+
+/// Installs the tracing subscriber, filtered by `RUST_LOG` or else `default` (the
+/// CLI's one-shot commands use `warn`: their own output is the summary). Human
+/// lines are coloured only when stderr is a terminal, so a log written to a file
+/// holds no escape codes.
+pub fn init_logs_at(format: LogFormat, default: &str) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Human => builder.try_init(),

@@ -43,10 +43,23 @@ async fn feature_store_over_grpc_through_mesh_serve() {
     cfg.features.path = Some(dir.path().join("db"));
     cfg.features.views = Some(views(dir.path()));
     cfg.features.max_keys_per_lookup = Some(100);
+    // Push is the writer plane: it needs the writer token.
+    let token = dir.path().join("writer.token");
+    std::fs::write(&token, "writer-token-for-this-test-0123456789").unwrap();
+    cfg.writer.token_file = Some(token);
     let running = mesh_router::server::start_mesh(&cfg).await.unwrap();
-    let mut c = FeatureStoreClient::connect(format!("http://{}", running.grpc_addr))
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", running.grpc_addr))
+        .unwrap()
+        .connect()
         .await
         .unwrap();
+    let mut c = FeatureStoreClient::with_interceptor(channel, |mut req: tonic::Request<()>| {
+        req.metadata_mut().insert(
+            "authorization",
+            "Bearer writer-token-for-this-test-0123456789".parse().unwrap(),
+        );
+        Ok(req)
+    });
 
     let listed = c
         .list_views(pb::ListViewsRequest {})

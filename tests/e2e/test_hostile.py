@@ -64,13 +64,19 @@ def decide_request(rid: str, features: dict, card: int = 1, merchant: str = "m00
     return msg
 
 
+WRITER_TOKEN = "writer-token-for-the-hostile-suite-0123456789"
+
+
 def raw_call(addr: str, method: str, body: bytes, timeout: float = 30):
+    # Push is the writer plane: send its credential (the guard is tested for a
+    # caller who has one; one without is refused before decoding anyway).
+    md = [("authorization", f"Bearer {WRITER_TOKEN}")] if method.endswith("/Push") else None
     with grpc.insecure_channel(
         addr,
         options=[("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)],
     ) as ch:
         call = ch.unary_unary(method, request_serializer=None, response_deserializer=None)
-        return call(body, timeout=timeout)
+        return call(body, timeout=timeout, metadata=md)
 
 
 def status_of(addr, method, body):
@@ -93,12 +99,24 @@ def open_fds(pid: int) -> int:
 
 
 # --- the mesh under test ----------------------------------------------------------
+ADMIN_TOKEN = "admin-token-for-the-hostile-suite-0123456789"
+
+
 def write_config(tmp: Path) -> Path:
+    (tmp / "admin.token").write_text(ADMIN_TOKEN)
+    (tmp / "writer.token").write_text(WRITER_TOKEN)
     cfg = tmp / "mesh.toml"
     cfg.write_text(
         f"""
 [server]
 models = "{ROOT / 'examples' / 'models'}"
+
+[admin]
+fault_injection = true
+token_file = "{tmp / 'admin.token'}"
+
+[writer]
+token_file = "{tmp / 'writer.token'}"
 
 [server.connections]
 max_connections = 64
@@ -204,6 +222,15 @@ def test_long_values_are_cut_in_messages_and_ids_are_bounded(hostile):
     check_still_serving(hostile)
 
 
+def test_push_without_the_writer_credential_is_refused_before_decoding(hostile):
+    with grpc.insecure_channel(hostile.grpc) as ch:
+        call = ch.unary_unary("/mesh.v1.FeatureStore/Push", request_serializer=None, response_deserializer=None)
+        with pytest.raises(grpc.RpcError) as e:
+            call(ld(1, b"card") + ld(2, b"") * 1_500_000, timeout=30)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED, e.value
+    check_still_serving(hostile)
+
+
 def test_bad_utf8_is_invalid_argument(hostile):
     code, msg = status_of(hostile.grpc, "/inference.GRPCInferenceService/ModelInfer", ld(1, b"\xff\xfe\xfd"))
     assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, msg)
@@ -250,11 +277,13 @@ def test_a_huge_fault_delay_is_refused(hostile):
     import urllib.error
 
     base = f"http://{hostile.http}"
-    replicas = json.loads(urllib.request.urlopen(f"{base}/admin/replicas", timeout=10).read())["replicas"]
+    auth = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    listing = urllib.request.Request(f"{base}/admin/replicas", headers=auth)
+    replicas = json.loads(urllib.request.urlopen(listing, timeout=10).read())["replicas"]
     assert replicas
     body = json.dumps({"replica": replicas[0]["replica"], "delay_ms": 2**64 - 1}).encode()
     req = urllib.request.Request(f"{base}/admin/faults", data=body, method="POST",
-                                 headers={"content-type": "application/json"})
+                                 headers={"content-type": "application/json", **auth})
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=10)
     assert e.value.code == 400

@@ -151,8 +151,14 @@ def test_reflection_lists_the_services(mesh):
 
 def test_hot_load_under_load_fails_nothing(tmp_path, samples):
     x, p = samples
-    repo = copy_repo(tmp_path)
-    m = Mesh(repo)
+    repo = copy_repo(tmp_path / "models")
+    # Model control is off by default and behind the admin token when on.
+    token = "admin-token-for-the-hot-load-test-0123456789"
+    (tmp_path / "admin.token").write_text(token)
+    cfg = tmp_path / "mesh.toml"
+    cfg.write_text(f'[admin]\nmodel_control = "explicit"\ntoken_file = "{tmp_path / "admin.token"}"\n')
+    auth = {"authorization": f"Bearer {token}"}
+    m = Mesh(repo, "--config", str(cfg))
     try:
         stop = threading.Event()
         results = {"ok": 0, "failed": [], "versions": set()}
@@ -181,13 +187,17 @@ def test_hot_load_under_load_fails_nothing(tmp_path, samples):
         (repo / MODEL / "2").mkdir()
         (repo / MODEL / "2" / "model.safetensors").write_bytes((SHARED / "fraud_mlp.safetensors").read_bytes())
         admin = grpcclient.InferenceServerClient(m.grpc)
-        admin.load_model(MODEL)
+        with pytest.raises(InferenceServerException) as e:
+            admin.load_model(MODEL)  # no credential
+        assert "UNAUTHENTICATED" in str(e.value.status())
+        admin.load_model(MODEL, headers=auth)
         time.sleep(1.0)
         # A broken version 3: its load fails, version 2 keeps serving.
         (repo / MODEL / "3").mkdir()
         (repo / MODEL / "3" / "model.safetensors").write_bytes(b"broken")
-        with pytest.raises(InferenceServerException):
-            admin.load_model(MODEL)
+        with pytest.raises(InferenceServerException) as e:
+            admin.load_model(MODEL, headers=auth)
+        assert "UNAUTHENTICATED" not in str(e.value.status()), e.value
         time.sleep(1.0)
         stop.set()
         for t in threads:

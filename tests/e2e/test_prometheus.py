@@ -49,8 +49,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def http_json(url: str, data: bytes | None = None, timeout: float = 10):
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+ADMIN_TOKEN = "prometheus-e2e-admin-token-0123456789"
+
+
+def http_json(url: str, data: bytes | None = None, timeout: float = 10, admin: bool = False):
+    headers = {"Content-Type": "application/json"} if data else {}
+    if admin:  # the admin plane needs its credential
+        headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
+    req = urllib.request.Request(url, data=data, headers=headers)
     with urllib.request.urlopen(req, timeout=timeout) as r:
         body = r.read()
     return json.loads(body) if body else None
@@ -161,6 +167,10 @@ decision = "review"
 [[decisions.deployments]]
 model = "{model}"
 batch_score = {{ view = "fraud_scores", feature = "score" }}
+
+[admin]
+token_file = "{token}"
+fault_injection = true
 """
 
 
@@ -179,7 +189,7 @@ def finish(p: subprocess.Popen, what: str) -> str:
 
 def set_faults(http: str, replicas: list[str], fail: bool):
     for r in replicas:
-        http_json(f"http://{http}/admin/faults", json.dumps({"replica": r, "fail": fail}).encode())
+        http_json(f"http://{http}/admin/faults", json.dumps({"replica": r, "fail": fail}).encode(), admin=True)
 
 
 def drive(mesh) -> dict:
@@ -192,7 +202,7 @@ def drive(mesh) -> dict:
         deadline = time.time() + 20
         replicas = []
         while time.time() < deadline and not replicas:
-            replicas = [r["replica"] for r in http_json(f"http://{mesh.http}/admin/replicas")["replicas"]]
+            replicas = [r["replica"] for r in http_json(f"http://{mesh.http}/admin/replicas", admin=True)["replicas"]]
             time.sleep(0.1)
         assert replicas, "no replica listed by /admin/replicas under decide traffic"
         out["replicas"] = replicas
@@ -233,9 +243,12 @@ def stack(tmp_path_factory):
         [mesh_binary(), "features", "demo", "--store", str(store), "--views", str(ROOT / "examples/features/views.toml")],
         check=True, capture_output=True, text=True,
     )
+    token = work / "admin.token"
+    token.write_text(ADMIN_TOKEN + "\n")
+    token.chmod(0o600)
     cfg = work / "mesh.toml"
     cfg.write_text(MESH_TOML.format(store=store, views=ROOT / "examples/features/views.toml",
-                                    logs=work / "predictions", model=MODEL))
+                                    logs=work / "predictions", model=MODEL, token=token))
     started = []
     try:
         mesh = Mesh(ROOT / "examples" / "models", "--config", str(cfg))

@@ -381,12 +381,36 @@ fn mesh_toml(args: &DemoArgs, dir: &Path) -> anyhow::Result<String> {
     set("features", "path", path(&dir.join("features")));
     set("features", "views", path(&args.views));
     set("prediction_log", "dir", path(&dir.join("predictions")));
+    // The drill's fault injection is on for the demo's own setup only, behind an
+    // admin token (a fresh random one, in a file only its owner can read).
+    set("admin", "token_file", path(&admin_token(dir)?));
+    set("admin", "fault_injection", Value::Boolean(true));
     let body = toml::to_string(&cfg).with_context(|| format!("rewriting {config}"))?;
     Ok(format!(
         "# Written by `mesh demo` from {}; serve the same setup with\n# mesh serve --config {}\n{body}",
         config,
         dir.join("mesh.toml").display()
     ))
+}
+
+/// Writes a random admin token to `<dir>/admin.token` (mode 0600); returns its path.
+fn admin_token(dir: &Path) -> anyhow::Result<std::path::PathBuf> {
+    use rand::Rng;
+    let p = dir.join("admin.token");
+    let mut rng = rand::rng();
+    let token: String = (0..32)
+        .map(|_| format!("{:02x}", rng.random::<u8>()))
+        .collect();
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    let mut f = opts
+        .open(&p)
+        .with_context(|| format!("writing {}", p.display()))?;
+    std::io::Write::write_all(&mut f, format!("{token}\n").as_bytes())
+        .with_context(|| format!("writing {}", p.display()))?;
+    Ok(p)
 }
 
 /// GET `path` from the mesh's HTTP server (plain HTTP/1.0, loopback).

@@ -22,6 +22,7 @@
 //! shadow = 3                    # gets a copy of each request; logged, never returned
 //! remote = ["http://10.1.2.3:8001"]   # `mesh serve --role model` replicas
 //! batch_score = { view = "fraud_scores", feature = "score" }
+//! max_defaulted_features = 4    # more defaulted features than this: not scored, falls back
 //! ```
 //!
 //! Old spellings of the deadline, still read with a deprecation notice:
@@ -264,6 +265,11 @@ pub struct Deployment {
     #[serde(default)]
     pub remote: Vec<String>,
     pub batch_score: Option<BatchScore>,
+    /// Most features a decision may fill with the spec's defaults (unknown entity,
+    /// stale or null values, a failed lookup, a request feature not sent) and still
+    /// be scored; past it the model is not called and the fallback chain answers.
+    /// Default: no limit (every default is still named in the reasons and counted).
+    pub max_defaulted_features: Option<usize>,
 }
 
 impl DecisionsConfig {

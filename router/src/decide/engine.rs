@@ -91,7 +91,89 @@ pub(crate) fn check_scores(a: &ModelAnswer) -> Result<(), RouterError> {
     }
 }
 
+/// Checks the decision side of a model's config before it is served: its
+/// `[input_spec]` and `[decision]` parse (unknown keys are errors), the row it
+/// builds is as wide as the model's input, and every `view:feature` it reads
+/// exists in the feature store with a type the entry can use. A model named by a
+/// deployment must have an input spec. Without a feature store (`[features]` not
+/// configured) store sources are not checked: they all take defaults, which each
+/// decision names in its reasons.
+pub fn check_model(
+    store: Option<&FeatureStore>,
+    cfg: &DecisionsConfig,
+    config: &ModelConfig,
+) -> Result<(), String> {
+    let spec = DecisionSpec::from_model(config)?;
+    let Some(spec) = spec else {
+        if cfg.deployment(&config.name).is_some() {
+            return Err(format!(
+                "model '{}' is in [[decisions.deployments]] but its model.toml has no [input_spec], so it cannot take decisions",
+                config.name
+            ));
+        }
+        return Ok(());
+    };
+    if let Some(store) = store {
+        spec.check_views(store.views())?;
+    }
+    Ok(())
+}
+
+/// Engines by the repository they decide from, so the HTTP plane's `/readyz` (which
+/// holds the repository) can ask the engine whether every deployment can answer.
+static ENGINES: Mutex<Vec<(usize, std::sync::Weak<Engine>)>> = Mutex::new(Vec::new());
+
 impl Engine {
+    /// The engine deciding from `repo`, if one was built on it.
+    pub fn of_repo(repo: &Arc<ModelRepository>) -> Option<Arc<Engine>> {
+        let key = Arc::as_ptr(repo) as usize;
+        ENGINES
+            .lock()
+            .iter()
+            .rev()
+            .find(|(k, _)| *k == key)
+            .and_then(|(_, e)| e.upgrade())
+    }
+
+    /// Whether every configured deployment can answer from a model: its model is
+    /// served, has a ready version (its pinned primary, when it names one), and
+    /// has a usable input spec. `Err` names what cannot.
+    pub fn ready(&self) -> Result<(), String> {
+        let mut not = Vec::new();
+        for d in &self.cfg.deployments {
+            let served = match self.repo.model(&d.model) {
+                Ok(m) => m,
+                Err(_) => {
+                    not.push(format!("'{}' is not loaded", d.model));
+                    continue;
+                }
+            };
+            let ready = match d.primary {
+                Some(v) => self.repo.get(&d.model, Some(v)).is_ok(),
+                None => served.newest().is_some(),
+            };
+            if !ready {
+                not.push(match d.primary {
+                    Some(v) => format!("'{}' has no ready version {v}", d.model),
+                    None => format!("'{}' has no ready version", d.model),
+                });
+            } else if let Err(e) = self.spec(&served.config) {
+                not.push(format!("'{}': {}", d.model, e.message()));
+            }
+        }
+        if not.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("deployments that cannot answer: {}", not.join("; ")))
+        }
+    }
+
+    /// Whether `model` is one the engine decides for (served now or before), so
+    /// that it may be a metric label; other names are client input.
+    pub fn knows(&self, model: &str) -> bool {
+        self.repo.model(model).is_ok() || self.last_specs.read().contains_key(model)
+    }
+
     pub fn new(
         repo: Arc<ModelRepository>,
         store: Option<Arc<FeatureStore>>,
@@ -99,7 +181,13 @@ impl Engine {
         sink: Option<Arc<dyn OutcomeSink>>,
     ) -> Result<Arc<Self>, RouterError> {
         cfg.validate().map_err(RouterError::InvalidArgument)?;
-        Ok(Arc::new_cyclic(|me| Self {
+        // Every later load and reload checks the model's decision config first;
+        // a refusal keeps what is served serving (the repository's rule).
+        let (check_store, check_cfg) = (store.clone(), cfg.clone());
+        repo.set_validator(Arc::new(move |config: &ModelConfig| {
+            check_model(check_store.as_deref(), &check_cfg, config)
+        }));
+        let engine = Arc::new_cyclic(|me| Self {
             repo,
             store,
             cfg,
@@ -109,16 +197,48 @@ impl Engine {
             faults: Mutex::new(BTreeMap::new()),
             sink,
             me: me.clone(),
-        }))
+        });
+        let mut engines = ENGINES.lock();
+        engines.retain(|(_, e)| e.strong_count() > 0);
+        engines.push((Arc::as_ptr(&engine.repo) as usize, Arc::downgrade(&engine)));
+        drop(engines);
+        Ok(engine)
     }
 
-    /// Checks the input spec of every served model that has one, so a broken spec
-    /// fails the start instead of the first decision.
+    /// Checks the decision config of every served model ([`check_model`]: spec,
+    /// width, store sources, deployments), so a broken spec fails the start instead
+    /// of every decision. Models loaded after the engine was built are checked by
+    /// the repository before they are swapped in.
     pub fn check_specs(&self) -> Result<(), RouterError> {
+        for d in &self.cfg.deployments {
+            if self.repo.model(&d.model).is_err() {
+                return Err(RouterError::InvalidArgument(format!(
+                    "[[decisions.deployments]] model = \"{}\": no such model in the repository ({})",
+                    d.model,
+                    self.repo.root().display()
+                )));
+            }
+        }
         for m in self.repo.models() {
+            check_model(self.store.as_deref(), &self.cfg, &m.config).map_err(|e| {
+                RouterError::InvalidArgument(format!(
+                    "model '{}' (model.toml): {e}",
+                    m.config.name
+                ))
+            })?;
             if m.config.extra.contains_key("input_spec") {
-                self.spec(&m.config)?;
-                // Series at zero from the start, so rates and alerts see the first fallback.
+                let spec = self.spec(&m.config)?;
+                // Series at zero from the start, so rates and alerts see the first
+                // fallback and the first defaulted feature.
+                let reads_request = spec
+                    .entries
+                    .iter()
+                    .any(|e| matches!(e.source, super::spec::Source::Request(_)));
+                let views = spec.views.iter().map(String::as_str);
+                for view in views.chain(reads_request.then_some("request")) {
+                    counter!(names::DEFAULTED_FEATURES, "model" => m.config.name.clone(), "view" => view.to_owned())
+                        .increment(0);
+                }
                 for source in [
                     AnswerSource::PreviousVersion,
                     AnswerSource::BatchScore,
@@ -309,12 +429,21 @@ impl Engine {
         let t_pre = Instant::now();
         let row = stages::preprocess(spec, it, lookup, i);
         o.timings.preprocess = us(t_pre.elapsed());
+        let limit = deployment.and_then(|d| d.max_defaulted_features);
         let answered = match row {
             Ok((row, used)) => {
                 o.features = used;
-                let route = (version, role);
-                self.score(it, model, route, Arc::new(row), deadline, &mut o.reasons)
-                    .await
+                match stages::note_defaults(&mut o, limit) {
+                    Ok(()) => {
+                        let route = (version, role);
+                        self.score(it, model, route, Arc::new(row), deadline, &mut o.reasons)
+                            .await
+                    }
+                    Err(refusal) => {
+                        o.reasons.push(format!("not scored: {refusal}"));
+                        None
+                    }
+                }
             }
             Err(refusal) => {
                 o.reasons.push(format!("not scored: {refusal}"));

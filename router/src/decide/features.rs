@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 
 use mesh_feature_store::{ColumnValues, FeatureStatus, LookupResponse};
+use mesh_prediction_log::status;
 
 use super::spec::{DecisionSpec, OnMissing, Source};
 
@@ -12,8 +13,10 @@ pub struct FeatureUsed {
     pub name: String,
     /// The raw value before transforms (`None` when missing).
     pub value: Option<f64>,
-    /// `present`, `not_found`, `null`, `outside_max_age`, `missing` (request) or
-    /// `unavailable` (the store could not be read).
+    /// One of `mesh_prediction_log::status`: `PRESENT`, `NOT_FOUND`, `NULL`,
+    /// `OUTSIDE_MAX_AGE` (the store's, as `mesh.v1.FeatureStatus` spells them),
+    /// `MISSING` (a request feature not sent) or `UNAVAILABLE` (the store could
+    /// not be read).
     pub status: &'static str,
     /// Event time of a stored value (Unix µs).
     pub event_time_us: Option<i64>,
@@ -42,7 +45,26 @@ fn column_value(v: &ColumnValues, i: usize) -> Option<Raw> {
 }
 
 fn status_str(s: FeatureStatus) -> &'static str {
-    s.as_str()
+    match s {
+        FeatureStatus::Present => status::PRESENT,
+        FeatureStatus::NotFound => status::NOT_FOUND,
+        FeatureStatus::Null => status::NULL,
+        FeatureStatus::OutsideMaxAge => status::OUTSIDE_MAX_AGE,
+    }
+}
+
+impl FeatureUsed {
+    /// Whether the row used the spec's default here (the value was missing, null,
+    /// stale or unreadable), rather than a value.
+    pub fn defaulted(&self) -> bool {
+        self.value.is_none() && self.status != status::PRESENT
+    }
+
+    /// The view of a store feature (`card` of `card:txn_count_1h`), `request` for a
+    /// request feature.
+    pub fn view(&self) -> &str {
+        self.name.split_once(':').map_or("", |(v, _)| v)
+    }
 }
 
 /// Builds the input row for `row` of `lookup` (None when the store could not be
@@ -58,14 +80,14 @@ pub fn build_row(
     for e in &spec.entries {
         let name = e.name();
         let (raw, status, event_time) = match &e.source {
-            Source::Const(c) => (Some(Raw::Number(*c)), "present", None),
+            Source::Const(c) => (Some(Raw::Number(*c)), status::PRESENT, None),
             Source::Request(n) => match (req.numeric.get(n), req.categorical.get(n)) {
-                (Some(v), _) => (Some(Raw::Number(*v)), "present", None),
-                (None, Some(s)) => (Some(Raw::Text(s.clone())), "present", None),
-                (None, None) => (None, "missing", None),
+                (Some(v), _) => (Some(Raw::Number(*v)), status::PRESENT, None),
+                (None, Some(s)) => (Some(Raw::Text(s.clone())), status::PRESENT, None),
+                (None, None) => (None, status::MISSING, None),
             },
             Source::Store { .. } => match lookup.and_then(|l| l.column(&name)) {
-                None => (None, "unavailable", None),
+                None => (None, status::UNAVAILABLE, None),
                 Some(col) => {
                     let status = col
                         .statuses

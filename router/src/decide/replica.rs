@@ -122,7 +122,19 @@ impl tower::Service<ModelCall> for LocalReplica {
     }
 }
 
-/// A model server elsewhere (`mesh serve --role model`), over OIP gRPC.
+/// The TLS client settings (`[tls.client]`) for `https://` remote replicas, set
+/// by the server at start ([`set_client_tls`]).
+static CLIENT_TLS: parking_lot::RwLock<Option<tonic::transport::ClientTlsConfig>> =
+    parking_lot::RwLock::new(None);
+
+/// Sets the TLS client settings that `https://` remote replicas made from now on
+/// use (CA, client certificate for mTLS, expected name).
+pub fn set_client_tls(tls: Option<tonic::transport::ClientTlsConfig>) {
+    *CLIENT_TLS.write() = tls;
+}
+
+/// A model server elsewhere (`mesh serve --role model`), over OIP gRPC (TLS for
+/// `https://` URLs, with `[tls.client]`'s CA and client certificate).
 #[derive(Clone)]
 pub struct RemoteReplica {
     pub client: GrpcInferenceServiceClient<Channel>,
@@ -136,8 +148,17 @@ impl RemoteReplica {
     /// A lazily connected client: an unreachable endpoint fails calls (and trips
     /// its breaker), not the start of the router.
     pub fn new(url: &str, model: &str, version: u64, input: &str) -> Result<Self, String> {
-        let channel = tonic::transport::Endpoint::from_shared(url.to_owned())
-            .map_err(|e| format!("remote replica '{url}': {e}"))?
+        let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
+            .map_err(|e| format!("remote replica '{url}': {e}"))?;
+        if url.starts_with("https://") {
+            let tls = CLIENT_TLS.read().clone().ok_or_else(|| {
+                format!("remote replica '{url}' is https but [tls.client] ca is not set")
+            })?;
+            endpoint = endpoint
+                .tls_config(tls)
+                .map_err(|e| format!("remote replica '{url}': TLS: {e}"))?;
+        }
+        let channel = endpoint
             .connect_timeout(Duration::from_secs(1))
             .tcp_nodelay(true)
             .connect_lazy();

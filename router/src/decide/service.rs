@@ -8,7 +8,42 @@ use mesh_proto::mesh::v1 as pb;
 use pb::decisions_server::Decisions;
 use tonic::{Request, Response, Status};
 
-use super::Engine;
+use super::{AnswerSource, Engine, Outcome};
+use crate::error::RouterError;
+use crate::telemetry::names;
+use metrics::{counter, histogram};
+
+/// The request metrics of one Decide or DecideBatch call (`protocol="decide"`, the
+/// same series as OIP's): the model when the engine knows it, else `unknown`
+/// (names are client input); the version that scored a single decision.
+fn count(
+    engine: &Engine,
+    model: &str,
+    out: &Result<Vec<Outcome>, RouterError>,
+    started: Instant,
+) {
+    let model = if engine.knows(model) {
+        model.to_owned()
+    } else {
+        "unknown".to_owned()
+    };
+    let (code, version) = match out {
+        Ok(o) => {
+            let version = match o.as_slice() {
+                [one] if matches!(one.source, AnswerSource::Model | AnswerSource::PreviousVersion) => {
+                    one.version.map(|v| v.to_string()).unwrap_or_default()
+                }
+                _ => String::new(),
+            };
+            ("ok", version)
+        }
+        Err(e) => (e.code_label(), String::new()),
+    };
+    counter!(names::REQUESTS, "model" => model.clone(), "version" => version, "protocol" => "decide", "code" => code)
+        .increment(1);
+    histogram!(names::REQUEST_DURATION, "model" => model, "protocol" => "decide")
+        .record(started.elapsed().as_secs_f64());
+}
 
 pub struct DecisionService {
     engine: Arc<Engine>,
@@ -36,6 +71,7 @@ impl Decisions for DecisionService {
             .instrument(span.clone())
             .await;
         span.in_scope(|| crate::request::log_result(&out, started, &r.request_id));
+        count(&self.engine, &r.model, &out, started);
         let o = out?.pop().ok_or_else(|| Status::internal("no outcome"))?;
         Ok(Response::new(o.to_proto()))
     }
@@ -61,6 +97,8 @@ impl Decisions for DecisionService {
             .instrument(span.clone())
             .await;
         span.in_scope(|| crate::request::log_result(&out, started, first));
+        let model = r.requests.first().map_or("", |q| q.model.as_str());
+        count(&self.engine, model, &out, started);
         let out = out?;
         Ok(Response::new(pb::DecideBatchResponse {
             responses: out.iter().map(|o| o.to_proto()).collect(),

@@ -21,6 +21,7 @@
 //! ```
 use std::collections::BTreeSet;
 
+use mesh_feature_store::{FeatureType, ViewInfo};
 use mesh_model_actor::ModelConfig;
 use serde::Deserialize;
 
@@ -277,6 +278,82 @@ impl DecisionSpec {
     }
 }
 
+/// Edit distance of two short names (for "did you mean").
+fn distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != *cb);
+            cur.push(sub.min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+/// The closest of `names` to `name`, when it is close enough to be a typo.
+fn closest<'a>(name: &str, names: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    names
+        .map(|n| (distance(name, n), n))
+        .filter(|(d, n)| *d <= 3.max(n.len() / 4))
+        .min()
+        .map(|(_, n)| n)
+}
+
+impl DecisionSpec {
+    /// Checks every `view:feature` source against the feature store's views: the
+    /// view and the feature exist, and the feature's type fits the entry (a number
+    /// for a plain entry; any scalar for a one-hot entry). The message names the
+    /// entry (`[input_spec].features[i]`) and the source as written.
+    pub fn check_views(&self, views: &[ViewInfo]) -> Result<(), String> {
+        for (i, e) in self.entries.iter().enumerate() {
+            let Source::Store { view, feature } = &e.source else {
+                continue;
+            };
+            let at = format!("[input_spec].features[{i}] source = \"{view}:{feature}\"");
+            let Some(v) = views.iter().find(|v| v.name == *view) else {
+                let known: Vec<&str> = views.iter().map(|v| v.name.as_str()).collect();
+                let hint = closest(view, known.iter().copied())
+                    .map(|n| format!("; did you mean '{n}'?"))
+                    .unwrap_or_default();
+                return Err(format!(
+                    "{at}: the feature store has no view '{view}' (views: {}){hint}",
+                    known.join(", ")
+                ));
+            };
+            let Some(f) = v.features.iter().find(|f| f.name == *feature) else {
+                let hint = closest(feature, v.features.iter().map(|f| f.name.as_str()))
+                    .map(|n| format!("did you mean '{view}:{n}'? "))
+                    .unwrap_or_default();
+                let known: Vec<&str> = v.features.iter().map(|f| f.name.as_str()).collect();
+                return Err(format!(
+                    "{at}: view '{view}' has no feature '{feature}'; {hint}(its features: {})",
+                    known.join(", ")
+                ));
+            };
+            let fits = match (&e.one_hot, f.dtype) {
+                (_, FeatureType::F32Vector) => false,
+                (Some(_), _) => true,
+                (None, t) => t != FeatureType::String,
+            };
+            if !fits {
+                return Err(format!(
+                    "{at}: '{view}:{feature}' is of type {}, which {}",
+                    f.dtype,
+                    if e.one_hot.is_some() {
+                        "cannot be one-hot encoded"
+                    } else {
+                        "is not a number (give the entry one_hot categories)"
+                    }
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -348,5 +425,41 @@ mod tests {
             .contains("nocolon"));
         let c = model("[input_spec]\n[[input_spec.features]]\nsource = \"request:a\"\ntransforms=[\"sqrt\"]\none_hot=[\"a\",\"b\",\"c\",\"d\"]\n");
         assert!(DecisionSpec::from_model(&c).unwrap_err().contains("sqrt"));
+    }
+
+    #[test]
+    fn store_sources_are_checked_against_the_views() {
+        use crate::decide::testing;
+        let (_dir, store) = testing::store();
+        let views = store.views();
+        let spec = |source: &str, one_hot: bool| {
+            let extra = if one_hot {
+                "one_hot = [\"a\", \"b\", \"c\", \"d\"]"
+            } else {
+                ""
+            };
+            let mut text = format!("[input_spec]\n[[input_spec.features]]\nsource = \"{source}\"\n{extra}\n");
+            if !one_hot {
+                text += "[[input_spec.features]]\nsource = \"request:a\"\none_hot = [\"x\", \"y\", \"z\"]\n";
+            }
+            DecisionSpec::from_model(&model(&text)).unwrap().unwrap()
+        };
+        assert!(spec("card:f31", false).check_views(views).is_ok());
+        assert!(spec("card:f31", true).check_views(views).is_ok());
+        let e = spec("card:f3l", false).check_views(views).unwrap_err();
+        assert_eq!(
+            e,
+            "[input_spec].features[0] source = \"card:f3l\": view 'card' has no feature 'f3l'; did you mean 'card:f31'? (its features: f31)"
+        );
+        let e = spec("cards:f31", false).check_views(views).unwrap_err();
+        assert!(e.contains("no view 'cards'") && e.contains("did you mean 'card'"), "{e}");
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        let c = model("[input_spec]\n[[input_spec.features]]\nsource = \"request:a\"\nonehot = [\"a\"]\n");
+        assert!(DecisionSpec::from_model(&c).unwrap_err().contains("onehot"));
+        let c = model("[input_spec]\n[[input_spec.features]]\nsource = \"request:a\"\none_hot=[\"a\",\"b\",\"c\",\"d\"]\n[decision]\nreview = 0.4\n");
+        assert!(DecisionSpec::from_model(&c).unwrap_err().contains("review"));
     }
 }

@@ -184,6 +184,56 @@ pub fn preprocess(
     build_row(spec, &req_features, lookup, i)
 }
 
+/// Stage 3, after the row is built: the features that took the spec's default
+/// (unknown entity, null, stale, a failed lookup, a request feature not sent) are
+/// named in the reasons, grouped by view and status, and counted per view
+/// (`mesh_router_defaulted_features_total`). `Err` when there are more than
+/// `limit` (the deployment's `max_defaulted_features`): the row is not scored.
+pub fn note_defaults(o: &mut Outcome, limit: Option<usize>) -> Result<(), String> {
+    let defaulted: Vec<&FeatureUsed> = o.features.iter().filter(|f| f.defaulted()).collect();
+    if defaulted.is_empty() {
+        return Ok(());
+    }
+    // (view, status) -> feature names, in spec order.
+    let mut groups: Vec<((&str, &str), Vec<&str>)> = Vec::new();
+    for f in &defaulted {
+        let key = (f.view(), f.status);
+        let short = f.name.split_once(':').map_or(f.name.as_str(), |(_, n)| n);
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, names)) => names.push(short),
+            None => groups.push((key, vec![short])),
+        }
+    }
+    let mut per_view: Vec<(&str, u64)> = Vec::new();
+    for ((view, _), names) in &groups {
+        match per_view.iter_mut().find(|(v, _)| v == view) {
+            Some((_, n)) => *n += names.len() as u64,
+            None => per_view.push((view, names.len() as u64)),
+        }
+    }
+    for (view, n) in per_view {
+        counter!(names::DEFAULTED_FEATURES, "model" => o.model.clone(), "view" => view.to_owned())
+            .increment(n);
+    }
+    let listed: Vec<String> = groups
+        .iter()
+        .map(|((view, status), names)| format!("{view} {status}: {}", names.join(", ")))
+        .collect();
+    let n = defaulted.len();
+    o.reasons.push(format!(
+        "{n} feature{} took the spec's default: {}",
+        if n == 1 { "" } else { "s" },
+        listed.join("; ")
+    ));
+    match limit {
+        Some(max) if n > max => Err(format!(
+            "{n} feature{} took defaults, more than this deployment's max_defaulted_features = {max}",
+            if n == 1 { "" } else { "s" },
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Stage 6, postprocess of a model answer (routed or previous version): its score
 /// through the thresholds.
 pub fn score_answer(o: &mut Outcome, a: &ModelAnswer, source: AnswerSource, t: &Thresholds) {
@@ -379,11 +429,11 @@ mod tests {
         let resp = lookup(Some(&store), &spec, &items).await.unwrap();
         let (row, used) = preprocess(&spec, &items[0], resp.as_ref(), 0).unwrap();
         assert_eq!(row, vec![12.5, 0.25]);
-        assert_eq!(used[1].status, "present");
+        assert_eq!(used[1].status, "PRESENT");
         // Card 9 is unknown: its f31 takes the spec's default.
         let (row, used) = preprocess(&spec, &items[1], resp.as_ref(), 1).unwrap();
         assert_eq!(row, vec![3.0, -1.0]);
-        assert_eq!(used[1].status, "not_found");
+        assert_eq!(used[1].status, "NOT_FOUND");
         // `amount` is marked refuse: without it the request is not scored.
         let mut no_amount = request("c", 1.0, Some(7));
         no_amount.features.clear();
@@ -491,5 +541,48 @@ mod tests {
             .collect();
         assert_eq!(stages.iter().map(|s| s.0.clone()).collect::<Vec<_>>(), want);
         assert_eq!(stages[4], ("compute".to_string(), 0.0015));
+    }
+
+    #[test]
+    fn defaults_are_named_counted_and_limited() {
+        let used = |name: &str, status: &'static str, value: Option<f64>| FeatureUsed {
+            name: name.into(),
+            value,
+            status,
+            event_time_us: None,
+        };
+        use mesh_prediction_log::status;
+        let mut o = outcome();
+        o.features = vec![
+            used("request:amount", status::PRESENT, Some(1.0)),
+            used("card:a", status::NOT_FOUND, None),
+            used("card:b", status::NOT_FOUND, None),
+            used("merchant:c", status::UNAVAILABLE, None),
+            used("request:f1", status::MISSING, None),
+        ];
+        let rec = testing::Recorder::default();
+        let r = metrics::with_local_recorder(&rec, || note_defaults(&mut o, None));
+        assert!(r.is_ok());
+        assert_eq!(
+            o.reasons,
+            vec!["4 features took the spec's default: card NOT_FOUND: a, b; merchant UNAVAILABLE: c; request MISSING: f1".to_string()]
+        );
+        let got = rec.take();
+        let card = got
+            .iter()
+            .find(|m| m.name == names::DEFAULTED_FEATURES && m.labels.contains(&("view".into(), "card".into())))
+            .unwrap();
+        assert_eq!(card.value, 2.0);
+        // Over the deployment's limit: refused.
+        let mut o2 = outcome();
+        o2.features = o.features.clone();
+        let e = note_defaults(&mut o2, Some(3)).unwrap_err();
+        assert!(e.contains("max_defaulted_features = 3"), "{e}");
+        assert!(note_defaults(&mut o.clone(), Some(4)).is_ok());
+        // Nothing defaulted: no reason.
+        let mut o3 = outcome();
+        o3.features = vec![used("card:a", status::PRESENT, Some(1.0))];
+        assert!(note_defaults(&mut o3, Some(0)).is_ok());
+        assert!(o3.reasons.is_empty());
     }
 }

@@ -88,11 +88,20 @@ async fn server_metadata() -> Json<Value> {
     )
 }
 
+/// Ready when every loaded model has a ready version and, where this process takes
+/// decisions, every `[[decisions.deployments]]` entry can answer from a model
+/// (its model served, a ready version, a usable input spec); 503 naming what cannot.
 async fn ready(State(s): State<HttpState>) -> Response {
-    if s.core.as_ref().is_none_or(|c| c.ready()) {
-        (StatusCode::OK, "ready").into_response()
-    } else {
-        RouterError::Unavailable("no model has a ready version".into()).into_response()
+    let Some(core) = s.core.as_ref() else {
+        return (StatusCode::OK, "ready").into_response();
+    };
+    if !core.ready() {
+        return RouterError::Unavailable("no model has a ready version".into()).into_response();
+    }
+    let engine = crate::decide::Engine::of_repo(&core.repo);
+    match engine.map_or(Ok(()), |e| e.ready()) {
+        Ok(()) => (StatusCode::OK, "ready").into_response(),
+        Err(why) => RouterError::Unavailable(why).into_response(),
     }
 }
 
@@ -293,7 +302,10 @@ async fn do_infer(
             "request body is larger than the limit of {} bytes (max_message_bytes)",
             s.core.as_ref().map_or(0, |c| c.limits.max_message_bytes)
         )),
-        _ => RouterError::invalid(format!("request body: {e}")),
+        _ => match crate::budget::refusal_in(&e) {
+            Some(msg) => RouterError::ResourceExhausted(msg),
+            None => RouterError::invalid(format!("request body: {e}")),
+        },
     })?;
     let req: InferRequestJson = serde_json::from_slice(&body).map_err(|e| {
         RouterError::invalid(format!(

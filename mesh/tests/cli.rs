@@ -1,0 +1,185 @@
+//! The hand-run paths of the `mesh` binary against a real mesh started here (the
+//! example model, the example views, demo features in a sled store): `mesh decide`
+//! from flags and from JSON, `mesh features get` and `mesh features list`, and a
+//! user error that exits 1 with one line and no backtrace.
+use std::path::Path;
+use std::process::Command;
+
+use mesh_router::config::MeshConfig;
+
+fn root() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A mesh on loopback over a copy of the example model and the example views,
+/// with the demo's cards and merchants in its store.
+async fn mesh(dir: &Path) -> mesh_router::server::Running {
+    let m = dir.join("models/fraud_mlp");
+    std::fs::create_dir_all(m.join("1")).unwrap();
+    let ex = root().join("examples/models/fraud_mlp");
+    std::fs::copy(ex.join("model.toml"), m.join("model.toml")).unwrap();
+    std::fs::copy(
+        ex.join("1/model.safetensors"),
+        m.join("1/model.safetensors"),
+    )
+    .unwrap();
+    let views = root().join("examples/features/views.toml");
+    {
+        let v = mesh_feature_store::ViewsConfig::from_path(&views).unwrap();
+        let store = mesh_feature_store::FeatureStore::open(dir.join("db"), &v).unwrap();
+        mesh_feature_store::generate_demo_features(&store, 50, 20, 7).unwrap();
+        store.flush().unwrap();
+    }
+    let text = format!(
+        r#"
+        [server]
+        grpc_port = 0
+        http_port = 0
+        models = "{}"
+        [features]
+        path = "{}"
+        views = "{}"
+        [decisions]
+        deadline = "2s"
+        [[decisions.deployments]]
+        model = "fraud_mlp"
+        "#,
+        dir.join("models").display(),
+        dir.join("db").display(),
+        views.display()
+    );
+    let cfg: MeshConfig = toml::from_str(&text).unwrap();
+    mesh_router::server::start_mesh(&cfg).await.unwrap()
+}
+
+/// Runs the binary (off the runtime's threads) and returns (exit code, stdout, stderr).
+async fn mesh_cli(args: Vec<String>, stdin: Option<&str>) -> (i32, String, String) {
+    let stdin = stdin.map(str::to_owned);
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mesh"));
+        cmd.args(&args)
+            .env("RUST_BACKTRACE", "1")
+            .env_remove("RUST_LOG")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        let mut pipe = child.stdin.take().unwrap();
+        if let Some(s) = stdin {
+            pipe.write_all(s.as_bytes()).unwrap();
+        }
+        drop(pipe);
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    })
+    .await
+    .unwrap()
+}
+
+fn args(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| (*s).to_owned()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decide_and_read_features_by_hand() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = mesh(dir.path()).await;
+    let addr = format!("http://{}", running.grpc_addr);
+
+    // From flags: a known card and merchant, scored by the model.
+    let (code, out, err) = mesh_cli(
+        args(&[
+            "decide", "--addr", &addr, "--card-id", "17", "--merchant-id", "m000017",
+            "--feature", "amount=42.5", "--feature", "merchant_category=travel",
+            "--request-id", "by-hand-1",
+        ]),
+        None,
+    )
+    .await;
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("source MODEL"), "{out}");
+    assert!(out.contains("model fraud_mlp v1 (primary)"), "{out}");
+    assert!(out.contains("request by-hand-1"), "{out}");
+    assert!(err.is_empty(), "a one-shot command logs nothing at info: {err}");
+
+    // From JSON on stdin, printed as JSON: an unknown card says it used defaults.
+    let (code, out, err) = mesh_cli(
+        args(&["decide", "--addr", &addr, "--json", "-", "--print-json"]),
+        Some(
+            r#"{"request_id": "by-hand-2", "model": "fraud_mlp",
+                "entities": {"card_id": 999999, "merchant_id": "m000017"},
+                "features": {"amount": 42.5}, "categorical": {"merchant_category": "travel"}}"#,
+        ),
+    )
+    .await;
+    assert_eq!(code, 0, "{out}\n{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["request_id"], "by-hand-2");
+    assert_eq!(v["source"], "MODEL");
+    assert!(
+        v["reasons"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r.as_str().unwrap().contains("card NOT_FOUND: txn_count_1h")),
+        "{v}"
+    );
+    assert!(["APPROVE", "REVIEW", "DECLINE"].contains(&v["decision"].as_str().unwrap()));
+
+    // features list: every view of the example views file.
+    let (code, out, err) = mesh_cli(args(&["features", "list", "--addr", &addr]), None).await;
+    assert_eq!(code, 0, "{err}");
+    for want in ["card  (entity card, key card_id: int64", "merchant  (entity merchant", "fraud_scores", "txn_count_1h"] {
+        assert!(out.contains(want), "{want}: {out}");
+    }
+
+    // features get: one card, every feature with its status.
+    let (code, out, err) = mesh_cli(
+        args(&["features", "get", "--addr", &addr, "--view", "card", "--key", "17", "--key", "999999", "--json"]),
+        None,
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let known = v[0]["features"].as_array().unwrap();
+    let count = known.iter().find(|f| f["name"] == "card:txn_count_1h").unwrap();
+    assert_eq!(count["type"], "i64");
+    assert!(
+        ["PRESENT", "NULL"].contains(&count["status"].as_str().unwrap()),
+        "{count}"
+    );
+    let unknown = v[1]["features"].as_array().unwrap();
+    assert!(unknown.iter().all(|f| f["status"] == "NOT_FOUND" && f["value"].is_null()), "{unknown:?}");
+    let (code, out, _) = mesh_cli(
+        args(&["features", "get", "--addr", &addr, "--view", "merchant", "--key", "m000017", "--feature", "risk_tier"]),
+        None,
+    )
+    .await;
+    assert_eq!(code, 0);
+    assert!(out.contains("merchant merchant_id = \"m000017\"") && out.contains("merchant:risk_tier"), "{out}");
+
+    // A user error: one line on stderr, exit 1, no backtrace even with RUST_BACKTRACE=1.
+    let (code, out, err) = mesh_cli(
+        args(&["features", "get", "--addr", &addr, "--view", "cards", "--key", "1"]),
+        None,
+    )
+    .await;
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(err.trim(), "error: no view 'cards' (views: card, merchant, fraud_scores)");
+    let (code, _, err) = mesh_cli(
+        args(&["decide", "--addr", &addr, "--model", "nope", "--card-id", "1"]),
+        None,
+    )
+    .await;
+    assert_eq!(code, 1);
+    assert!(err.starts_with("error: Decide failed: NotFound"), "{err}");
+    assert!(!err.contains("stack backtrace"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+
+    running.shutdown().await;
+}
