@@ -216,7 +216,9 @@ mod tests {
             .iter()
             .map(|n| Ok(Frame::data(Bytes::from(vec![0u8; *n]))))
             .collect();
-        axum::body::Body::new(http_body_util::StreamBody::new(futures::stream::iter(frames)))
+        axum::body::Body::new(http_body_util::StreamBody::new(futures::stream::iter(
+            frames,
+        )))
     }
 
     #[tokio::test]
@@ -233,7 +235,11 @@ mod tests {
         let e = b.frame().await.unwrap().unwrap_err();
         let status = e.downcast_ref::<tonic::Status>().unwrap();
         assert_eq!(status.code(), tonic::Code::ResourceExhausted);
-        assert!(status.message().contains("max_inflight_bytes"), "{}", status.message());
+        assert!(
+            status.message().contains("max_inflight_bytes"),
+            "{}",
+            status.message()
+        );
         drop(b);
         assert_eq!(pool.held(), 600);
         drop(a);

@@ -7,8 +7,8 @@
 //! `request` (what both front doors share), `plog` (prediction-log records),
 //! `telemetry` (metric names) and `error`.
 pub mod admin;
-pub mod budget;
 pub mod auth;
+pub mod budget;
 pub mod config;
 pub mod decide;
 pub mod error;

@@ -239,9 +239,18 @@ impl Parts {
     fn log_planes(&self) {
         for plane in [&self.planes.admin, &self.planes.writer] {
             if plane.configured() {
-                tracing::info!(plane = plane.name, "the {} plane needs its credential", plane.name);
+                tracing::info!(
+                    plane = plane.name,
+                    "the {} plane needs its credential",
+                    plane.name
+                );
             } else {
-                tracing::info!(plane = plane.name, "the {} plane is off (no credential configured in [{}])", plane.name, plane.name);
+                tracing::info!(
+                    plane = plane.name,
+                    "the {} plane is off (no credential configured in [{}])",
+                    plane.name,
+                    plane.name
+                );
             }
         }
         tracing::info!(model_control = ?self.model_control, "model control");
@@ -294,6 +303,9 @@ pub async fn start_mesh(mesh: &MeshConfig) -> Result<Running, RouterError> {
     let http_state = HttpState {
         core: parts.core.clone(),
         metrics: Arc::new(move || metrics.render()),
+        deployments_ready: parts.engine.clone().map(|e| {
+            Arc::new(move || e.ready()) as Arc<dyn Fn() -> Result<(), String> + Send + Sync>
+        }),
     };
     let app = router(http_state).merge(crate::admin::routes(parts.admin(), parts.planes.clone()));
     let app = app.layer(crate::budget::BudgetLayer::new(parts.budget.clone()));
@@ -380,9 +392,7 @@ async fn grpc_server(
         .http2_keepalive_interval(Some(conns.keepalive_interval))
         .http2_keepalive_timeout(Some(conns.keepalive_timeout))
         .max_connection_age(conns.max_connection_age)
-        .layer(tower::util::MapResponseLayer::new(
-            transport_statuses,
-        ))
+        .layer(tower::util::MapResponseLayer::new(transport_statuses))
         // Admin- and writer-plane RPCs need their credential (see crate::auth).
         .layer(GrpcGuardLayer(parts.planes.clone()))
         // Request bytes in flight come from one pool (see crate::budget).
@@ -393,12 +403,9 @@ async fn grpc_server(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(health_service)
-        .serve_with_incoming_shutdown(
-            listener.into_stream(),
-            async move {
-                let _ = stopped.wait_for(|s| *s).await;
-            },
-        );
+        .serve_with_incoming_shutdown(listener.into_stream(), async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        });
     Ok(tokio::spawn(async move {
         if let Err(e) = grpc.await {
             tracing::error!(error = %e, "gRPC server stopped");
@@ -433,10 +440,10 @@ fn http_server(
             listener,
             app.into_make_service_with_connect_info::<PeerInfo>(),
         )
-            .with_graceful_shutdown(async move {
-                let _ = stopped.wait_for(|s| *s).await;
-            })
-            .await
+        .with_graceful_shutdown(async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        })
+        .await
         {
             tracing::error!(error = %e, "HTTP server stopped");
         }

@@ -60,7 +60,11 @@ async fn requests_past_the_in_flight_budget_are_refused() {
     c.model_infer(request(16)).await.unwrap();
     let e = c.model_infer(request(64)).await.unwrap_err();
     assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
-    assert!(e.message().contains("max_inflight_bytes"), "{}", e.message());
+    assert!(
+        e.message().contains("max_inflight_bytes"),
+        "{}",
+        e.message()
+    );
     // The refused body gave its bytes back: the pool is whole again.
     c.model_infer(request(16)).await.unwrap();
 

@@ -56,7 +56,9 @@ async fn feature_store_over_grpc_through_mesh_serve() {
     let mut c = FeatureStoreClient::with_interceptor(channel, |mut req: tonic::Request<()>| {
         req.metadata_mut().insert(
             "authorization",
-            "Bearer writer-token-for-this-test-0123456789".parse().unwrap(),
+            "Bearer writer-token-for-this-test-0123456789"
+                .parse()
+                .unwrap(),
         );
         Ok(req)
     });

@@ -289,4 +289,3 @@ impl Http {
         self.request("POST", path, body).await
     }
 }
-

@@ -45,9 +45,7 @@ fn world() -> &'static World {
             root.join("examples/features/views.toml").display(),
         ))
         .unwrap();
-        let running = rt
-            .block_on(mesh_router::server::start_mesh(&cfg))
-            .unwrap();
+        let running = rt.block_on(mesh_router::server::start_mesh(&cfg)).unwrap();
         World {
             rt,
             running,
@@ -110,13 +108,15 @@ fn infer_request() -> impl Strategy<Value = pb::ModelInferRequest> {
         prop::collection::vec(tensor(), 0..3),
         prop::collection::vec(prop::collection::vec(any::<u8>(), 0..300), 0..3),
     )
-        .prop_map(|(model_name, model_version, inputs, raw)| pb::ModelInferRequest {
-            model_name,
-            model_version,
-            inputs,
-            raw_input_contents: raw,
-            ..Default::default()
-        })
+        .prop_map(
+            |(model_name, model_version, inputs, raw)| pb::ModelInferRequest {
+                model_name,
+                model_version,
+                inputs,
+                raw_input_contents: raw,
+                ..Default::default()
+            },
+        )
 }
 
 /// A REST body: valid JSON of the right shape with generated values, or not.

@@ -72,8 +72,9 @@ fn models(dir: &Path) -> PathBuf {
 
 fn request(id: &str, card: i64) -> pb::DecideRequest {
     let x = &common::samples()[0].0;
-    let features: HashMap<String, f64> =
-        (0..31).map(|i| (format!("f{i}"), f64::from(x[i]))).collect();
+    let features: HashMap<String, f64> = (0..31)
+        .map(|i| (format!("f{i}"), f64::from(x[i])))
+        .collect();
     pb::DecideRequest {
         request_id: id.into(),
         model: "fraud_mlp".into(),
@@ -115,12 +116,18 @@ async fn a_typo_in_a_store_source_refuses_the_start_naming_it() {
         e.contains("[input_spec].features[31] source = \"card:txn_count_1hr\""),
         "{e}"
     );
-    assert!(e.contains("view 'card' has no feature 'txn_count_1hr'"), "{e}");
+    assert!(
+        e.contains("view 'card' has no feature 'txn_count_1hr'"),
+        "{e}"
+    );
     assert!(e.contains("did you mean 'card:txn_count_1h'"), "{e}");
 
     // A string feature used as a number, an unknown view: refused the same way.
     for (source, says) in [
-        ("card:home_country", "is of type string, which is not a number"),
+        (
+            "card:home_country",
+            "is of type string, which is not a number",
+        ),
         ("cards:txn_count_1h", "has no view 'cards'"),
     ] {
         let dir = tempfile::tempdir().unwrap();
@@ -145,16 +152,15 @@ async fn a_reload_with_a_broken_spec_leaves_the_old_version_serving() {
     // with an unknown key, then with the wrong width: each load is refused.
     let m = models(dir.path());
     std::fs::create_dir_all(m.join("2")).unwrap();
-    std::fs::copy(
-        common::reference_weights(),
-        m.join("2/model.safetensors"),
-    )
-    .unwrap();
+    std::fs::copy(common::reference_weights(), m.join("2/model.safetensors")).unwrap();
     let good = model_toml("card:txn_count_1h");
     let broken = [
         (model_toml("card:txn_count_1hr"), "card:txn_count_1hr"),
         (
-            good.replace("on_missing = \"default\"", "on_missing = \"default\"\nonmissing = 1"),
+            good.replace(
+                "on_missing = \"default\"",
+                "on_missing = \"default\"\nonmissing = 1",
+            ),
             "onmissing",
         ),
         (
@@ -167,16 +173,20 @@ async fn a_reload_with_a_broken_spec_leaves_the_old_version_serving() {
         let e = repo.load("fraud_mlp").await.unwrap_err().to_string();
         assert!(e.contains(says), "{says}: {e}");
         // The old version still serves and decides with the old spec.
-        assert_eq!(repo.model("fraud_mlp").unwrap().versions.keys().copied().collect::<Vec<_>>(), vec![1]);
+        assert_eq!(
+            repo.model("fraud_mlp")
+                .unwrap()
+                .versions
+                .keys()
+                .copied()
+                .collect::<Vec<_>>(),
+            vec![1]
+        );
         let r = client.decide(request("r", 1)).await.unwrap().into_inner();
         assert_eq!(r.source, pb::AnswerSource::Model as i32, "{:?}", r.reasons);
         assert_eq!(r.model_version, "1");
         // The index says why v2 is not served.
-        let v2 = repo
-            .index()
-            .into_iter()
-            .find(|e| e.version == 2)
-            .unwrap();
+        let v2 = repo.index().into_iter().find(|e| e.version == 2).unwrap();
         assert_eq!(v2.state, "UNAVAILABLE");
         assert!(v2.reason.contains(says), "{}", v2.reason);
         assert_eq!(get(running.http_addr, "/readyz").await.0, 200);
@@ -224,7 +234,11 @@ async fn defaults_are_named_counted_and_limited_per_deployment() {
         known.reasons
     );
     // An unknown card: scored on the default, and the answer says so.
-    let unknown = client.decide(request("u", 424242)).await.unwrap().into_inner();
+    let unknown = client
+        .decide(request("u", 424242))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(unknown.source, pb::AnswerSource::Model as i32);
     assert!(
         unknown
@@ -245,15 +259,17 @@ async fn defaults_are_named_counted_and_limited_per_deployment() {
     );
     let text = metrics.render();
     assert!(
-        text.lines().any(|l| l.starts_with("mesh_router_defaulted_features_total{")
-            && l.contains("model=\"fraud_mlp\"")
-            && l.contains("view=\"card\"")),
+        text.lines()
+            .any(|l| l.starts_with("mesh_router_defaulted_features_total{")
+                && l.contains("model=\"fraud_mlp\"")
+                && l.contains("view=\"card\"")),
         "{text}"
     );
     assert!(
-        text.lines().any(|l| l.starts_with("mesh_router_requests_total{")
-            && l.contains("protocol=\"decide\"")
-            && l.contains("code=\"ok\"")),
+        text.lines()
+            .any(|l| l.starts_with("mesh_router_requests_total{")
+                && l.contains("protocol=\"decide\"")
+                && l.contains("code=\"ok\"")),
         "{text}"
     );
     let mut bad = request("b", 1);
@@ -261,25 +277,42 @@ async fn defaults_are_named_counted_and_limited_per_deployment() {
     client.decide(bad).await.unwrap_err();
     let text = metrics.render();
     assert!(
-        text.lines().any(|l| l.starts_with("mesh_router_requests_total{")
-            && l.contains("protocol=\"decide\"")
-            && l.contains("model=\"unknown\"")
-            && l.contains("code=\"not_found\"")),
+        text.lines()
+            .any(|l| l.starts_with("mesh_router_requests_total{")
+                && l.contains("protocol=\"decide\"")
+                && l.contains("model=\"unknown\"")
+                && l.contains("code=\"not_found\"")),
         "{text}"
     );
     running.shutdown().await;
 
     // With max_defaulted_features = 0 the unknown card is not scored: it falls back.
     let dir = tempfile::tempdir().unwrap();
-    let cfg = setup(dir.path(), "card:txn_count_1h", &[1], "max_defaulted_features = 0");
+    let cfg = setup(
+        dir.path(),
+        "card:txn_count_1h",
+        &[1],
+        "max_defaulted_features = 0",
+    );
     let running = mesh_router::server::start_mesh(&cfg).await.unwrap();
     let mut client = DecisionsClient::connect(format!("http://{}", running.grpc_addr))
         .await
         .unwrap();
-    let r = client.decide(request("u", 424242)).await.unwrap().into_inner();
-    assert_eq!(r.source, pb::AnswerSource::Default as i32, "{:?}", r.reasons);
+    let r = client
+        .decide(request("u", 424242))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        r.source,
+        pb::AnswerSource::Default as i32,
+        "{:?}",
+        r.reasons
+    );
     assert!(
-        r.reasons.iter().any(|r| r.starts_with("not scored: 1 feature took defaults")),
+        r.reasons
+            .iter()
+            .any(|r| r.starts_with("not scored: 1 feature took defaults")),
         "{:?}",
         r.reasons
     );

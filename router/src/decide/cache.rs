@@ -3,14 +3,19 @@
 //! pointers of the actor groups or the model config); a reload replaces those, so
 //! the next lookup sees a different identity and rebuilds the entry.
 //!
-//! Lookups take a shared read lock for a map lookup and a clone (a few `Arc`
-//! increments), never across an `.await`, never exclusive: concurrent decisions do
-//! not wait on each other. Only a build (first use, after a reload) takes the write
-//! lock, and it builds while holding it so that one stack per version exists (two
-//! stacks would mean two sets of breakers and retry budgets for one version).
+//! Lookups are lock-free: the map is an immutable snapshot behind an `ArcSwap`,
+//! read with one atomic load, a map lookup and a clone (a few `Arc` increments);
+//! concurrent decisions never wait on each other or on a build. A build (first
+//! use, after a reload) takes the build lock, so that one stack per version exists
+//! (two stacks would mean two sets of breakers and retry budgets for one version),
+//! and publishes a new snapshot with the entry added.
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
-use parking_lot::RwLock;
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+
+type Snapshot<V> = HashMap<String, BTreeMap<u64, Arc<Entry<V>>>>;
 
 struct Entry<V> {
     built_from: Vec<usize>,
@@ -18,13 +23,16 @@ struct Entry<V> {
 }
 
 pub struct VersionCache<V> {
-    map: RwLock<HashMap<String, BTreeMap<u64, Entry<V>>>>,
+    map: ArcSwap<Snapshot<V>>,
+    /// Held while building and publishing an entry; never by a lookup.
+    build: Mutex<()>,
 }
 
 impl<V> Default for VersionCache<V> {
     fn default() -> Self {
         Self {
-            map: RwLock::new(HashMap::new()),
+            map: ArcSwap::from_pointee(HashMap::new()),
+            build: Mutex::new(()),
         }
     }
 }
@@ -35,7 +43,7 @@ impl<V: Clone> VersionCache<V> {
     where
         I: IntoIterator<Item = usize>,
     {
-        let map = self.map.read();
+        let map = self.map.load();
         let e = map.get(model)?.get(&version)?;
         e.built_from
             .iter()
@@ -59,21 +67,27 @@ impl<V: Clone> VersionCache<V> {
         if let Some(v) = self.lookup(model, version, built_from.clone()) {
             return Ok(v);
         }
-        let mut map = self.map.write();
-        let versions = map.entry(model.to_owned()).or_default();
+        let _building = self.build.lock();
         let ids: Vec<usize> = built_from.into_iter().collect();
-        if let Some(e) = versions.get(&version).filter(|e| e.built_from == ids) {
-            // Built by another caller between our read and write locks.
+        let current = self.map.load_full();
+        if let Some(e) = current
+            .get(model)
+            .and_then(|v| v.get(&version))
+            .filter(|e| e.built_from == ids)
+        {
+            // Built by another caller while we waited for the build lock.
             return Ok(e.value.clone());
         }
         let value = build()?;
-        versions.insert(
+        let mut next: Snapshot<V> = (*current).clone();
+        next.entry(model.to_owned()).or_default().insert(
             version,
-            Entry {
+            Arc::new(Entry {
                 built_from: ids,
                 value: value.clone(),
-            },
+            }),
         );
+        self.map.store(Arc::new(next));
         Ok(value)
     }
 }

@@ -39,7 +39,9 @@ pub struct Engine {
     /// The last spec each model answered with, so that a model that was unloaded
     /// (or failed every load) still decides through the fallback chain with its
     /// thresholds instead of failing the request.
-    last_specs: parking_lot::RwLock<std::collections::HashMap<String, Arc<DecisionSpec>>>,
+    /// Read per decision without a lock (an `ArcSwap` snapshot); replaced whole when
+    /// a model's spec changes.
+    last_specs: arc_swap::ArcSwap<std::collections::HashMap<String, Arc<DecisionSpec>>>,
     /// Model-call stacks by model and version, rebuilt when a reload replaced the
     /// version's actor groups. A stack is cloned out per call (cheap, `Clone`).
     stacks: VersionCache<Stack>,
@@ -119,22 +121,7 @@ pub fn check_model(
     Ok(())
 }
 
-/// Engines by the repository they decide from, so the HTTP plane's `/readyz` (which
-/// holds the repository) can ask the engine whether every deployment can answer.
-static ENGINES: Mutex<Vec<(usize, std::sync::Weak<Engine>)>> = Mutex::new(Vec::new());
-
 impl Engine {
-    /// The engine deciding from `repo`, if one was built on it.
-    pub fn of_repo(repo: &Arc<ModelRepository>) -> Option<Arc<Engine>> {
-        let key = Arc::as_ptr(repo) as usize;
-        ENGINES
-            .lock()
-            .iter()
-            .rev()
-            .find(|(k, _)| *k == key)
-            .and_then(|(_, e)| e.upgrade())
-    }
-
     /// Whether every configured deployment can answer from a model: its model is
     /// served, has a ready version (its pinned primary, when it names one), and
     /// has a usable input spec. `Err` names what cannot.
@@ -164,14 +151,17 @@ impl Engine {
         if not.is_empty() {
             Ok(())
         } else {
-            Err(format!("deployments that cannot answer: {}", not.join("; ")))
+            Err(format!(
+                "deployments that cannot answer: {}",
+                not.join("; ")
+            ))
         }
     }
 
     /// Whether `model` is one the engine decides for (served now or before), so
     /// that it may be a metric label; other names are client input.
     pub fn knows(&self, model: &str) -> bool {
-        self.repo.model(model).is_ok() || self.last_specs.read().contains_key(model)
+        self.repo.model(model).is_ok() || self.last_specs.load().contains_key(model)
     }
 
     pub fn new(
@@ -198,10 +188,6 @@ impl Engine {
             sink,
             me: me.clone(),
         });
-        let mut engines = ENGINES.lock();
-        engines.retain(|(_, e)| e.strong_count() > 0);
-        engines.push((Arc::as_ptr(&engine.repo) as usize, Arc::downgrade(&engine)));
-        drop(engines);
         Ok(engine)
     }
 
@@ -221,10 +207,7 @@ impl Engine {
         }
         for m in self.repo.models() {
             check_model(self.store.as_deref(), &self.cfg, &m.config).map_err(|e| {
-                RouterError::InvalidArgument(format!(
-                    "model '{}' (model.toml): {e}",
-                    m.config.name
-                ))
+                RouterError::InvalidArgument(format!("model '{}' (model.toml): {e}", m.config.name))
             })?;
             if m.config.extra.contains_key("input_spec") {
                 let spec = self.spec(&m.config)?;
@@ -271,13 +254,16 @@ impl Engine {
         let spec = self.build_spec(config)?;
         let known = self
             .last_specs
-            .read()
+            .load()
             .get(&config.name)
             .is_some_and(|s| Arc::ptr_eq(s, &spec));
         if !known {
-            self.last_specs
-                .write()
-                .insert(config.name.clone(), spec.clone());
+            // Rare (start, reload): copy the small map with this model's new spec.
+            self.last_specs.rcu(|m| {
+                let mut m = (**m).clone();
+                m.insert(config.name.clone(), spec.clone());
+                m
+            });
         }
         Ok(spec)
     }
@@ -288,7 +274,7 @@ impl Engine {
     fn spec_of(&self, model: &str) -> Result<Arc<DecisionSpec>, RouterError> {
         match self.repo.model(model) {
             Ok(served) => self.spec(&served.config),
-            Err(e) => self.last_specs.read().get(model).cloned().ok_or(e.into()),
+            Err(e) => self.last_specs.load().get(model).cloned().ok_or(e.into()),
         }
     }
 

@@ -16,12 +16,7 @@ use metrics::{counter, histogram};
 /// The request metrics of one Decide or DecideBatch call (`protocol="decide"`, the
 /// same series as OIP's): the model when the engine knows it, else `unknown`
 /// (names are client input); the version that scored a single decision.
-fn count(
-    engine: &Engine,
-    model: &str,
-    out: &Result<Vec<Outcome>, RouterError>,
-    started: Instant,
-) {
+fn count(engine: &Engine, model: &str, out: &Result<Vec<Outcome>, RouterError>, started: Instant) {
     let model = if engine.knows(model) {
         model.to_owned()
     } else {
@@ -30,7 +25,12 @@ fn count(
     let (code, version) = match out {
         Ok(o) => {
             let version = match o.as_slice() {
-                [one] if matches!(one.source, AnswerSource::Model | AnswerSource::PreviousVersion) => {
+                [one]
+                    if matches!(
+                        one.source,
+                        AnswerSource::Model | AnswerSource::PreviousVersion
+                    ) =>
+                {
                     one.version.map(|v| v.to_string()).unwrap_or_default()
                 }
                 _ => String::new(),

@@ -438,7 +438,8 @@ mod tests {
             } else {
                 ""
             };
-            let mut text = format!("[input_spec]\n[[input_spec.features]]\nsource = \"{source}\"\n{extra}\n");
+            let mut text =
+                format!("[input_spec]\n[[input_spec.features]]\nsource = \"{source}\"\n{extra}\n");
             if !one_hot {
                 text += "[[input_spec.features]]\nsource = \"request:a\"\none_hot = [\"x\", \"y\", \"z\"]\n";
             }
@@ -452,12 +453,17 @@ mod tests {
             "[input_spec].features[0] source = \"card:f3l\": view 'card' has no feature 'f3l'; did you mean 'card:f31'? (its features: f31)"
         );
         let e = spec("cards:f31", false).check_views(views).unwrap_err();
-        assert!(e.contains("no view 'cards'") && e.contains("did you mean 'card'"), "{e}");
+        assert!(
+            e.contains("no view 'cards'") && e.contains("did you mean 'card'"),
+            "{e}"
+        );
     }
 
     #[test]
     fn unknown_keys_are_errors() {
-        let c = model("[input_spec]\n[[input_spec.features]]\nsource = \"request:a\"\nonehot = [\"a\"]\n");
+        let c = model(
+            "[input_spec]\n[[input_spec.features]]\nsource = \"request:a\"\nonehot = [\"a\"]\n",
+        );
         assert!(DecisionSpec::from_model(&c).unwrap_err().contains("onehot"));
         let c = model("[input_spec]\n[[input_spec.features]]\nsource = \"request:a\"\none_hot=[\"a\",\"b\",\"c\",\"d\"]\n[decision]\nreview = 0.4\n");
         assert!(DecisionSpec::from_model(&c).unwrap_err().contains("review"));

@@ -570,7 +570,10 @@ mod tests {
         let got = rec.take();
         let card = got
             .iter()
-            .find(|m| m.name == names::DEFAULTED_FEATURES && m.labels.contains(&("view".into(), "card".into())))
+            .find(|m| {
+                m.name == names::DEFAULTED_FEATURES
+                    && m.labels.contains(&("view".into(), "card".into()))
+            })
             .unwrap();
         assert_eq!(card.value, 2.0);
         // Over the deployment's limit: refused.

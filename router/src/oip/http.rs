@@ -26,6 +26,9 @@ pub struct HttpState {
     pub core: Option<Core>,
     /// Renders the Prometheus text of the process.
     pub metrics: std::sync::Arc<dyn Fn() -> String + Send + Sync>,
+    /// Whether every configured deployment can answer (`Err` names what cannot);
+    /// the server wires it to the decision engine, when this process has one.
+    pub deployments_ready: Option<std::sync::Arc<dyn Fn() -> Result<(), String> + Send + Sync>>,
 }
 
 impl IntoResponse for RouterError {
@@ -98,8 +101,7 @@ async fn ready(State(s): State<HttpState>) -> Response {
     if !core.ready() {
         return RouterError::Unavailable("no model has a ready version".into()).into_response();
     }
-    let engine = crate::decide::Engine::of_repo(&core.repo);
-    match engine.map_or(Ok(()), |e| e.ready()) {
+    match s.deployments_ready.as_ref().map_or(Ok(()), |check| check()) {
         Ok(()) => (StatusCode::OK, "ready").into_response(),
         Err(why) => RouterError::Unavailable(why).into_response(),
     }
@@ -259,7 +261,9 @@ fn json_elements(name: &str, dt: DataType, data: &FlatNumbers) -> Result<Element
         DataType::Int32 => Elements::Int32(
             flat.iter()
                 .enumerate()
-                .map(|(i, x)| int(i, *x, f64::from(i32::MIN), f64::from(i32::MAX)).map(|x| x as i32))
+                .map(|(i, x)| {
+                    int(i, *x, f64::from(i32::MIN), f64::from(i32::MAX)).map(|x| x as i32)
+                })
                 .collect::<Result<_, _>>()?,
         ),
         DataType::Int64 => Elements::Int64(
