@@ -148,6 +148,9 @@ impl std::fmt::Debug for FeatureStore {
     }
 }
 
+/// One validated row of a write: encoded key, event time, encoded value.
+type EncodedRow = (Vec<u8>, Micros, Vec<u8>);
+
 impl FeatureStore {
     /// Opens (or creates) the store at `path` with default options and records the
     /// views of `views`. Blocking: call it before serving, or in `spawn_blocking`.
@@ -237,6 +240,8 @@ impl FeatureStore {
         out
     }
 
+    /// [`Self::write_rows`] for a push or an ingest batch (`path`: whether the push row
+    /// limit applies, and the metrics label).
     pub(crate) fn write_rows_from(
         &self,
         view: &str,
@@ -245,62 +250,7 @@ impl FeatureStore {
         path: WritePath,
     ) -> Result<WriteReport> {
         let v = self.view(view)?;
-        if rows.is_empty() {
-            return Err(FeatureStoreError::InvalidArgument(format!(
-                "write to view {view:?} has no rows"
-            )));
-        }
-        if path == WritePath::Push && rows.len() > self.inner.options.limits.max_rows_per_push {
-            return Err(FeatureStoreError::LimitExceeded {
-                what: "rows in one push",
-                got: rows.len(),
-                limit: self.inner.options.limits.max_rows_per_push,
-                setting: "max_rows_per_push",
-            });
-        }
-        // Validate and encode everything before taking the lock or touching sled.
-        let skew = self.inner.options.limits.max_future_skew;
-        let horizon = crate::types::now_micros()
-            .saturating_add(i64::try_from(skew.as_micros()).unwrap_or(i64::MAX));
-        if let Some((i, row)) = rows
-            .iter()
-            .enumerate()
-            .find(|(_, r)| r.event_time > horizon)
-        {
-            m::record_rows_refused(view, path.as_str(), "future_event_time", 1);
-            return Err(FeatureStoreError::InvalidArgument(format!(
-                "row {i}: event time {} is more than {} s ahead of this host's clock \
-                 ({}; max_future_skew); nothing of this write was stored",
-                crate::ingest::time::format_micros(row.event_time),
-                skew.as_secs(),
-                crate::ingest::time::format_micros(crate::types::now_micros()),
-            )));
-        }
-        let mut encoded: Vec<(Vec<u8>, Micros, Vec<u8>)> = Vec::with_capacity(rows.len());
-        let mut index: HashMap<Vec<u8>, usize> = HashMap::with_capacity(rows.len());
-        for (i, row) in rows.iter().enumerate() {
-            validate_row(v, row)
-                .map_err(|what| FeatureStoreError::InvalidArgument(format!("row {i}: {what}")))?;
-            let mut key = Vec::with_capacity(16);
-            encode_key(v.id, &row.key, &mut key);
-            let value = encode_value(
-                row.event_time,
-                v.features
-                    .iter()
-                    .zip(&row.values)
-                    .filter_map(|(f, val)| val.as_ref().map(|val| (f.id, val)))
-                    .collect::<Vec<_>>()
-                    .into_iter(),
-            );
-            match index.get(&key) {
-                Some(&j) if encoded[j].1 > row.event_time => {}
-                Some(&j) => encoded[j] = (key, row.event_time, value),
-                None => {
-                    index.insert(key.clone(), encoded.len());
-                    encoded.push((key, row.event_time, value));
-                }
-            }
-        }
+        let encoded = self.validate_and_encode(v, view, rows, path)?;
         let duplicates = (rows.len() - encoded.len()) as u64;
 
         let mut report = WriteReport {
@@ -342,6 +292,74 @@ impl FeatureStore {
         );
         self.report_size(false);
         Ok(report)
+    }
+
+    /// Checks a write's size, validates every row and encodes it, keeping the newest row
+    /// per key (all before the write lock is taken or sled is touched).
+    fn validate_and_encode(
+        &self,
+        v: &ViewInfo,
+        view: &str,
+        rows: &[Row],
+        path: WritePath,
+    ) -> Result<Vec<EncodedRow>> {
+        if rows.is_empty() {
+            return Err(FeatureStoreError::InvalidArgument(format!(
+                "write to view {view:?} has no rows"
+            )));
+        }
+        if path == WritePath::Push && rows.len() > self.inner.options.limits.max_rows_per_push {
+            return Err(FeatureStoreError::LimitExceeded {
+                what: "rows in one push",
+                got: rows.len(),
+                limit: self.inner.options.limits.max_rows_per_push,
+                setting: "max_rows_per_push",
+            });
+        }
+        // Validate and encode everything before taking the lock or touching sled.
+        let skew = self.inner.options.limits.max_future_skew;
+        let horizon = crate::types::now_micros()
+            .saturating_add(i64::try_from(skew.as_micros()).unwrap_or(i64::MAX));
+        if let Some((i, row)) = rows
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.event_time > horizon)
+        {
+            m::record_rows_refused(view, path.as_str(), "future_event_time", 1);
+            return Err(FeatureStoreError::InvalidArgument(format!(
+                "row {i}: event time {} is more than {} s ahead of this host's clock \
+                 ({}; max_future_skew); nothing of this write was stored",
+                crate::ingest::time::format_micros(row.event_time),
+                skew.as_secs(),
+                crate::ingest::time::format_micros(crate::types::now_micros()),
+            )));
+        }
+        let mut encoded: Vec<EncodedRow> = Vec::with_capacity(rows.len());
+        let mut index: HashMap<Vec<u8>, usize> = HashMap::with_capacity(rows.len());
+        for (i, row) in rows.iter().enumerate() {
+            validate_row(v, row)
+                .map_err(|what| FeatureStoreError::InvalidArgument(format!("row {i}: {what}")))?;
+            let mut key = Vec::with_capacity(16);
+            encode_key(v.id, &row.key, &mut key);
+            let value = encode_value(
+                row.event_time,
+                v.features
+                    .iter()
+                    .zip(&row.values)
+                    .filter_map(|(f, val)| val.as_ref().map(|val| (f.id, val)))
+                    .collect::<Vec<_>>()
+                    .into_iter(),
+            );
+            match index.get(&key) {
+                Some(&j) if encoded[j].1 > row.event_time => {}
+                Some(&j) => encoded[j] = (key, row.event_time, value),
+                None => {
+                    index.insert(key.clone(), encoded.len());
+                    encoded.push((key, row.event_time, value));
+                }
+            }
+        }
+        Ok(encoded)
     }
 
     /// Forces everything written so far to disk (fsync). Returns bytes flushed.

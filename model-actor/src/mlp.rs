@@ -191,14 +191,7 @@ impl Model for Mlp {
     }
 
     fn forward(&mut self, batch: &Batch) -> Result<Forward, ModelError> {
-        if batch.cols != self.input_width || batch.data.len() != batch.rows * batch.cols {
-            return Err(ModelError::InvalidInput(format!(
-                "batch of {} values is not {} rows of {}",
-                batch.data.len(),
-                batch.rows,
-                self.input_width
-            )));
-        }
+        batch.check_width(self.input_width)?;
         let t0 = Instant::now();
         let x = Tensor::from_slice(&batch.data, (batch.rows, batch.cols), &self.device)?
             .to_dtype(self.dtype)?;

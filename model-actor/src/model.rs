@@ -12,6 +12,22 @@ pub struct Batch {
     pub data: Vec<f32>,
 }
 
+impl Batch {
+    /// Checks that the batch is `rows` rows of `width` values each (what a model's
+    /// `forward` requires before it reads the data).
+    pub fn check_width(&self, width: usize) -> Result<(), ModelError> {
+        if self.cols != width || self.data.len() != self.rows * self.cols {
+            return Err(ModelError::InvalidInput(format!(
+                "batch of {} values is not {} rows of {}",
+                self.data.len(),
+                self.rows,
+                width
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// What a forward pass returns: `rows * cols` outputs and where the time went
 /// (the three parts Triton's statistics report).
 #[derive(Debug, Clone, Default)]

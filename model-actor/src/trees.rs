@@ -55,7 +55,9 @@ pub fn read_forest(kind: ModelKind, path: &Path) -> Result<Forest, String> {
             })?;
             Forest::from_lightgbm_text(text)
         }
-        ModelKind::Mlp => return Err("kind mlp is not a tree model".into()),
+        ModelKind::Mlp | ModelKind::Onnx => {
+            return Err(format!("kind {} is not a tree model", kind.as_str()))
+        }
     };
     forest.map_err(|e| format!("{} ({} model): {e}", shown(path), kind.as_str()))
 }
@@ -147,14 +149,7 @@ impl Model for Trees {
     }
 
     fn forward(&mut self, batch: &Batch) -> Result<Forward, ModelError> {
-        if batch.cols != self.input_width || batch.data.len() != batch.rows * batch.cols {
-            return Err(ModelError::InvalidInput(format!(
-                "batch of {} values is not {} rows of {}",
-                batch.data.len(),
-                batch.rows,
-                self.input_width
-            )));
-        }
+        batch.check_width(self.input_width)?;
         let t0 = Instant::now();
         let mut data = vec![0.0f32; batch.rows * self.output_width];
         self.forest

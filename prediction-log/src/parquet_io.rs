@@ -10,7 +10,10 @@ use arrow_array::builder::{
 };
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float64Type, Int64Type, TimestampMicrosecondType};
-use arrow_array::{Array, ArrayRef, ListArray, RecordBatch, StructArray};
+use arrow_array::{
+    Array, ArrayRef, Float64Array, Int64Array, ListArray, RecordBatch, StringArray, StructArray,
+    TimestampMicrosecondArray,
+};
 use arrow_buffer::{NullBuffer, OffsetBuffer};
 use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
@@ -21,15 +24,11 @@ use std::fs::File;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
-const STAGE_COLUMNS: [&str; 7] = [
-    "validate_us",
-    "features_us",
-    "preprocess_us",
-    "queue_us",
-    "compute_us",
-    "postprocess_us",
-    "total_us",
-];
+/// The Parquet column of each stage: `<name>_us`, in [`StageMicros::NAMES`] order.
+fn stage_columns() -> &'static [String; 7] {
+    static COLUMNS: OnceLock<[String; 7]> = OnceLock::new();
+    COLUMNS.get_or_init(|| StageMicros::NAMES.map(|n| format!("{n}_us")))
+}
 
 fn ts_type() -> DataType {
     DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
@@ -77,9 +76,9 @@ pub fn schema() -> SchemaRef {
                 Field::new("source", DataType::Utf8, false),
             ];
             fields.extend(
-                STAGE_COLUMNS
+                stage_columns()
                     .iter()
-                    .map(|c| Field::new(*c, DataType::Int64, false)),
+                    .map(|c| Field::new(c.as_str(), DataType::Int64, false)),
             );
             Arc::new(Schema::new(fields))
         })
@@ -101,23 +100,11 @@ pub fn to_batch(records: &[PredictionRecord]) -> Result<RecordBatch> {
     let mut score = Float64Builder::with_capacity(n);
     let mut decision = StringBuilder::with_capacity(n, n * 7);
     let mut source = StringBuilder::with_capacity(n, n * 5);
-    let mut stages: Vec<Int64Builder> = (0..7).map(|_| Int64Builder::with_capacity(n)).collect();
-
-    let mut key_offsets = Vec::with_capacity(n + 1);
-    key_offsets.push(0i32);
-    let mut key_k = StringBuilder::new();
-    let mut key_v = StringBuilder::new();
-
-    let mut feat_offsets = Vec::with_capacity(n + 1);
-    feat_offsets.push(0i32);
-    let mut feat_valid = Vec::with_capacity(n);
-    let mut f_name = StringBuilder::new();
-    let mut f_value = Float64Builder::new();
-    let mut f_status = StringBuilder::new();
-    let mut f_time = TimestampMicrosecondBuilder::new().with_timezone("UTC");
-
-    let mut n_keys = 0i32;
-    let mut n_feats = 0i32;
+    let mut stages: Vec<Int64Builder> = (0..StageMicros::NAMES.len())
+        .map(|_| Int64Builder::with_capacity(n))
+        .collect();
+    let mut keys = KeysBuilder::with_capacity(n);
+    let mut features = FeaturesBuilder::with_capacity(n);
     for r in records {
         request_id.append_value(&r.request_id);
         ts.append_value(r.ts_us);
@@ -130,68 +117,135 @@ pub fn to_batch(records: &[PredictionRecord]) -> Result<RecordBatch> {
         for (b, v) in stages.iter_mut().zip(r.stages.as_array()) {
             b.append_value(to_i64(v));
         }
-        for (k, v) in &r.entity_keys {
-            key_k.append_value(k);
-            key_v.append_value(v);
-            n_keys += 1;
-        }
-        key_offsets.push(n_keys);
-        feat_valid.push(r.features.is_some());
-        for f in r.features.iter().flatten() {
-            f_name.append_value(&f.name);
-            f_value.append_option(f.value);
-            f_status.append_value(&f.status);
-            f_time.append_option(f.event_time_us);
-            n_feats += 1;
-        }
-        feat_offsets.push(n_feats);
+        keys.append(r);
+        features.append(r);
     }
-
-    let keys_struct = StructArray::try_new(
-        key_fields(),
-        vec![
-            Arc::new(key_k.finish()) as ArrayRef,
-            Arc::new(key_v.finish()),
-        ],
-        None,
-    )?;
-    let keys = ListArray::try_new(
-        Arc::new(Field::new_struct("item", key_fields(), false)),
-        OffsetBuffer::new(key_offsets.into()),
-        Arc::new(keys_struct),
-        None,
-    )?;
-    let feat_struct = StructArray::try_new(
-        feature_fields(),
-        vec![
-            Arc::new(f_name.finish()) as ArrayRef,
-            Arc::new(f_value.finish()),
-            Arc::new(f_status.finish()),
-            Arc::new(f_time.finish()),
-        ],
-        None,
-    )?;
-    let features = ListArray::try_new(
-        Arc::new(Field::new_struct("item", feature_fields(), false)),
-        OffsetBuffer::new(feat_offsets.into()),
-        Arc::new(feat_struct),
-        Some(NullBuffer::from(feat_valid)),
-    )?;
-
     let mut columns: Vec<ArrayRef> = vec![
         Arc::new(request_id.finish()),
         Arc::new(ts.finish()),
         Arc::new(model.finish()),
         Arc::new(version.finish()),
         Arc::new(role.finish()),
-        Arc::new(keys),
-        Arc::new(features),
+        Arc::new(keys.finish()?),
+        Arc::new(features.finish()?),
         Arc::new(score.finish()),
         Arc::new(decision.finish()),
         Arc::new(source.finish()),
     ];
     columns.extend(stages.iter_mut().map(|b| Arc::new(b.finish()) as ArrayRef));
     Ok(RecordBatch::try_new(schema(), columns)?)
+}
+
+/// Builds the `entity_keys` column: per record, a list of (key, value) structs.
+struct KeysBuilder {
+    offsets: Vec<i32>,
+    key: StringBuilder,
+    value: StringBuilder,
+    count: i32,
+}
+
+impl KeysBuilder {
+    /// A builder for `n` records.
+    fn with_capacity(n: usize) -> Self {
+        let mut offsets = Vec::with_capacity(n + 1);
+        offsets.push(0i32);
+        Self {
+            offsets,
+            key: StringBuilder::new(),
+            value: StringBuilder::new(),
+            count: 0,
+        }
+    }
+
+    /// Appends the entity keys of one record.
+    fn append(&mut self, r: &PredictionRecord) {
+        for (k, v) in &r.entity_keys {
+            self.key.append_value(k);
+            self.value.append_value(v);
+            self.count += 1;
+        }
+        self.offsets.push(self.count);
+    }
+
+    /// The finished list column.
+    fn finish(mut self) -> Result<ListArray> {
+        let keys_struct = StructArray::try_new(
+            key_fields(),
+            vec![
+                Arc::new(self.key.finish()) as ArrayRef,
+                Arc::new(self.value.finish()),
+            ],
+            None,
+        )?;
+        Ok(ListArray::try_new(
+            Arc::new(Field::new_struct("item", key_fields(), false)),
+            OffsetBuffer::new(self.offsets.into()),
+            Arc::new(keys_struct),
+            None,
+        )?)
+    }
+}
+
+/// Builds the `features` column: per record, a list of feature structs, or null where
+/// the record has no feature list.
+struct FeaturesBuilder {
+    offsets: Vec<i32>,
+    valid: Vec<bool>,
+    name: StringBuilder,
+    value: Float64Builder,
+    status: StringBuilder,
+    time: TimestampMicrosecondBuilder,
+    count: i32,
+}
+
+impl FeaturesBuilder {
+    /// A builder for `n` records.
+    fn with_capacity(n: usize) -> Self {
+        let mut offsets = Vec::with_capacity(n + 1);
+        offsets.push(0i32);
+        Self {
+            offsets,
+            valid: Vec::with_capacity(n),
+            name: StringBuilder::new(),
+            value: Float64Builder::new(),
+            status: StringBuilder::new(),
+            time: TimestampMicrosecondBuilder::new().with_timezone("UTC"),
+            count: 0,
+        }
+    }
+
+    /// Appends the features of one record.
+    fn append(&mut self, r: &PredictionRecord) {
+        self.valid.push(r.features.is_some());
+        for f in r.features.iter().flatten() {
+            self.name.append_value(&f.name);
+            self.value.append_option(f.value);
+            self.status.append_value(&f.status);
+            self.time.append_option(f.event_time_us);
+            self.count += 1;
+        }
+        self.offsets.push(self.count);
+    }
+
+    /// The finished list column.
+    fn finish(mut self) -> Result<ListArray> {
+        let feat_struct = StructArray::try_new(
+            feature_fields(),
+            vec![
+                Arc::new(self.name.finish()) as ArrayRef,
+                Arc::new(self.value.finish()),
+                Arc::new(self.status.finish()),
+                Arc::new(self.time.finish()),
+            ],
+            None,
+        )?;
+        Ok(ListArray::try_new(
+            Arc::new(Field::new_struct("item", feature_fields(), false)),
+            OffsetBuffer::new(self.offsets.into()),
+            Arc::new(feat_struct),
+            Some(NullBuffer::from(self.valid)),
+        )?)
+    }
 }
 
 /// Rows per row group: large enough for good compression, small enough that readers can
@@ -265,7 +319,7 @@ fn opt_str(a: &arrow_array::StringArray, i: usize) -> Option<String> {
 
 /// Appends the records of `batch` to `out`.
 pub fn from_batch(path: &Path, batch: &RecordBatch, out: &mut Vec<PredictionRecord>) -> Result<()> {
-    let bad = |name: &str| LogError::schema(path, format!("column {name} has an unexpected type"));
+    let bad = |name: &str| bad_type(path, name);
     let request_id = strings(path, batch, "request_id")?;
     let ts = column(path, batch, "ts")?
         .as_primitive_opt::<TimestampMicrosecondType>()
@@ -273,79 +327,20 @@ pub fn from_batch(path: &Path, batch: &RecordBatch, out: &mut Vec<PredictionReco
     let model = strings(path, batch, "model")?;
     let version = strings(path, batch, "version")?;
     let role = strings(path, batch, "role")?;
-    let keys = column(path, batch, "entity_keys")?
-        .as_list_opt::<i32>()
-        .ok_or_else(|| bad("entity_keys"))?;
-    let keys_s = keys
-        .values()
-        .as_struct_opt()
-        .ok_or_else(|| bad("entity_keys"))?;
-    let key_k = keys_s
-        .column(0)
-        .as_string_opt::<i32>()
-        .ok_or_else(|| bad("entity_keys.key"))?;
-    let key_v = keys_s
-        .column(1)
-        .as_string_opt::<i32>()
-        .ok_or_else(|| bad("entity_keys.value"))?;
-    let feats = column(path, batch, "features")?
-        .as_list_opt::<i32>()
-        .ok_or_else(|| bad("features"))?;
-    let feats_s = feats
-        .values()
-        .as_struct_opt()
-        .ok_or_else(|| bad("features"))?;
-    let f_name = feats_s
-        .column(0)
-        .as_string_opt::<i32>()
-        .ok_or_else(|| bad("features.name"))?;
-    let f_value = feats_s
-        .column(1)
-        .as_primitive_opt::<Float64Type>()
-        .ok_or_else(|| bad("features.value"))?;
-    let f_status = feats_s
-        .column(2)
-        .as_string_opt::<i32>()
-        .ok_or_else(|| bad("features.status"))?;
-    let f_time = feats_s
-        .column(3)
-        .as_primitive_opt::<TimestampMicrosecondType>()
-        .ok_or_else(|| bad("features.event_time"))?;
+    let keys = KeyColumns::read(path, batch)?;
+    let features = FeatureColumns::read(path, batch)?;
     let score = column(path, batch, "score")?
         .as_primitive_opt::<Float64Type>()
         .ok_or_else(|| bad("score"))?;
     let decision = strings(path, batch, "decision")?;
     let source = strings(path, batch, "source")?;
-    let mut stage_cols = Vec::with_capacity(7);
-    for c in STAGE_COLUMNS {
-        stage_cols.push(
-            column(path, batch, c)?
-                .as_primitive_opt::<Int64Type>()
-                .ok_or_else(|| bad(c))?,
-        );
-    }
+    let stage_cols = read_stage_columns(path, batch)?;
 
-    let key_off = keys.value_offsets();
-    let feat_off = feats.value_offsets();
     for i in 0..batch.num_rows() {
         let role_v: Role = role
             .value(i)
             .parse()
             .map_err(|e: String| LogError::schema(path, e))?;
-        let entity_keys = (key_off[i] as usize..key_off[i + 1] as usize)
-            .map(|j| (key_k.value(j).to_string(), key_v.value(j).to_string()))
-            .collect();
-        let features = feats.is_valid(i).then(|| {
-            (feat_off[i] as usize..feat_off[i + 1] as usize)
-                .map(|j| FeatureUsed {
-                    name: f_name.value(j).to_string(),
-                    value: f_value.is_valid(j).then(|| f_value.value(j)),
-                    // Files written before statuses were upper case read as today's.
-                    status: crate::record::status::normalize(f_status.value(j)),
-                    event_time_us: f_time.is_valid(j).then(|| f_time.value(j)),
-                })
-                .collect()
-        });
         let mut st = [0u64; 7];
         for (s, col) in st.iter_mut().zip(&stage_cols) {
             *s = u64::try_from(col.value(i)).unwrap_or(0);
@@ -356,8 +351,8 @@ pub fn from_batch(path: &Path, batch: &RecordBatch, out: &mut Vec<PredictionReco
             model: model.value(i).to_string(),
             version: version.value(i).to_string(),
             role: role_v,
-            entity_keys,
-            features,
+            entity_keys: keys.row(i),
+            features: features.row(i),
             score: score.is_valid(i).then(|| score.value(i)),
             decision: opt_str(decision, i),
             source: source.value(i).to_string(),
@@ -365,4 +360,151 @@ pub fn from_batch(path: &Path, batch: &RecordBatch, out: &mut Vec<PredictionReco
         });
     }
     Ok(())
+}
+
+/// The error for a column whose Arrow type is not the one written.
+fn bad_type(path: &Path, name: &str) -> LogError {
+    LogError::schema(path, format!("column {name} has an unexpected type"))
+}
+
+/// The stage timing columns, in [`StageMicros::NAMES`] order.
+fn read_stage_columns<'a>(path: &Path, batch: &'a RecordBatch) -> Result<Vec<&'a Int64Array>> {
+    let mut stage_cols = Vec::with_capacity(StageMicros::NAMES.len());
+    for c in stage_columns() {
+        stage_cols.push(
+            column(path, batch, c)?
+                .as_primitive_opt::<Int64Type>()
+                .ok_or_else(|| bad_type(path, c))?,
+        );
+    }
+    Ok(stage_cols)
+}
+
+/// The `entity_keys` column of a batch and its key and value children.
+struct KeyColumns<'a> {
+    list: &'a ListArray,
+    key: &'a StringArray,
+    value: &'a StringArray,
+}
+
+impl<'a> KeyColumns<'a> {
+    /// Finds the column in `batch` and checks its type.
+    fn read(path: &Path, batch: &'a RecordBatch) -> Result<Self> {
+        let bad = |name: &str| bad_type(path, name);
+        let list = column(path, batch, "entity_keys")?
+            .as_list_opt::<i32>()
+            .ok_or_else(|| bad("entity_keys"))?;
+        let s = list
+            .values()
+            .as_struct_opt()
+            .ok_or_else(|| bad("entity_keys"))?;
+        let key = s
+            .column(0)
+            .as_string_opt::<i32>()
+            .ok_or_else(|| bad("entity_keys.key"))?;
+        let value = s
+            .column(1)
+            .as_string_opt::<i32>()
+            .ok_or_else(|| bad("entity_keys.value"))?;
+        Ok(Self { list, key, value })
+    }
+
+    /// The entity keys of row `i`.
+    fn row(&self, i: usize) -> Vec<(String, String)> {
+        let off = self.list.value_offsets();
+        (off[i] as usize..off[i + 1] as usize)
+            .map(|j| {
+                (
+                    self.key.value(j).to_string(),
+                    self.value.value(j).to_string(),
+                )
+            })
+            .collect()
+    }
+}
+
+/// The `features` column of a batch and its struct children.
+struct FeatureColumns<'a> {
+    list: &'a ListArray,
+    name: &'a StringArray,
+    value: &'a Float64Array,
+    status: &'a StringArray,
+    time: &'a TimestampMicrosecondArray,
+}
+
+impl<'a> FeatureColumns<'a> {
+    /// Finds the column in `batch` and checks its type.
+    fn read(path: &Path, batch: &'a RecordBatch) -> Result<Self> {
+        let bad = |name: &str| bad_type(path, name);
+        let list = column(path, batch, "features")?
+            .as_list_opt::<i32>()
+            .ok_or_else(|| bad("features"))?;
+        let s = list
+            .values()
+            .as_struct_opt()
+            .ok_or_else(|| bad("features"))?;
+        let name = s
+            .column(0)
+            .as_string_opt::<i32>()
+            .ok_or_else(|| bad("features.name"))?;
+        let value = s
+            .column(1)
+            .as_primitive_opt::<Float64Type>()
+            .ok_or_else(|| bad("features.value"))?;
+        let status = s
+            .column(2)
+            .as_string_opt::<i32>()
+            .ok_or_else(|| bad("features.status"))?;
+        let time = s
+            .column(3)
+            .as_primitive_opt::<TimestampMicrosecondType>()
+            .ok_or_else(|| bad("features.event_time"))?;
+        Ok(Self {
+            list,
+            name,
+            value,
+            status,
+            time,
+        })
+    }
+
+    /// The features of row `i` (`None` where the record had no feature list).
+    fn row(&self, i: usize) -> Option<Vec<FeatureUsed>> {
+        let off = self.list.value_offsets();
+        self.list.is_valid(i).then(|| {
+            (off[i] as usize..off[i + 1] as usize)
+                .map(|j| FeatureUsed {
+                    name: self.name.value(j).to_string(),
+                    value: self.value.is_valid(j).then(|| self.value.value(j)),
+                    // Files written before statuses were upper case read as today's.
+                    status: crate::record::status::normalize(self.status.value(j)),
+                    event_time_us: self.time.is_valid(j).then(|| self.time.value(j)),
+                })
+                .collect()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The stage column names are part of the file format: they must stay as they are.
+    #[test]
+    fn stage_column_names_are_stable() {
+        let expected = [
+            "validate_us",
+            "features_us",
+            "preprocess_us",
+            "queue_us",
+            "compute_us",
+            "postprocess_us",
+            "total_us",
+        ];
+        let derived: Vec<&str> = stage_columns().iter().map(String::as_str).collect();
+        assert_eq!(derived, expected);
+        let schema = schema();
+        let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        assert_eq!(&names[names.len() - expected.len()..], &expected);
+    }
 }

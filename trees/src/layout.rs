@@ -235,11 +235,7 @@ impl Layout {
                 detail: "no nodes".into(),
             });
         }
-        let invalid = |detail: String| TreeError::InvalidTree {
-            format,
-            tree: t,
-            detail,
-        };
+        let at = TreeAt { format, tree: t };
         let mut visited = vec![false; n];
         // (raw index, slot, depth)
         let mut queue = std::collections::VecDeque::with_capacity(n.min(1 << 16));
@@ -250,102 +246,16 @@ impl Layout {
         while let Some((raw, slot, depth)) = queue.pop_front() {
             max_depth = max_depth.max(depth);
             match &tree.nodes[raw] {
-                RawNode::Leaf(v) => {
-                    if !v.is_finite() {
-                        return Err(invalid(format!("leaf {raw} has a non-finite value {v}")));
-                    }
-                    self.nodes[slot as usize] = Node {
-                        thr: f32::NAN,
-                        feat: LEAF,
-                        left: slot - 1,
-                    };
-                    self.values[slot as usize] = *v;
-                }
+                RawNode::Leaf(v) => self.set_leaf(at, raw, slot, *v)?,
                 RawNode::Split {
                     feature,
                     split,
                     left,
                     right,
                 } => {
-                    if depth >= LIMITS.max_depth {
-                        return Err(TreeError::Limit {
-                            format,
-                            what: "tree depth",
-                            value: depth as u64 + 1,
-                            limit: LIMITS.max_depth as u64,
-                        });
-                    }
-                    if *feature >= num_features {
-                        return Err(invalid(format!(
-                            "node {raw} splits on feature {feature}, the model has {num_features}"
-                        )));
-                    }
-                    for child in [*left, *right] {
-                        if child >= n {
-                            return Err(invalid(format!(
-                                "node {raw} has child {child}, the tree has {n} nodes"
-                            )));
-                        }
-                        if visited[child] {
-                            return Err(invalid(format!(
-                                "node {child} is reached twice (a cycle or a shared child, \
-                                 seen again from node {raw})"
-                            )));
-                        }
-                        visited[child] = true;
-                    }
-                    let mut feat = *feature as u32;
-                    let thr = match split {
-                        Split::Numeric {
-                            lt,
-                            nan_left,
-                            zero_is_missing,
-                            all_left,
-                        } => {
-                            if lt.is_nan() {
-                                return Err(invalid(format!("node {raw} has a NaN threshold")));
-                            }
-                            if *nan_left {
-                                feat |= NAN_LEFT;
-                            }
-                            if *zero_is_missing {
-                                feat |= ZERO_MISSING;
-                                self.has_slow_nodes = true;
-                            }
-                            if *all_left {
-                                feat |= ALL_LEFT;
-                                self.has_slow_nodes = true;
-                            }
-                            *lt
-                        }
-                        Split::Categorical {
-                            words,
-                            in_set_left,
-                            nan_left,
-                        } => {
-                            if self.cat_words.len() + words.len() > LIMITS.max_cat_words {
-                                return Err(TreeError::Limit {
-                                    format,
-                                    what: "categorical bitset words",
-                                    value: (self.cat_words.len() + words.len()) as u64,
-                                    limit: LIMITS.max_cat_words as u64,
-                                });
-                            }
-                            feat |= CATEGORICAL;
-                            if *in_set_left {
-                                feat |= IN_SET_LEFT;
-                            }
-                            if *nan_left {
-                                feat |= NAN_LEFT;
-                            }
-                            self.has_slow_nodes = true;
-                            let index = self.cat_sets.len() as u32;
-                            self.cat_sets
-                                .push((self.cat_words.len() as u32, words.len() as u32));
-                            self.cat_words.extend_from_slice(words);
-                            f32::from_bits(index)
-                        }
-                    };
+                    check_split(at, raw, depth, *feature, num_features)?;
+                    mark_children(at, raw, [*left, *right], &mut visited)?;
+                    let (thr, feat) = self.encode_split(at, raw, *feature, split)?;
                     let l = self.push_placeholder();
                     let r = self.push_placeholder();
                     debug_assert_eq!(r, l + 1);
@@ -358,6 +268,89 @@ impl Layout {
         Ok((root, max_depth))
     }
 
+    /// Writes leaf `raw` (value `v`) into `slot`; refuses a non-finite value.
+    fn set_leaf(&mut self, at: TreeAt, raw: usize, slot: u32, v: f64) -> Result<()> {
+        if !v.is_finite() {
+            return Err(at.invalid(format!("leaf {raw} has a non-finite value {v}")));
+        }
+        self.nodes[slot as usize] = Node {
+            thr: f32::NAN,
+            feat: LEAF,
+            left: slot - 1,
+        };
+        self.values[slot as usize] = v;
+        Ok(())
+    }
+
+    /// Packs the rule of split `raw` into its node's `(thr, feat)`, storing a
+    /// categorical set in the shared table.
+    fn encode_split(
+        &mut self,
+        at: TreeAt,
+        raw: usize,
+        feature: usize,
+        split: &Split,
+    ) -> Result<(f32, u32)> {
+        let mut feat = feature as u32;
+        let thr = match split {
+            Split::Numeric {
+                lt,
+                nan_left,
+                zero_is_missing,
+                all_left,
+            } => {
+                if lt.is_nan() {
+                    return Err(at.invalid(format!("node {raw} has a NaN threshold")));
+                }
+                if *nan_left {
+                    feat |= NAN_LEFT;
+                }
+                if *zero_is_missing {
+                    feat |= ZERO_MISSING;
+                    self.has_slow_nodes = true;
+                }
+                if *all_left {
+                    feat |= ALL_LEFT;
+                    self.has_slow_nodes = true;
+                }
+                *lt
+            }
+            Split::Categorical {
+                words,
+                in_set_left,
+                nan_left,
+            } => {
+                feat |= CATEGORICAL;
+                if *in_set_left {
+                    feat |= IN_SET_LEFT;
+                }
+                if *nan_left {
+                    feat |= NAN_LEFT;
+                }
+                f32::from_bits(self.add_cat_set(at.format, words)?)
+            }
+        };
+        Ok((thr, feat))
+    }
+
+    /// Appends one categorical bitset to the shared table; returns its index.
+    fn add_cat_set(&mut self, format: &'static str, words: &[u32]) -> Result<u32> {
+        if self.cat_words.len() + words.len() > LIMITS.max_cat_words {
+            return Err(TreeError::Limit {
+                format,
+                what: "categorical bitset words",
+                value: (self.cat_words.len() + words.len()) as u64,
+                limit: LIMITS.max_cat_words as u64,
+            });
+        }
+        self.has_slow_nodes = true;
+        let index = self.cat_sets.len() as u32;
+        self.cat_sets
+            .push((self.cat_words.len() as u32, words.len() as u32));
+        self.cat_words.extend_from_slice(words);
+        Ok(index)
+    }
+
     fn push_placeholder(&mut self) -> u32 {
         let slot = self.nodes.len() as u32;
         self.nodes.push(Node {
@@ -368,6 +361,69 @@ impl Layout {
         self.values.push(0.0);
         slot
     }
+}
+
+/// The file format and tree index that errors about one tree name.
+#[derive(Clone, Copy)]
+struct TreeAt {
+    format: &'static str,
+    tree: usize,
+}
+
+impl TreeAt {
+    /// An `InvalidTree` error for this tree.
+    fn invalid(self, detail: String) -> TreeError {
+        TreeError::InvalidTree {
+            format: self.format,
+            tree: self.tree,
+            detail,
+        }
+    }
+}
+
+/// Checks split `raw` at `depth`: the depth limit and its feature index.
+fn check_split(
+    at: TreeAt,
+    raw: usize,
+    depth: usize,
+    feature: usize,
+    num_features: usize,
+) -> Result<()> {
+    if depth >= LIMITS.max_depth {
+        return Err(TreeError::Limit {
+            format: at.format,
+            what: "tree depth",
+            value: depth as u64 + 1,
+            limit: LIMITS.max_depth as u64,
+        });
+    }
+    if feature >= num_features {
+        return Err(at.invalid(format!(
+            "node {raw} splits on feature {feature}, the model has {num_features}"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks that the children of split `raw` exist and were not reached before, and marks
+/// them reached.
+fn mark_children(at: TreeAt, raw: usize, children: [usize; 2], visited: &mut [bool]) -> Result<()> {
+    let n = visited.len();
+    for child in children {
+        if child >= n {
+            return Err(at.invalid(format!(
+                "node {raw} has child {child}, the tree has {n} nodes"
+            )));
+        }
+        if visited[child] {
+            return Err(at.invalid(format!(
+                "node {child} is reached twice (a cycle or a shared child, \
+                 seen again from node {raw})"
+            )));
+        }
+        visited[child] = true;
+    }
+    Ok(())
 }
 
 /// The largest f32 that is <= `v` (for finite or infinite `v`; not NaN).

@@ -17,6 +17,10 @@ pub struct BenchArgs {
     /// gRPC address of the mesh.
     #[arg(long, default_value = "http://127.0.0.1:8001")]
     pub addr: String,
+    /// For an https:// address: the CA certificate (PEM) that signed the mesh's
+    /// certificate. The name checked is the address's host.
+    #[arg(long)]
+    pub tls_ca: Option<std::path::PathBuf>,
     #[arg(long, value_enum, default_value_t = Target::Decide)]
     pub target: Target,
     #[arg(long, default_value = "fraud_mlp")]

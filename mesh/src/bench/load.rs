@@ -99,10 +99,17 @@ pub struct Clients {
 
 impl Clients {
     /// One channel to `addr` (`--addr`), shared by both clients.
-    pub async fn connect(addr: &str) -> anyhow::Result<Self> {
-        let channel = tonic::transport::Endpoint::from_shared(addr.to_owned())
+    pub async fn connect(addr: &str, tls_ca: Option<&std::path::Path>) -> anyhow::Result<Self> {
+        let mut endpoint = tonic::transport::Endpoint::from_shared(addr.to_owned())
             .with_context(|| format!("--addr {addr}"))?
-            .tcp_nodelay(true)
+            .tcp_nodelay(true);
+        if let Some(ca) = tls_ca {
+            let pem = std::fs::read(ca).with_context(|| format!("--tls-ca {}", ca.display()))?;
+            let tls = tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(pem));
+            endpoint = endpoint.tls_config(tls).context("TLS settings")?;
+        }
+        let channel = endpoint
             .connect()
             .await
             .with_context(|| format!("connecting to {addr}"))?;
