@@ -64,6 +64,23 @@
 //! missing = [4, 9, 20]         # columns where NaN (missing) is accepted; or "any" | "none"
 //! ```
 //!
+//! Kind `onnx` runs an ONNX model with ONNX Runtime (the `ort` crate, the library
+//! loaded at run time: `[onnx] runtime_library`, else `ORT_DYLIB_PATH`, else the
+//! system's library search path). One FP32 input of dims `[features]` whose name and
+//! width must match the model's input, one FP32 output of dims `[1]`:
+//!
+//! ```toml
+//! kind = "onnx"
+//!
+//! [onnx]
+//! file = "model.onnx"          # inside each version directory (the default)
+//! output = "probabilities"     # which output of the model to serve
+//! output_column = 1            # for an output of [N, C] (scikit-learn's probabilities
+//!                              # [N, 2]): the column served; leave out for [N] or [N, 1]
+//! threads = 1                  # ONNX Runtime intra-op threads per runner instance
+//! # runtime_library = "/opt/onnxruntime/lib/libonnxruntime.so"  # else ORT_DYLIB_PATH
+//! ```
+//!
 //! Every request is checked against these: infinity is refused everywhere, NaN outside
 //! the `missing` columns (the MLP refuses NaN in every column), and a categorical value
 //! that is not an integer code from 0 to 2^24 - 1; the refusal (`INVALID_ARGUMENT`)
@@ -184,6 +201,8 @@ pub enum ModelKind {
     /// Gradient-boosted trees from LightGBM's text model format (`[trees]`), evaluated
     /// by `mesh-trees`.
     Lightgbm,
+    /// An ONNX model run by ONNX Runtime (`[onnx]`).
+    Onnx,
 }
 
 impl ModelKind {
@@ -193,6 +212,7 @@ impl ModelKind {
             Self::Mlp => "mlp",
             Self::Xgboost => "xgboost",
             Self::Lightgbm => "lightgbm",
+            Self::Onnx => "onnx",
         }
     }
 
@@ -202,6 +222,7 @@ impl ModelKind {
             Self::Mlp => "candle_mlp",
             Self::Xgboost => "xgboost_json",
             Self::Lightgbm => "lightgbm_text",
+            Self::Onnx => "onnxruntime_onnx",
         }
     }
 
@@ -210,6 +231,7 @@ impl ModelKind {
         match self {
             Self::Mlp => "candle",
             Self::Xgboost | Self::Lightgbm => "mesh_trees",
+            Self::Onnx => "onnxruntime",
         }
     }
 
@@ -357,6 +379,34 @@ impl ColumnRules {
     }
 }
 
+/// `[onnx]` of kind `onnx`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OnnxConfig {
+    /// The model file inside each version directory.
+    #[serde(default = "default_onnx_file")]
+    pub file: String,
+    /// The model output served (scikit-learn exports: `label`, `probabilities`).
+    pub output: String,
+    /// For an output of `[N, C]`: the column served (the fraud column of `[N, 2]`
+    /// probabilities). Absent: the output must be `[N]` or `[N, 1]`.
+    pub output_column: Option<usize>,
+    /// ONNX Runtime intra-op threads per runner instance.
+    #[serde(default = "default_onnx_threads")]
+    pub threads: NonZeroUsize,
+    /// Path of `libonnxruntime.so`; absent: `ORT_DYLIB_PATH`, else the system's
+    /// library search path. One library per process: the first one loaded stays.
+    pub runtime_library: Option<String>,
+}
+
+fn default_onnx_file() -> String {
+    "model.onnx".to_owned()
+}
+
+fn default_onnx_threads() -> NonZeroUsize {
+    NonZeroUsize::MIN
+}
+
 /// One input or output tensor of a model; `dims` excludes the batch dimension.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -487,6 +537,7 @@ struct RawModelConfig {
     outputs: Vec<TensorSpec>,
     mlp: Option<MlpConfig>,
     trees: Option<RawTreesConfig>,
+    onnx: Option<OnnxConfig>,
     #[serde(default)]
     batching: BatchingConfig,
     #[serde(default)]
@@ -556,6 +607,8 @@ pub struct ModelConfig {
     pub mlp: Option<MlpConfig>,
     /// `[trees]` of kinds `xgboost` and `lightgbm`.
     pub trees: Option<TreesConfig>,
+    /// `[onnx]` of kind `onnx`.
+    pub onnx: Option<OnnxConfig>,
     /// What each input column may hold (from `[trees]`; finite values for the MLP).
     pub columns: ColumnRules,
     pub batching: BatchingConfig,
@@ -619,6 +672,7 @@ impl ModelConfig {
             outputs: raw.outputs,
             mlp: raw.mlp,
             trees,
+            onnx: raw.onnx,
             columns: ColumnRules::default(),
             batching: raw.batching,
             version_policy,
@@ -636,7 +690,14 @@ impl ModelConfig {
         if self.name.is_empty() {
             return Err("model name is empty".into());
         }
+        if self.onnx.is_some() && self.kind != ModelKind::Onnx {
+            return Err(format!(
+                "[onnx] is for kind onnx, not {}",
+                self.kind.as_str()
+            ));
+        }
         match self.kind {
+            ModelKind::Onnx => check_onnx(self)?,
             ModelKind::Mlp => {
                 if self.mlp.is_none() {
                     return Err("kind = \"mlp\" needs an [mlp] table".into());
@@ -695,6 +756,9 @@ impl ModelConfig {
         self.check_sizes()?;
         if let Some(mlp) = &self.mlp {
             check_relative_path("[mlp] weights", &mlp.weights)?;
+        }
+        if let Some(o) = &self.onnx {
+            check_relative_path("[onnx] file", &o.file)?;
         }
         if let Some(t) = &self.trees {
             check_relative_path("[trees] file", &t.file)?;
@@ -801,6 +865,50 @@ impl ModelConfig {
     pub fn output(&self) -> &TensorSpec {
         &self.outputs[0]
     }
+}
+
+/// The rules of kind `onnx` (the `[onnx]` table itself is checked against the model
+/// file when a version loads).
+fn check_onnx(c: &ModelConfig) -> Result<(), String> {
+    let Some(o) = &c.onnx else {
+        return Err("kind = \"onnx\" needs an [onnx] table (file, output)".into());
+    };
+    if c.mlp.is_some() || c.trees.is_some() {
+        return Err("[mlp] and [trees] are for other kinds, not onnx".into());
+    }
+    if c.inputs.len() != 1 || c.outputs.len() != 1 {
+        return Err("an onnx model has exactly one input and one output".into());
+    }
+    if c.inputs[0].dims.len() != 1 {
+        return Err("an onnx model's input dims are [features] (one dimension)".into());
+    }
+    if c.outputs[0].dims != [1] {
+        return Err(format!(
+            "an onnx model's output has dims [1] (one value per row: [onnx] output, \
+             and output_column for an output of [N, C]), not {:?}",
+            c.outputs[0].dims
+        ));
+    }
+    if c.dtype != Precision::F32 {
+        return Err(
+            "dtype applies to kind mlp; an onnx model computes in its own precision (leave dtype out or f32)"
+                .into(),
+        );
+    }
+    if c.device != "cpu" {
+        return Err(format!("an onnx model runs on the cpu, not '{}'", c.device));
+    }
+    if o.output.is_empty() {
+        return Err("[onnx] output is empty".into());
+    }
+    if o.threads.get() > limits::MAX_RUNNER_INSTANCES {
+        return Err(format!(
+            "[onnx] threads = {} is over the limit of {}",
+            o.threads,
+            limits::MAX_RUNNER_INSTANCES
+        ));
+    }
+    Ok(())
 }
 
 /// A path in model.toml that must stay inside the version directory: relative,

@@ -1,5 +1,5 @@
-//! Model repository, candle models, tree ensembles (`mesh-trees`) and dynamic-batching
-//! actix actors.
+//! Model repository, candle models, tree ensembles (`mesh-trees`), ONNX models (ONNX
+//! Runtime through `ort`) and dynamic-batching actix actors.
 //!
 //! A [`ModelRepository`] serves the versions of each model in a directory. Each
 //! version is a [`VersionHandle`]: admission (a semaphore sized to the queue
@@ -12,6 +12,7 @@ pub mod error;
 pub mod handle;
 pub mod mlp;
 pub mod model;
+pub mod onnx;
 pub mod repository;
 mod runner;
 pub mod stats;

@@ -134,8 +134,10 @@ impl ModelRepository {
 
     /// Loads (or reloads) a model: versions its policy selects that are not served
     /// yet are loaded and warmed up, then swapped in; versions it no longer selects
-    /// are unloaded. If every newly wanted version fails, what was served stays
-    /// served and the error is returned. Returns the served versions.
+    /// are unloaded. A failed load never unloads a serving version: if any newly
+    /// wanted version fails, every version that was served stays served (next to
+    /// the ones that loaded) and the first error is returned. Returns the served
+    /// versions.
     pub async fn load(&self, name: &str) -> Result<Vec<u64>, ModelError> {
         let _one_at_a_time = self.changes.lock().await;
         let dir = self.model_dir(name)?;
@@ -186,6 +188,24 @@ impl ModelRepository {
         if next.is_empty() {
             // Nothing new works: whatever was served keeps serving.
             return Err(errors.remove(0));
+        }
+        if !errors.is_empty() {
+            // A failed load never unloads a serving version: the policy dropped
+            // the older versions to make room for the ones that just failed, so
+            // they keep serving (`latest = 2` with v1, v2 served and a broken v3
+            // stays v1, v2) until a load in which every wanted version loads.
+            if let Some(old) = &current {
+                for (v, h) in old.replicas.iter() {
+                    if !next.contains_key(v) {
+                        tracing::warn!(
+                            model = name,
+                            version = v,
+                            "keeps serving: a newer version failed to load"
+                        );
+                        next.insert(*v, h.clone());
+                    }
+                }
+            }
         }
         let served: Vec<u64> = next.keys().copied().collect();
         if let Some(old) = &current {
@@ -381,6 +401,13 @@ pub fn build_factory(config: &ModelConfig, version_dir: &Path) -> Result<ModelFa
             // One forest per version; runner instances and replicas share it.
             let trees = Trees::load(config, version_dir)?;
             Ok(Arc::new(move || Box::new(trees.clone()) as Box<dyn Model>))
+        }
+        ModelKind::Onnx => {
+            // The file is read once per version; each runner instance gets a session.
+            let onnx = crate::onnx::OnnxModel::load(config, version_dir)?;
+            Ok(Arc::new(move || {
+                Box::new(onnx.instance()) as Box<dyn Model>
+            }))
         }
     }
 }

@@ -55,7 +55,7 @@ pub fn read_forest(kind: ModelKind, path: &Path) -> Result<Forest, String> {
             })?;
             Forest::from_lightgbm_text(text)
         }
-        ModelKind::Mlp => {
+        ModelKind::Mlp | ModelKind::Onnx => {
             return Err(format!("kind {} is not a tree model", kind.as_str()))
         }
     };
