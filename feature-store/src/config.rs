@@ -11,6 +11,8 @@
 //! entity = "card"
 //! max_age = "1h"              # ms, s, m, h, d
 //! timestamp_field = "event_timestamp"   # optional, this is the default
+//! timestamp_unit = "s"        # optional: unit of integer/float timestamps in
+//!                             # ingest files, "s" (default), "ms" or "us"
 //! features = [
 //!   { name = "txn_count_1h", type = "i64" },
 //!   { name = "amount_sum_24h", type = "f32" },
@@ -54,6 +56,8 @@ struct RawView {
     max_age: String,
     #[serde(default)]
     timestamp_field: Option<String>,
+    #[serde(default)]
+    timestamp_unit: TimestampUnit,
     features: Vec<FeatureConfig>,
 }
 
@@ -73,7 +77,64 @@ pub struct ViewConfig {
     pub entity: String,
     pub max_age: Duration,
     pub timestamp_field: String,
+    /// Unit of numeric timestamps in this view's ingest files (`timestamp_unit`).
+    pub timestamp_unit: TimestampUnit,
     pub features: Vec<FeatureConfig>,
+}
+
+/// The unit of a numeric (integer or decimal) timestamp in an ingest file: Unix
+/// seconds, milliseconds or microseconds since 1970-01-01T00:00:00Z. Text
+/// timestamps (RFC 3339) and Parquet `Timestamp` columns carry their own unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+pub enum TimestampUnit {
+    /// `"s"`: Unix seconds (the default).
+    #[default]
+    #[serde(rename = "s")]
+    Seconds,
+    /// `"ms"`: Unix milliseconds.
+    #[serde(rename = "ms")]
+    Millis,
+    /// `"us"`: Unix microseconds.
+    #[serde(rename = "us")]
+    Micros,
+}
+
+impl TimestampUnit {
+    /// Microseconds per unit.
+    pub fn micros_per_unit(self) -> i64 {
+        match self {
+            TimestampUnit::Seconds => 1_000_000,
+            TimestampUnit::Millis => 1_000,
+            TimestampUnit::Micros => 1,
+        }
+    }
+
+    /// `"s"`, `"ms"` or `"us"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TimestampUnit::Seconds => "s",
+            TimestampUnit::Millis => "ms",
+            TimestampUnit::Micros => "us",
+        }
+    }
+}
+
+impl std::fmt::Display for TimestampUnit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for TimestampUnit {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "s" => Ok(TimestampUnit::Seconds),
+            "ms" => Ok(TimestampUnit::Millis),
+            "us" => Ok(TimestampUnit::Micros),
+            _ => Err(format!("{s:?} is not a timestamp unit: use s, ms or us")),
+        }
+    }
 }
 
 /// The parsed, self-consistent views file.
@@ -115,6 +176,7 @@ impl ViewsConfig {
                 timestamp_field: v
                     .timestamp_field
                     .unwrap_or_else(|| DEFAULT_TIMESTAMP_FIELD.to_owned()),
+                timestamp_unit: v.timestamp_unit,
                 features: v.features,
             });
         }
@@ -128,6 +190,10 @@ impl ViewsConfig {
 
     pub fn entity(&self, name: &str) -> Option<&EntityConfig> {
         self.entities.iter().find(|e| e.name == name)
+    }
+
+    pub fn view(&self, name: &str) -> Option<&ViewConfig> {
+        self.views.iter().find(|v| v.name == name)
     }
 
     fn validate(&self) -> Result<()> {

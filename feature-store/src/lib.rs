@@ -22,11 +22,14 @@ pub mod service;
 mod store;
 mod types;
 
-pub use config::{parse_duration, EntityConfig, FeatureConfig, ViewConfig, ViewsConfig};
+pub use config::{
+    parse_duration, EntityConfig, FeatureConfig, TimestampUnit, ViewConfig, ViewsConfig,
+};
 pub use demo::{demo_merchant_key, generate_demo_features, DemoReport};
 pub use error::{FeatureStoreError, OpenFailure, Result};
 pub use ingest::{
-    ingest_file, ingest_file_observed, BatchCommitted, IngestOptions, IngestReport, ProgressUnit,
+    ingest_file, ingest_file_observed, parse_timestamp_in, read_file_observed, BatchCommitted,
+    IngestOptions, IngestReport, ProgressUnit,
 };
 pub use lookup::{ColumnValues, FeatureColumn, KeyColumn, LookupRequest, LookupResponse};
 pub use registry::{FeatureInfo, ViewInfo};

@@ -82,41 +82,71 @@ fn features_demo(args: FeaturesDemoArgs) -> anyhow::Result<()> {
 }
 
 #[derive(Debug, Args)]
+#[command(after_help = "\
+Examples:
+  # a store no process holds open: written directly
+  mesh features ingest --view merchant --store data/features --views examples/features/views.toml merchants.csv
+  # the store of a running mesh: pushed through it (writer token of its [writer] section)
+  MESH_WRITER_TOKEN=... mesh features ingest --addr http://127.0.0.1:8001 --view merchant merchants.csv
+  # millisecond epoch numbers in the timestamp column
+  mesh features ingest --view card --timestamp-unit ms cards.parquet
+
+File formats (columns, timestamps, booleans, nulls, vectors): feature-store/README.md, \"File formats\".")]
 pub struct IngestArgs {
     /// The view to write.
     #[arg(long)]
     pub view: String,
-    /// Feature store directory (sled).
+    /// gRPC address of a running mesh (or `mesh serve --role features`): send the
+    /// rows through its Push API in batches instead of opening the store directory.
+    /// Use it whenever a mesh serves the store (sled lets one process open it).
+    #[arg(long, value_name = "URL")]
+    pub addr: Option<String>,
+    /// With --addr: a file holding the writer-plane token (the mesh's [writer]
+    /// token), sent as `authorization: Bearer`. Without it, the token is read from
+    /// the environment variable MESH_WRITER_TOKEN, if set.
+    #[arg(long, value_name = "FILE", requires = "addr")]
+    pub token_file: Option<PathBuf>,
+    /// Feature store directory (sled), written directly when --addr is absent
+    /// [default: data/features].
     #[arg(long, env = "MESH_FEATURES")]
-    pub store: PathBuf,
-    /// Views file.
+    pub store: Option<PathBuf>,
+    /// Views file [default without --addr: examples/features/views.toml]. With
+    /// --addr the running store's views are used, and this file, if given, only
+    /// supplies the view's `timestamp_unit`.
     #[arg(long, env = "MESH_VIEWS")]
-    pub views: PathBuf,
-    /// Rows per atomic batch.
-    #[arg(long, default_value_t = 10_000)]
-    pub batch_rows: usize,
-    /// fsync after every batch instead of once at the end.
+    pub views: Option<PathBuf>,
+    /// Rows per atomic batch (one Push each with --addr) [default: 10000; with
+    /// --addr 1000].
+    #[arg(long)]
+    pub batch_rows: Option<usize>,
+    /// fsync after every batch instead of once at the end (with --addr: each Push
+    /// waits for the store's fsync).
     #[arg(long)]
     pub sync_each_batch: bool,
     /// Accept a file that lacks some of the view's features (written as null).
     #[arg(long)]
     pub allow_missing_columns: bool,
+    /// Unit of numeric timestamps in the file: s, ms or us [default: the view's
+    /// `timestamp_unit` in the views file, else s]. RFC 3339 text and Parquet
+    /// Timestamp columns carry their own unit.
+    #[arg(long, value_name = "s|ms|us")]
+    pub timestamp_unit: Option<mesh_feature_store::TimestampUnit>,
     /// Parquet (.parquet) or CSV (.csv) file.
     pub file: PathBuf,
 }
 
-/// `mesh features ingest`, with a progress bar on stderr.
-fn ingest(args: IngestArgs) -> anyhow::Result<()> {
-    let views = mesh_feature_store::ViewsConfig::from_path(&args.views)?;
-    let store = mesh_feature_store::FeatureStore::open(&args.store, &views)?;
-    let opts = mesh_feature_store::IngestOptions {
-        batch_rows: args.batch_rows,
-        sync_each_batch: args.sync_each_batch,
-        allow_missing_columns: args.allow_missing_columns,
-    };
+/// A progress bar on stderr, sized by the first committed batch.
+fn progress(
+    view: &str,
+) -> (
+    indicatif::ProgressBar,
+    impl Fn(&mesh_feature_store::BatchCommitted),
+) {
     let bar = indicatif::ProgressBar::new(0);
-    let on_batch = |b: &mesh_feature_store::BatchCommitted| {
-        if bar.length() == Some(0) {
+    let b2 = bar.clone();
+    let view = view.to_owned();
+    let on_batch = move |b: &mesh_feature_store::BatchCommitted| {
+        if b2.length() == Some(0) {
             let template = match b.unit {
                 mesh_feature_store::ProgressUnit::Bytes => {
                     "{msg} [{bar:40}] {bytes}/{total_bytes} ({eta})"
@@ -126,19 +156,103 @@ fn ingest(args: IngestArgs) -> anyhow::Result<()> {
                 }
             };
             if let Ok(style) = indicatif::ProgressStyle::with_template(template) {
-                bar.set_style(style.progress_chars("=> "));
+                b2.set_style(style.progress_chars("=> "));
             }
-            bar.set_message(format!("ingest {}", args.view));
-            bar.set_length(b.total);
+            b2.set_message(format!("ingest {view}"));
+            b2.set_length(b.total);
         }
-        bar.set_position(b.position);
+        b2.set_position(b.position);
     };
-    let r =
+    (bar, on_batch)
+}
+
+/// `mesh features ingest`, with a progress bar on stderr: directly into a store
+/// directory, or with `--addr` through a running store's Push.
+fn ingest(args: IngestArgs) -> anyhow::Result<()> {
+    let views_path = match (&args.views, &args.addr) {
+        (Some(p), _) => Some(p.clone()),
+        (None, None) => Some(PathBuf::from("examples/features/views.toml")),
+        (None, Some(_)) => None,
+    };
+    let views = views_path
+        .as_ref()
+        .map(mesh_feature_store::ViewsConfig::from_path)
+        .transpose()?;
+    let timestamp_unit = args
+        .timestamp_unit
+        .or_else(|| {
+            views
+                .as_ref()
+                .and_then(|v| v.view(&args.view))
+                .map(|v| v.timestamp_unit)
+        })
+        .unwrap_or_default();
+    let default_batch = if args.addr.is_some() { 1_000 } else { 10_000 };
+    let opts = mesh_feature_store::IngestOptions {
+        batch_rows: args.batch_rows.unwrap_or(default_batch),
+        sync_each_batch: args.sync_each_batch,
+        allow_missing_columns: args.allow_missing_columns,
+        timestamp_unit,
+    };
+    let (bar, on_batch) = progress(&args.view);
+    let r = if let Some(addr) = &args.addr {
+        let token = match &args.token_file {
+            Some(f) => Some(
+                std::fs::read_to_string(f)
+                    .with_context(|| format!("reading the writer token from {}", f.display()))?
+                    .trim()
+                    .to_owned(),
+            ),
+            None => std::env::var("MESH_WRITER_TOKEN")
+                .ok()
+                .map(|t| t.trim().to_owned())
+                .filter(|t| !t.is_empty()),
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let job = crate::features::PushIngest {
+            addr: addr.clone(),
+            view: args.view.clone(),
+            file: args.file.clone(),
+            token,
+            opts,
+        };
+        crate::features::push_ingest(&rt, job, on_batch)
+            .with_context(|| format!("ingesting {} through {addr}", args.file.display()))?
+    } else {
+        let store_path = args
+            .store
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("data/features"));
+        let views = views.context("a views file")?;
+        let store = match mesh_feature_store::FeatureStore::open(&store_path, &views) {
+            Ok(s) => s,
+            Err(mesh_feature_store::FeatureStoreError::Open {
+                kind: mesh_feature_store::OpenFailure::LockHeld,
+                detail,
+                ..
+            }) => anyhow::bail!(
+                "feature store at {} is locked by another process, most likely the mesh that \
+                 serves it ({detail}). Do not move a live store aside: load it through that \
+                 mesh instead, with `mesh features ingest --addr http://HOST:GRPC_PORT --view {} \
+                 {}` (the writer token from --token-file or MESH_WRITER_TOKEN)",
+                store_path.display(),
+                args.view,
+                args.file.display()
+            ),
+            Err(e) => return Err(e.into()),
+        };
         mesh_feature_store::ingest_file_observed(&store, &args.view, &args.file, &opts, on_batch)
-            .with_context(|| format!("ingesting {}", args.file.display()))?;
+            .with_context(|| format!("ingesting {}", args.file.display()))?
+    };
     bar.finish_and_clear();
+    let into = match &args.addr {
+        Some(a) => format!(" through {a}"),
+        None => String::new(),
+    };
     println!(
-        "ingested {} rows into '{}' ({} written, {} skipped as older, {} batches) in {:.1} s = {:.0} rows/s",
+        "ingested {} rows into '{}'{into} ({} written, {} skipped as older, {} batches) in {:.1} s = {:.0} rows/s",
         r.rows_read,
         r.view,
         r.rows_written,
@@ -151,35 +265,40 @@ fn ingest(args: IngestArgs) -> anyhow::Result<()> {
 }
 
 #[derive(Debug, Args)]
+#[command(after_help = "\
+Precedence, lowest first: built-in defaults (shown above), the --config file, MESH_* variables, flags.
+Relative paths written in the config file resolve against the file's directory; paths from flags,
+MESH_* variables and the built-in defaults resolve against the working directory.")]
 pub struct ServeArgs {
-    /// Configuration file (mesh.toml); flags and MESH_* variables override it.
+    /// Configuration file (mesh.toml); MESH_* variables and flags override it
+    /// [default: none, built-in defaults only].
     #[arg(long, env = "MESH_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Model repository directory.
+    /// Model repository directory [default: examples/models].
     #[arg(long, env = "MESH_MODELS")]
     pub models: Option<PathBuf>,
-    /// Address to bind.
+    /// Address to bind [default: 127.0.0.1].
     #[arg(long, env = "MESH_HOST")]
     pub host: Option<IpAddr>,
-    /// gRPC port (0 = any free port).
+    /// gRPC port, 0 = any free port [default: 8001].
     #[arg(long, env = "MESH_GRPC_PORT")]
     pub grpc_port: Option<u16>,
-    /// HTTP port (0 = any free port).
+    /// HTTP port, 0 = any free port [default: 8000].
     #[arg(long, env = "MESH_HTTP_PORT")]
     pub http_port: Option<u16>,
-    /// Largest request message in bytes.
+    /// Largest request message in bytes [default: 16777216].
     #[arg(long, env = "MESH_MAX_MESSAGE_BYTES")]
     pub max_message_bytes: Option<usize>,
-    /// Threads one forward pass may use.
+    /// Threads one forward pass may use [default: 1].
     #[arg(long, env = "MESH_COMPUTE_THREADS")]
     pub compute_threads: Option<usize>,
-    /// What this process serves: all, router, model or features.
+    /// What this process serves: all, router, model or features [default: all].
     #[arg(long, env = "MESH_ROLE")]
     pub role: Option<Role>,
-    /// Feature store directory (sled).
+    /// Feature store directory (sled) [default: none, no feature store].
     #[arg(long, env = "MESH_FEATURES")]
     pub features: Option<PathBuf>,
-    /// Feature views file.
+    /// Feature views file [default: none; needed with --features].
     #[arg(long, env = "MESH_VIEWS")]
     pub views: Option<PathBuf>,
 }

@@ -50,7 +50,9 @@ fn status_err(what: &str, s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{what} failed: {:?}: {}", s.code(), s.message())
 }
 
-async fn views(client: &mut FeatureStoreClient<Channel>) -> anyhow::Result<Vec<pb::FeatureViewSpec>> {
+async fn views(
+    client: &mut FeatureStoreClient<Channel>,
+) -> anyhow::Result<Vec<pb::FeatureViewSpec>> {
     Ok(client
         .list_views(pb::ListViewsRequest {})
         .await
@@ -61,13 +63,21 @@ async fn views(client: &mut FeatureStoreClient<Channel>) -> anyhow::Result<Vec<p
 
 fn type_name(t: i32) -> String {
     pb::FeatureType::try_from(t)
-        .map(|t| t.as_str_name().trim_start_matches("FEATURE_TYPE_").to_lowercase())
+        .map(|t| {
+            t.as_str_name()
+                .trim_start_matches("FEATURE_TYPE_")
+                .to_lowercase()
+        })
         .unwrap_or_else(|_| t.to_string())
 }
 
 fn status_name(s: i32) -> String {
     pb::FeatureStatus::try_from(s)
-        .map(|s| s.as_str_name().trim_start_matches("FEATURE_STATUS_").to_owned())
+        .map(|s| {
+            s.as_str_name()
+                .trim_start_matches("FEATURE_STATUS_")
+                .to_owned()
+        })
         .unwrap_or_else(|_| s.to_string())
 }
 
@@ -105,7 +115,10 @@ pub async fn get(a: GetArgs) -> anyhow::Result<()> {
     for k in &a.keys {
         if int_keys {
             col.int64_keys.push(k.parse().with_context(|| {
-                format!("view '{}' is keyed by int64 {}; '{k}' is not a number", view.name, view.join_key)
+                format!(
+                    "view '{}' is keyed by int64 {}; '{k}' is not a number",
+                    view.name, view.join_key
+                )
             })?);
         } else {
             col.string_keys.push(k.clone());
@@ -114,7 +127,10 @@ pub async fn get(a: GetArgs) -> anyhow::Result<()> {
     let features = if a.features.is_empty() {
         vec![format!("{}:*", view.name)]
     } else {
-        a.features.iter().map(|f| format!("{}:{f}", view.name)).collect()
+        a.features
+            .iter()
+            .map(|f| format!("{}:{f}", view.name))
+            .collect()
     };
     let cols = client
         .get_online_features(pb::GetOnlineFeaturesRequest {
@@ -177,7 +193,11 @@ pub async fn list(a: ListArgs) -> anyhow::Result<()> {
     let all = views(&mut client).await?;
     let key_type = |t: i32| {
         pb::EntityKeyType::try_from(t)
-            .map(|t| t.as_str_name().trim_start_matches("ENTITY_KEY_TYPE_").to_lowercase())
+            .map(|t| {
+                t.as_str_name()
+                    .trim_start_matches("ENTITY_KEY_TYPE_")
+                    .to_lowercase()
+            })
             .unwrap_or_else(|_| t.to_string())
     };
     let out: Vec<Value> = all
@@ -212,4 +232,208 @@ pub async fn list(a: ListArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `mesh features ingest --addr`: the file read in batches as the direct ingest
+/// reads it, each batch sent as one `Push` to a running store (so the store's lock
+/// is no obstacle: the process that holds it does the writes).
+pub struct PushIngest {
+    pub addr: String,
+    pub view: String,
+    pub file: std::path::PathBuf,
+    /// The writer-plane token, sent as `authorization: Bearer`.
+    pub token: Option<String>,
+    /// How to read the file (`sync_each_batch` becomes `wait_for_sync`).
+    pub opts: mesh_feature_store::IngestOptions,
+}
+
+type WriterClient = FeatureStoreClient<
+    tonic::service::interceptor::InterceptedService<
+        Channel,
+        Box<dyn FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send>,
+    >,
+>;
+
+async fn writer_client(addr: &str, token: Option<String>) -> anyhow::Result<WriterClient> {
+    let channel = tonic::transport::Endpoint::from_shared(addr.to_owned())
+        .with_context(|| format!("--addr {addr} is not a URL like http://127.0.0.1:8001"))?
+        .connect()
+        .await
+        .with_context(|| format!("connecting to the feature store at {addr}"))?;
+    let header: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>> = match token {
+        Some(t) => Some(
+            format!("Bearer {t}")
+                .parse()
+                .map_err(|_| anyhow::anyhow!("the writer token is not valid header text"))?,
+        ),
+        None => None,
+    };
+    let intercept: Box<
+        dyn FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send,
+    > = Box::new(move |mut req: tonic::Request<()>| {
+        if let Some(h) = &header {
+            req.metadata_mut().insert("authorization", h.clone());
+        }
+        Ok(req)
+    });
+    Ok(FeatureStoreClient::with_interceptor(channel, intercept)
+        .max_decoding_message_size(usize::MAX)
+        .max_encoding_message_size(usize::MAX))
+}
+
+fn feature_type(t: i32) -> anyhow::Result<mesh_feature_store::FeatureType> {
+    use mesh_feature_store::FeatureType as F;
+    Ok(match pb::FeatureType::try_from(t) {
+        Ok(pb::FeatureType::F32) => F::F32,
+        Ok(pb::FeatureType::F64) => F::F64,
+        Ok(pb::FeatureType::I64) => F::I64,
+        Ok(pb::FeatureType::Bool) => F::Bool,
+        Ok(pb::FeatureType::String) => F::String,
+        Ok(pb::FeatureType::F32Vector) => F::F32Vector,
+        _ => bail!("the store answered an unknown feature type {t}"),
+    })
+}
+
+/// The view as the running store declares it (ListViews), in the shape the file
+/// readers take.
+fn view_info(v: &pb::FeatureViewSpec) -> anyhow::Result<mesh_feature_store::ViewInfo> {
+    let key_type = match pb::EntityKeyType::try_from(v.key_type) {
+        Ok(pb::EntityKeyType::Int64) => mesh_feature_store::KeyType::Int64,
+        Ok(pb::EntityKeyType::String) => mesh_feature_store::KeyType::String,
+        _ => bail!("view '{}' has an unknown key type {}", v.name, v.key_type),
+    };
+    let features = v
+        .features
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            Ok(mesh_feature_store::FeatureInfo {
+                id: u16::try_from(i).unwrap_or(u16::MAX),
+                name: f.name.clone(),
+                dtype: feature_type(f.r#type)?,
+            })
+        })
+        .collect::<anyhow::Result<_>>()?;
+    Ok(mesh_feature_store::ViewInfo {
+        id: 0,
+        name: v.name.clone(),
+        entity: v.entity.clone(),
+        join_key: v.join_key.clone(),
+        key_type,
+        max_age: std::time::Duration::from_millis(v.max_age_millis),
+        timestamp_field: v.timestamp_field.clone(),
+        features,
+    })
+}
+
+fn push_row(view: &mesh_feature_store::ViewInfo, row: &mesh_feature_store::Row) -> pb::PushRow {
+    use mesh_feature_store::{EntityKey, Value as V};
+    use pb::feature_value::Value as P;
+    let key = match &row.key {
+        EntityKey::Int64(k) => pb::entity_key::Key::Int64Key(*k),
+        EntityKey::String(k) => pb::entity_key::Key::StringKey(k.clone()),
+    };
+    // A feature not sent is null, as in the file.
+    let values = view
+        .features
+        .iter()
+        .zip(&row.values)
+        .filter_map(|(f, v)| {
+            let v = match v.as_ref()? {
+                V::F32(x) => P::F32Value(*x),
+                V::F64(x) => P::F64Value(*x),
+                V::I64(x) => P::I64Value(*x),
+                V::Bool(x) => P::BoolValue(*x),
+                V::String(x) => P::StringValue(x.clone()),
+                V::F32Vector(x) => P::F32VectorValue(pb::FloatVector { values: x.clone() }),
+            };
+            Some(pb::NamedFeatureValue {
+                name: f.name.clone(),
+                value: Some(pb::FeatureValue { value: Some(v) }),
+            })
+        })
+        .collect();
+    pb::PushRow {
+        key: Some(pb::EntityKey { key: Some(key) }),
+        event_time_unix_micros: row.event_time,
+        values,
+    }
+}
+
+/// Runs a [`PushIngest`] on this thread (the file is read here, each batch pushed
+/// and awaited on `rt`), calling `on_batch` after each acknowledged push.
+pub fn push_ingest(
+    rt: &tokio::runtime::Runtime,
+    mut job: PushIngest,
+    on_batch: impl FnMut(&mesh_feature_store::BatchCommitted),
+) -> anyhow::Result<mesh_feature_store::IngestReport> {
+    let mut client = rt.block_on(writer_client(&job.addr, job.token.take()))?;
+    let all = rt
+        .block_on(client.list_views(pb::ListViewsRequest {}))
+        .map_err(|s| status_err(&format!("ListViews at {}", job.addr), s))?
+        .into_inner()
+        .views;
+    let Some(spec) = all.iter().find(|v| v.name == job.view) else {
+        let names: Vec<&str> = all.iter().map(|v| v.name.as_str()).collect();
+        bail!(
+            "the store at {} has no view '{}' (views: {})",
+            job.addr,
+            job.view,
+            names.join(", ")
+        );
+    };
+    let view = view_info(spec)?;
+    let wait_for_sync = job.opts.sync_each_batch;
+    // The gRPC failure of a push, kept whole for the message (the reader only
+    // carries the store's error type).
+    let mut refused: Option<(u64, tonic::Status)> = None;
+    let mut first_row = 0u64;
+    let write = |rows: &[mesh_feature_store::Row]| {
+        let req = pb::PushRequest {
+            view: view.name.clone(),
+            rows: rows.iter().map(|r| push_row(&view, r)).collect(),
+            wait_for_sync,
+        };
+        let at = first_row;
+        first_row += rows.len() as u64;
+        match rt.block_on(client.push(req)) {
+            Ok(r) => {
+                let r = r.into_inner();
+                Ok(mesh_feature_store::WriteReport {
+                    rows_written: r.rows_written,
+                    rows_skipped_older: r.rows_skipped_older,
+                    synced: r.synced,
+                })
+            }
+            Err(s) => {
+                refused = Some((at, s));
+                Err(mesh_feature_store::FeatureStoreError::Internal(
+                    "push refused".into(),
+                ))
+            }
+        }
+    };
+    let result =
+        mesh_feature_store::read_file_observed(&view, &job.file, &job.opts, write, on_batch);
+    match (result, refused) {
+        (Ok(r), _) => Ok(r),
+        (Err(_), Some((at, s))) => {
+            let hint = match s.code() {
+                tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
+                    " (the writer plane needs its token: --token-file FILE or MESH_WRITER_TOKEN)"
+                }
+                tonic::Code::ResourceExhausted | tonic::Code::OutOfRange => {
+                    " (a smaller --batch-rows makes smaller pushes)"
+                }
+                _ => "",
+            };
+            Err(anyhow::anyhow!(
+                "the Push of the batch from data row {} failed: {:?}: {}{hint}; the batches before it are written",
+                at + 1,
+                s.code(),
+                s.message()
+            ))
+        }
+        (Err(e), None) => Err(anyhow::Error::new(e)),
+    }
 }

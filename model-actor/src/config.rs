@@ -72,6 +72,16 @@
 //! ```toml
 //! kind = "onnx"
 //!
+//! [[inputs]]
+//! name = "input"               # the session's input name
+//! datatype = "FP32"
+//! dims = [32]
+//!
+//! [[outputs]]
+//! name = "probability"
+//! datatype = "FP32"
+//! dims = [1]
+//!
 //! [onnx]
 //! file = "model.onnx"          # inside each version directory (the default)
 //! output = "probabilities"     # which output of the model to serve

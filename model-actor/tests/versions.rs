@@ -13,7 +13,10 @@ fn reference_weights() -> PathBuf {
 fn repo_with(dst: &Path, versions: &[u64]) {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/models/fraud_mlp");
     let toml = std::fs::read_to_string(src.join("model.toml")).unwrap();
-    assert!(toml.contains("latest = 1"), "the example's version policy moved");
+    assert!(
+        toml.contains("latest = 1"),
+        "the example's version policy moved"
+    );
     std::fs::create_dir_all(dst.join("fraud_mlp")).unwrap();
     std::fs::write(
         dst.join("fraud_mlp/model.toml"),
@@ -53,7 +56,11 @@ async fn answers(repo: &ModelRepository, version: u64) {
         )
         .await
         .unwrap();
-    assert!((0.0..=1.0).contains(&out.data[0]), "v{version}: {:?}", out.data);
+    assert!(
+        (0.0..=1.0).contains(&out.data[0]),
+        "v{version}: {:?}",
+        out.data
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

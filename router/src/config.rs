@@ -1,6 +1,9 @@
 //! `mesh.toml`: the typed configuration of `mesh serve`. Precedence, lowest first:
 //! built-in defaults, the file (`--config`), `MESH_*` environment variables, flags.
 //!
+//! Relative paths in the file resolve against the file's directory (see
+//! [`MeshConfig::from_file`]); defaults and flags against the working directory.
+//!
 //! Every duration is a string with a unit (`"50ms"`, `"2s"`, `"250us"`), read by
 //! [`mesh_stack::parse_duration`]. Keys renamed from `foo_ms` to `foo` still read
 //! the old spelling (as milliseconds) and say so in [`MeshConfig::deprecations`];
@@ -324,9 +327,59 @@ pub struct LogConfig {
 
 impl MeshConfig {
     /// Reads a `mesh.toml`; errors name the file and the field.
+    ///
+    /// Relative paths written in the file resolve against the file's directory,
+    /// not the working directory: `[server] models`, `[features] path` and
+    /// `views`, `[prediction_log] dir`, the `[tls]` and `[tls.client]` files, and
+    /// `[admin]`/`[writer]` `token_file`. So `models = "models"` in
+    /// `/srv/mesh/mesh.toml` is `/srv/mesh/models` wherever `mesh serve` starts.
+    /// Built-in defaults of keys the file does not set (`models =
+    /// "examples/models"`), flags and `MESH_*` variables stay relative to the
+    /// working directory, as does [`MeshConfig::from_toml`].
     pub fn from_file(path: &std::path::Path) -> Result<Self, String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        Self::from_toml(&text).map_err(|e| format!("{}: {e}", path.display()))
+        let mut c = Self::from_toml(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        let base = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
+        // `models` has a default: rebase it only when the file wrote it.
+        let wrote_models = toml::from_str::<toml::Table>(&text)
+            .ok()
+            .and_then(|t| t.get("server")?.get("models").cloned())
+            .is_some();
+        c.rebase_paths(base, wrote_models);
+        Ok(c)
+    }
+
+    /// Joins every relative path the file set to `base` (see [`Self::from_file`]).
+    fn rebase_paths(&mut self, base: &std::path::Path, models: bool) {
+        let rebase = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        if models {
+            rebase(&mut self.server.models);
+        }
+        let optional = [
+            &mut self.features.path,
+            &mut self.features.views,
+            &mut self.tls.cert,
+            &mut self.tls.key,
+            &mut self.tls.client_ca,
+            &mut self.tls.client.ca,
+            &mut self.tls.client.cert,
+            &mut self.tls.client.key,
+            &mut self.admin.token_file,
+            &mut self.writer.token_file,
+        ];
+        for p in optional.into_iter().flatten() {
+            rebase(p);
+        }
+        if let Some(log) = &mut self.prediction_log {
+            rebase(&mut log.dir);
+        }
     }
 
     /// Parses the text of a `mesh.toml` (the same as `toml::from_str`).

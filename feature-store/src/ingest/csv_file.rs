@@ -1,8 +1,9 @@
 //! CSV ingest: a header row names the columns; an empty cell is a null feature.
-//! Booleans are `true`/`false`/`1`/`0`; f32 vectors are `[1.0, 2.0]` or `1.0;2.0`.
+//! Booleans are `true`/`false`/`1`/`0` (also `TRUE`/`True`...); f32 vectors are
+//! `[1.0, 2.0]` or `1.0;2.0`; timestamps as in [`super::parse_timestamp_in`].
 use std::path::Path;
 
-use super::{parse_timestamp, ColumnMap, IngestOptions, Sink};
+use super::{parse_timestamp_in, ColumnMap, IngestOptions, Sink, TimestampUnit};
 use crate::error::{FeatureStoreError, Result};
 use crate::registry::ViewInfo;
 use crate::types::{EntityKey, FeatureType, KeyType, Row, Value};
@@ -43,8 +44,8 @@ pub(crate) fn read(
             Err(e) => return Err(err(format!("{e}"))),
         }
         let line = record.position().map(|p| p.line()).unwrap_or(0);
-        let row =
-            parse_row(v, &map, &record).map_err(|what| err(format!("line {line}: {what}")))?;
+        let row = parse_row(v, &map, &record, opts.timestamp_unit)
+            .map_err(|what| err(format!("line {line}: {what}")))?;
         batch.push(row);
         if batch.len() >= opts.batch_rows {
             let pos = reader.position().byte();
@@ -62,6 +63,7 @@ fn parse_row(
     v: &ViewInfo,
     map: &ColumnMap,
     rec: &csv::StringRecord,
+    unit: TimestampUnit,
 ) -> std::result::Result<Row, String> {
     let cell = |i: usize| rec.get(i).unwrap_or("");
     let raw_key = cell(map.key);
@@ -75,8 +77,8 @@ fn parse_row(
         KeyType::String if raw_key.is_empty() => return Err(format!("{}: empty key", v.join_key)),
         KeyType::String => EntityKey::String(raw_key.to_owned()),
     };
-    let event_time =
-        parse_timestamp(cell(map.timestamp)).map_err(|e| format!("{}: {e}", v.timestamp_field))?;
+    let event_time = parse_timestamp_in(cell(map.timestamp), unit)
+        .map_err(|e| format!("{}: {e}", v.timestamp_field))?;
     let mut values = Vec::with_capacity(v.features.len());
     for (f, col) in v.features.iter().zip(&map.features) {
         let value = match col {

@@ -10,21 +10,29 @@
 //!
 //! A NaN float in a file is read as null (data frames write missing values so).
 //! Timestamps: RFC 3339 text (`2024-05-01T12:00:00Z`, offsets and fractions
-//! allowed), or numbers of Unix seconds (fractions allowed); in Parquet also any
-//! `Timestamp` column (unit honoured, time zone ignored: Arrow stores UTC).
+//! allowed), or numbers of Unix seconds, milliseconds or microseconds (fractions
+//! allowed) as [`IngestOptions::timestamp_unit`] says (the view's
+//! `timestamp_unit`, seconds by default); in Parquet also any `Timestamp` column
+//! (unit honoured, time zone ignored: Arrow stores UTC). The file formats are
+//! described in the crate's README ("File formats").
+//!
+//! [`read_file_observed`] reads a file into the same batches without a store, for
+//! a writer of the caller's choosing (`mesh features ingest --addr` pushes them to
+//! a running store over gRPC).
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+pub use crate::config::TimestampUnit;
 use crate::error::{FeatureStoreError, Result};
 use crate::registry::ViewInfo;
-use crate::store::{FeatureStore, WritePath};
+use crate::store::{FeatureStore, WritePath, WriteReport};
 use crate::types::{Durability, Row, Value};
 
 mod csv_file;
 mod parquet_file;
 pub(crate) mod time;
 
-pub use time::parse_timestamp;
+pub use time::{parse_timestamp, parse_timestamp_in};
 
 /// How to ingest a file.
 #[derive(Debug, Clone)]
@@ -39,6 +47,11 @@ pub struct IngestOptions {
     /// null). Off by default: a missing column usually means the wrong file, and a
     /// row replaces the whole stored row.
     pub allow_missing_columns: bool,
+    /// The unit of numeric timestamps (integer or decimal columns, and numbers in
+    /// CSV cells). Set it from the view's `timestamp_unit` in the views file
+    /// ([`crate::ViewConfig::timestamp_unit`]) unless the caller was told
+    /// otherwise; seconds by default.
+    pub timestamp_unit: TimestampUnit,
 }
 
 impl Default for IngestOptions {
@@ -47,6 +60,7 @@ impl Default for IngestOptions {
             batch_rows: 10_000,
             sync_each_batch: false,
             allow_missing_columns: false,
+            timestamp_unit: TimestampUnit::Seconds,
         }
     }
 }
@@ -171,10 +185,40 @@ pub fn ingest_file_observed(
     view: &str,
     path: impl AsRef<Path>,
     opts: &IngestOptions,
+    on_batch: impl FnMut(&BatchCommitted),
+) -> Result<IngestReport> {
+    let v = store.view(view)?.clone();
+    let durability = if opts.sync_each_batch {
+        Durability::Sync
+    } else {
+        Durability::Buffered
+    };
+    let write = |rows: &[Row]| store.write_rows_from(&v.name, rows, durability, WritePath::Ingest);
+    let report = read_file_observed(&v, path, opts, write, on_batch)?;
+    // Whatever the per-batch setting, the ingest ends with everything on disk.
+    store.flush()?;
+    tracing::info!(
+        view = %report.view, rows = report.rows_read, written = report.rows_written,
+        skipped_older = report.rows_skipped_older, rows_per_sec = report.rows_per_sec as u64,
+        "ingest finished"
+    );
+    Ok(report)
+}
+
+/// Reads `path` (`.csv`, or `.parquet`/`.pq`) as rows of `view` in batches of
+/// `opts.batch_rows`, hands each batch to `write` (which says what it wrote), then
+/// calls `on_batch`. The first error (a bad row, or one `write` returns) stops the
+/// read; the batches before it stay written. `opts.sync_each_batch` is the
+/// writer's business. Blocking.
+pub fn read_file_observed(
+    view: &ViewInfo,
+    path: impl AsRef<Path>,
+    opts: &IngestOptions,
+    mut write: impl FnMut(&[Row]) -> Result<WriteReport>,
     mut on_batch: impl FnMut(&BatchCommitted),
 ) -> Result<IngestReport> {
     let path = path.as_ref();
-    let v = store.view(view)?.clone();
+    let v = view;
     if opts.batch_rows == 0 {
         return Err(FeatureStoreError::InvalidArgument(
             "batch_rows must be > 0".into(),
@@ -186,9 +230,7 @@ pub fn ingest_file_observed(
         .map(str::to_ascii_lowercase);
     let start = Instant::now();
     let mut sink = Sink {
-        store,
-        view: &v,
-        opts,
+        writer: &mut write,
         report: IngestReport {
             view: v.name.clone(),
             rows_read: 0,
@@ -205,8 +247,8 @@ pub fn ingest_file_observed(
         unit: ProgressUnit::Rows,
     };
     match ext.as_deref() {
-        Some("csv") => csv_file::read(path, &v, opts, &mut sink)?,
-        Some("parquet") | Some("pq") => parquet_file::read(path, &v, opts, &mut sink)?,
+        Some("csv") => csv_file::read(path, v, opts, &mut sink)?,
+        Some("parquet") | Some("pq") => parquet_file::read(path, v, opts, &mut sink)?,
         _ => {
             return Err(FeatureStoreError::Ingest {
                 path: path.to_path_buf(),
@@ -214,24 +256,15 @@ pub fn ingest_file_observed(
             })
         }
     }
-    // Whatever the per-batch setting, the ingest ends with everything on disk.
-    store.flush()?;
     let mut report = sink.report;
     report.elapsed = start.elapsed();
     report.rows_per_sec = report.rows_read as f64 / report.elapsed.as_secs_f64().max(1e-9);
-    tracing::info!(
-        view = %report.view, rows = report.rows_read, written = report.rows_written,
-        skipped_older = report.rows_skipped_older, rows_per_sec = report.rows_per_sec as u64,
-        "ingest finished"
-    );
     Ok(report)
 }
 
 /// Receives batches from a file reader and writes them.
 pub(crate) struct Sink<'a> {
-    store: &'a FeatureStore,
-    view: &'a ViewInfo,
-    opts: &'a IngestOptions,
+    writer: &'a mut dyn FnMut(&[Row]) -> Result<WriteReport>,
     report: IngestReport,
     on_batch: &'a mut dyn FnMut(&BatchCommitted),
     total: u64,
@@ -264,14 +297,7 @@ impl Sink<'_> {
                 }
             }
         }
-        let durability = if self.opts.sync_each_batch {
-            Durability::Sync
-        } else {
-            Durability::Buffered
-        };
-        let w =
-            self.store
-                .write_rows_from(&self.view.name, &rows, durability, WritePath::Ingest)?;
+        let w = (self.writer)(&rows)?;
         self.report.rows_read += rows.len() as u64;
         self.report.rows_written += w.rows_written;
         self.report.rows_skipped_older += w.rows_skipped_older;

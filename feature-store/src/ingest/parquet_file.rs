@@ -1,7 +1,8 @@
 //! Parquet ingest through the Arrow reader, reading only the view's columns.
 //!
 //! Accepted column types: keys Int8-64/UInt8-32 or Utf8/LargeUtf8/Utf8View;
-//! timestamps Timestamp(any unit), or Int64/Float64 Unix seconds; features: f32
+//! timestamps Timestamp(any unit), or any integer or Float32/Float64 column of Unix
+//! seconds, milliseconds or microseconds (`IngestOptions::timestamp_unit`); features: f32
 //! and f64 from Float32/Float64, i64 from any integer up to 64 bits (UInt64 only if
 //! it fits), bool from Boolean, string from the Utf8 types, f32 vectors from
 //! List/LargeList/FixedSizeList of Float32.
@@ -14,7 +15,7 @@ use arrow_schema::{DataType, TimeUnit};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ProjectionMask;
 
-use super::{ColumnMap, IngestOptions, Sink};
+use super::{ColumnMap, IngestOptions, Sink, TimestampUnit};
 use crate::error::{FeatureStoreError, Result};
 use crate::registry::ViewInfo;
 use crate::types::{EntityKey, FeatureType, KeyType, Micros, Row, Value};
@@ -69,7 +70,7 @@ pub(crate) fn read(
         };
         let keys = keys(col(&v.join_key).as_ref(), v.key_type)
             .map_err(|e| at(format!("{}: {e}", v.join_key)))?;
-        let times = times(col(&v.timestamp_field).as_ref())
+        let times = times(col(&v.timestamp_field).as_ref(), opts.timestamp_unit)
             .map_err(|e| at(format!("{}: {e}", v.timestamp_field)))?;
         let mut features: Vec<Option<Vec<Option<Value>>>> = Vec::with_capacity(v.features.len());
         for (f, present) in v.features.iter().zip(&map.features) {
@@ -165,9 +166,16 @@ fn keys(a: Option<&ArrayRef>, kt: KeyType) -> Cells<EntityKey> {
     }
 }
 
-fn times(a: Option<&ArrayRef>) -> Cells<Micros> {
+fn times(a: Option<&ArrayRef>, unit: TimestampUnit) -> Cells<Micros> {
     let a = a.ok_or_else(missing)?;
     let scale = |mul: i64, div: i64| move |x: i64| x.checked_mul(mul).map(|m| m / div);
+    let per_unit = unit.micros_per_unit();
+    let decimal = |x: Option<f64>| {
+        x.filter(|x| x.is_finite())
+            .map(|x| (x * per_unit as f64).round())
+            .filter(|x| x.abs() < 9.2e18)
+            .map(|x| x as i64)
+    };
     match a.data_type() {
         DataType::Timestamp(TimeUnit::Second, _) => {
             prim::<TimestampSecondType>(a, scale(1_000_000, 1))
@@ -179,21 +187,27 @@ fn times(a: Option<&ArrayRef>) -> Cells<Micros> {
         DataType::Timestamp(TimeUnit::Nanosecond, _) => {
             prim::<TimestampNanosecondType>(a, scale(1, 1_000))
         }
-        DataType::Int64 => prim::<Int64Type>(a, scale(1_000_000, 1)),
-        DataType::Float64 => {
-            let f = a
-                .as_primitive_opt::<Float64Type>()
-                .ok_or("unexpected array type")?;
-            Ok(f.iter()
+        DataType::Float64 | DataType::Float32 => Ok(floats(a)
+            .ok_or("unexpected array type")?
+            .into_iter()
+            .map(decimal)
+            .collect()),
+        other => match ints(a) {
+            Some(cells) => cells?
+                .into_iter()
                 .map(|x| {
-                    x.filter(|x| x.is_finite())
-                        .map(|x| (x * 1e6).round() as i64)
+                    x.map(|x| {
+                        x.checked_mul(per_unit).ok_or_else(|| {
+                            format!("{x} {unit} is out of range of Unix microseconds")
+                        })
+                    })
+                    .transpose()
                 })
-                .collect())
-        }
-        other => Err(format!(
-            "timestamps need a Timestamp, Int64 or Float64 (Unix seconds) column, found {other}"
-        )),
+                .collect(),
+            None => Err(format!(
+                "timestamps need a Timestamp, integer or float (Unix {unit}) column, found {other}"
+            )),
+        },
     }
 }
 

@@ -1,10 +1,18 @@
 //! Timestamp text to Unix microseconds, without a date-time dependency: RFC 3339
-//! (`T` or a space between date and time, `Z` or `±HH:MM`, optional fraction) or a
-//! number of Unix seconds.
+//! (`T` or a space between date and time, `Z` or `±HH:MM`, optional fraction), a
+//! date alone (midnight UTC), or a number of Unix seconds, milliseconds or
+//! microseconds (the [`TimestampUnit`] of the ingest; seconds by default).
+use crate::config::TimestampUnit;
 use crate::types::Micros;
 
-/// Parses an event timestamp; see the module docs for the accepted forms.
+/// Parses an event timestamp, reading a number as Unix seconds; see the module
+/// docs for the accepted forms.
 pub fn parse_timestamp(s: &str) -> Result<Micros, String> {
+    parse_timestamp_in(s, TimestampUnit::Seconds)
+}
+
+/// Parses an event timestamp, reading a number in `unit`.
+pub fn parse_timestamp_in(s: &str, unit: TimestampUnit) -> Result<Micros, String> {
     let s = s.trim();
     if s.is_empty() {
         return Err("empty timestamp".into());
@@ -13,12 +21,25 @@ pub fn parse_timestamp(s: &str) -> Result<Micros, String> {
     if s.len() >= 10 && s.as_bytes().get(4) == Some(&b'-') && s.as_bytes()[0].is_ascii_digit() {
         return parse_rfc3339(s).ok_or_else(|| format!("{s:?} is not an RFC 3339 timestamp"));
     }
-    seconds_to_micros(s).ok_or_else(|| format!("{s:?} is neither RFC 3339 nor Unix seconds"))
+    number_to_micros(s, unit).ok_or_else(|| {
+        let name = match unit {
+            TimestampUnit::Seconds => "seconds",
+            TimestampUnit::Millis => "milliseconds",
+            TimestampUnit::Micros => "microseconds",
+        };
+        format!("{s:?} is neither RFC 3339 nor a number of Unix {name} (timestamp unit {unit})")
+    })
 }
 
-// Decimal seconds are parsed exactly (no f64 rounding), so a timestamp written
-// with microsecond digits reads back as the same microsecond.
-fn seconds_to_micros(s: &str) -> Option<Micros> {
+// Decimal numbers are parsed exactly (no f64 rounding), so a timestamp written
+// with microsecond digits reads back as the same microsecond; digits below a
+// microsecond are dropped.
+fn number_to_micros(s: &str, unit: TimestampUnit) -> Option<Micros> {
+    let digits_below = match unit {
+        TimestampUnit::Seconds => 6,
+        TimestampUnit::Millis => 3,
+        TimestampUnit::Micros => 0,
+    };
     let (neg, digits) = match s.strip_prefix('-') {
         Some(rest) => (true, rest),
         None => (false, s),
@@ -30,15 +51,20 @@ fn seconds_to_micros(s: &str) -> Option<Micros> {
     {
         return None;
     }
-    let mut frac6: String = frac.chars().take(6).collect();
-    while frac6.len() < 6 {
-        frac6.push('0');
+    let mut frac_digits: String = frac.chars().take(digits_below).collect();
+    while frac_digits.len() < digits_below {
+        frac_digits.push('0');
     }
+    let below = if frac_digits.is_empty() {
+        0
+    } else {
+        frac_digits.parse::<i64>().ok()?
+    };
     let micros = int
         .parse::<i64>()
         .ok()?
-        .checked_mul(1_000_000)?
-        .checked_add(frac6.parse::<i64>().ok()?)?;
+        .checked_mul(unit.micros_per_unit())?
+        .checked_add(below)?;
     Some(if neg { -micros } else { micros })
 }
 
@@ -184,5 +210,23 @@ mod tests {
         assert!(parse_timestamp("yesterday").is_err());
         assert!(parse_timestamp("2024-13-01T00:00:00Z").is_err());
         assert!(parse_timestamp("").is_err());
+    }
+
+    #[test]
+    fn numbers_take_a_unit() {
+        use TimestampUnit::*;
+        let t = 1_764_500_000_000_000; // 2025-11-30T10:53:20Z
+        assert_eq!(parse_timestamp_in("1764500000", Seconds), Ok(t));
+        assert_eq!(parse_timestamp_in("1764500000000", Millis), Ok(t));
+        assert_eq!(parse_timestamp_in("1764500000000000", Micros), Ok(t));
+        assert_eq!(parse_timestamp_in("1764500000000.5", Millis), Ok(t + 500));
+        assert_eq!(parse_timestamp_in("1764500000000000.9", Micros), Ok(t));
+        assert_eq!(format_micros(t), "2025-11-30T10:53:20Z");
+        // Text carries its own unit.
+        assert_eq!(parse_timestamp_in("2025-11-30T10:53:20Z", Millis), Ok(t));
+        // Milliseconds read as seconds: far in the future, or out of range.
+        assert_eq!(parse_timestamp_in("1764500000000", Seconds), Ok(t * 1000));
+        let e = parse_timestamp_in("x1", Millis).unwrap_err();
+        assert!(e.contains("milliseconds"), "{e}");
     }
 }

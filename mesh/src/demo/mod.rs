@@ -366,7 +366,12 @@ fn mesh_toml(args: &DemoArgs, dir: &Path) -> anyhow::Result<String> {
     let text =
         std::fs::read_to_string(&args.config).with_context(|| format!("reading {config}"))?;
     let mut cfg: Table = toml::from_str(&text).with_context(|| format!("parsing {config}"))?;
-    let path = |p: &Path| Value::String(p.display().to_string());
+    // Absolute: `mesh serve --config <data>/mesh.toml` resolves relative paths
+    // against the file's directory, and these are relative to the working one.
+    let path = |p: &Path| {
+        let p = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+        Value::String(p.display().to_string())
+    };
     let mut set = |section: &str, key: &str, v: Value| {
         let t = cfg
             .entry(section)
