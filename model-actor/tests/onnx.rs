@@ -7,35 +7,17 @@
 //! ONNX Runtime is loaded at run time from `ORT_DYLIB_PATH` (scripts/test sets it to
 //! the onnxruntime wheel in the test venv). Without it these tests fail, saying how to
 //! set it; they never skip.
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+mod common;
+use common::*;
+
+use std::path::Path;
 
 use mesh_model_actor::{ActorSystem, Batch, ModelError, ModelRepository, VersionHandle};
 
 const NAME: &str = "fraud_onnx";
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
-fn reference_dir() -> PathBuf {
-    root().join("tests/data/fraud-mlp")
-}
 
-fn samples() -> Vec<(Vec<f32>, f32)> {
-    let text = std::fs::read_to_string(reference_dir().join("samples.csv")).expect("samples.csv");
-    text.lines()
-        .skip(1)
-        .map(|l| {
-            let f: Vec<&str> = l.split(',').collect();
-            let x = f[1..33]
-                .iter()
-                .map(|v| v.parse::<f32>().expect("feature"))
-                .collect();
-            (x, f[34].parse::<f32>().expect("expected_proba"))
-        })
-        .collect()
-}
 
 /// Writes `<dst>/fraud_onnx/` from the example model.toml (with `edit` applied) and
 /// the reference ONNX file as each of `versions`.
@@ -69,9 +51,6 @@ async fn load_all(repo: &ModelRepository) {
     }
 }
 
-fn deadline() -> Option<Instant> {
-    Some(Instant::now() + Duration::from_secs(20))
-}
 
 async fn infer(h: &VersionHandle, rows: &[&[f32]]) -> Result<Vec<f32>, ModelError> {
     let data: Vec<f32> = rows.iter().flat_map(|r| r.iter().copied()).collect();

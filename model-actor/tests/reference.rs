@@ -1,30 +1,16 @@
 //! The reference fraud model through the whole actor path: every row of
 //! samples.csv reproduces scikit-learn's probability within 1e-5, one row per
 //! request and in batches of several sizes, and hot loading works.
-use std::path::{Path, PathBuf};
+mod common;
+use common::*;
+
+use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mesh_model_actor::{ActorSystem, Batch, ModelError, ModelRepository};
 
-fn reference_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/fraud-mlp")
-}
 
-fn samples() -> Vec<(Vec<f32>, f32)> {
-    let text = std::fs::read_to_string(reference_dir().join("samples.csv")).expect("samples.csv");
-    text.lines()
-        .skip(1)
-        .map(|l| {
-            let f: Vec<&str> = l.split(',').collect();
-            let x = f[1..33]
-                .iter()
-                .map(|v| v.parse::<f32>().expect("feature"))
-                .collect();
-            (x, f[34].parse::<f32>().expect("expected_proba"))
-        })
-        .collect()
-}
 
 fn copy_repo(dst: &Path) {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/models/fraud_mlp");
@@ -37,9 +23,6 @@ fn copy_repo(dst: &Path) {
     .unwrap();
 }
 
-fn deadline() -> Option<Instant> {
-    Some(Instant::now() + Duration::from_secs(10))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reproduces_expected_proba_one_row_and_batched() {
