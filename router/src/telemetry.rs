@@ -130,3 +130,28 @@ pub fn metrics() -> PrometheusHandle {
         })
         .clone()
 }
+
+pub type OkMeters = (metrics::Counter, metrics::Histogram);
+
+/// The success counter and duration histogram of (model, version, protocol),
+/// registered on first use and cached: the common case of every front door (OIP and
+/// Decide) touches only cached handles. `None` is an answer no version gave (a
+/// decision from a fallback), labelled `version=""`.
+pub fn ok_meters(model: &str, version: Option<u64>, protocol: &'static str) -> OkMeters {
+    use std::collections::HashMap;
+    use std::sync::OnceLock;
+    static CACHE: OnceLock<
+        parking_lot::RwLock<HashMap<(String, Option<u64>, &'static str), OkMeters>>,
+    > = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let key = (model.to_owned(), version, protocol);
+    if let Some(m) = cache.read().get(&key) {
+        return m.clone();
+    }
+    let m = (
+        metrics::counter!(names::REQUESTS, "model" => model.to_owned(), "version" => version.map(|v| v.to_string()).unwrap_or_default(), "protocol" => protocol, "code" => "ok"),
+        metrics::histogram!(names::REQUEST_DURATION, "model" => model.to_owned(), "protocol" => protocol),
+    );
+    cache.write().insert(key, m.clone());
+    m
+}

@@ -22,7 +22,7 @@ fn count(engine: &Engine, model: &str, out: &Result<Vec<Outcome>, RouterError>, 
     } else {
         "unknown".to_owned()
     };
-    let (code, version) = match out {
+    match out {
         Ok(o) => {
             let version = match o.as_slice() {
                 [one]
@@ -31,18 +31,21 @@ fn count(engine: &Engine, model: &str, out: &Result<Vec<Outcome>, RouterError>, 
                         AnswerSource::Model | AnswerSource::PreviousVersion
                     ) =>
                 {
-                    one.version.map(|v| v.to_string()).unwrap_or_default()
+                    one.version
                 }
-                _ => String::new(),
+                _ => None,
             };
-            ("ok", version)
+            let (ok, duration) = crate::telemetry::ok_meters(&model, version, "decide");
+            ok.increment(1);
+            duration.record(started.elapsed().as_secs_f64());
         }
-        Err(e) => (e.code_label(), String::new()),
-    };
-    counter!(names::REQUESTS, "model" => model.clone(), "version" => version, "protocol" => "decide", "code" => code)
-        .increment(1);
-    histogram!(names::REQUEST_DURATION, "model" => model, "protocol" => "decide")
-        .record(started.elapsed().as_secs_f64());
+        Err(e) => {
+            counter!(names::REQUESTS, "model" => model.clone(), "version" => "", "protocol" => "decide", "code" => e.code_label())
+                .increment(1);
+            histogram!(names::REQUEST_DURATION, "model" => model, "protocol" => "decide")
+                .record(started.elapsed().as_secs_f64());
+        }
+    }
 }
 
 pub struct DecisionService {

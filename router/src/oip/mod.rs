@@ -42,28 +42,6 @@ pub struct Core {
     pub log: Option<mesh_prediction_log::PredictionLogHandle>,
 }
 
-type OkMeters = (metrics::Counter, metrics::Histogram);
-
-/// The success counter and duration histogram of (model, version, protocol),
-/// registered on first use.
-fn ok_meters(model: &str, version: u64, protocol: &'static str) -> OkMeters {
-    use std::collections::HashMap;
-    use std::sync::OnceLock;
-    static CACHE: OnceLock<parking_lot::RwLock<HashMap<(String, u64, &'static str), OkMeters>>> =
-        OnceLock::new();
-    let cache = CACHE.get_or_init(Default::default);
-    let key = (model.to_owned(), version, protocol);
-    if let Some(m) = cache.read().get(&key) {
-        return m.clone();
-    }
-    let m = (
-        counter!(names::REQUESTS, "model" => model.to_owned(), "version" => version.to_string(), "protocol" => protocol, "code" => "ok"),
-        histogram!(names::REQUEST_DURATION, "model" => model.to_owned(), "protocol" => protocol),
-    );
-    cache.write().insert(key, m.clone());
-    m
-}
-
 impl Core {
     /// Resolves the version and runs the batch through its actors, recording the
     /// request metrics. `timeout` is the caller's (already capped by `max_timeout`).
@@ -120,7 +98,8 @@ impl Core {
         match &result {
             Ok((h, _)) => {
                 // The common case touches only cached handles.
-                let (ok, duration) = ok_meters(h.name(), h.version, protocol);
+                let (ok, duration) =
+                    crate::telemetry::ok_meters(h.name(), Some(h.version), protocol);
                 ok.increment(1);
                 duration.record(started.elapsed().as_secs_f64());
             }
