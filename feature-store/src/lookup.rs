@@ -271,11 +271,11 @@ fn plan(inner: &Inner, req: &LookupRequest, limits: &Limits) -> Result<Plan> {
     })
 }
 
+/// A lookup's output columns: qualified name and type.
+type Columns = Vec<(String, FeatureType)>;
+
 /// The output columns of a lookup and, per view, which stored features fill them.
-fn plan_columns(
-    inner: &Inner,
-    req: &LookupRequest,
-) -> Result<(Vec<(String, FeatureType)>, Vec<Group>)> {
+fn plan_columns(inner: &Inner, req: &LookupRequest) -> Result<(Columns, Vec<Group>)> {
     let invalid = |s: String| Err(FeatureStoreError::InvalidArgument(s));
     if req.features.is_empty() {
         return invalid("lookup names no features".into());

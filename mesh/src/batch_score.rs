@@ -111,9 +111,6 @@ pub async fn run(args: BatchScoreArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Scores `keys` with `handle` (features from `store`, request-time features at
-/// their spec defaults) and writes each score into `out_view`'s first f32
-
 /// A progress bar of entities on stderr.
 pub fn progress_bar(total: u64) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::new(total);

@@ -7,6 +7,10 @@ use pb::feature_store_client::FeatureStoreClient;
 use serde_json::{json, Value};
 use tonic::transport::Channel;
 
+/// Adds the writer credential to every Push.
+type Interceptor =
+    dyn FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send;
+
 #[derive(Debug, Args)]
 #[command(after_help = "\
 Examples (the demo's keys: cards 1..=10000, merchants m000001..m001000):
@@ -268,9 +272,7 @@ async fn writer_client(addr: &str, token: Option<String>) -> anyhow::Result<Writ
         ),
         None => None,
     };
-    let intercept: Box<
-        dyn FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send,
-    > = Box::new(move |mut req: tonic::Request<()>| {
+    let intercept: Box<Interceptor> = Box::new(move |mut req: tonic::Request<()>| {
         if let Some(h) = &header {
             req.metadata_mut().insert("authorization", h.clone());
         }

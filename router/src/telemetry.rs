@@ -140,9 +140,8 @@ pub type OkMeters = (metrics::Counter, metrics::Histogram);
 pub fn ok_meters(model: &str, version: Option<u64>, protocol: &'static str) -> OkMeters {
     use std::collections::HashMap;
     use std::sync::OnceLock;
-    static CACHE: OnceLock<
-        parking_lot::RwLock<HashMap<(String, Option<u64>, &'static str), OkMeters>>,
-    > = OnceLock::new();
+    type Key = (String, Option<u64>, &'static str);
+    static CACHE: OnceLock<parking_lot::RwLock<HashMap<Key, OkMeters>>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
     let key = (model.to_owned(), version, protocol);
     if let Some(m) = cache.read().get(&key) {

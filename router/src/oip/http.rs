@@ -384,13 +384,13 @@ async fn config(State(s): State<HttpState>, Path(model): Path<String>) -> HttpRe
 fn stats_json(s: &HttpState, model: &str) -> HttpResult {
     let stats = statistics(core(s)?, model, "")?;
     let d = |x: &Option<mesh_proto::inference::StatisticDuration>| {
-        let x = x.clone().unwrap_or_default();
+        let x = x.unwrap_or_default();
         json!({ "count": x.count, "ns": x.ns })
     };
     let list: Vec<Value> = stats
         .iter()
         .map(|m| {
-            let i = m.inference_stats.clone().unwrap_or_default();
+            let i = m.inference_stats.unwrap_or_default();
             json!({
                 "name": m.name, "version": m.version, "last_inference": m.last_inference,
                 "inference_count": m.inference_count, "execution_count": m.execution_count,
