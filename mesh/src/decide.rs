@@ -137,7 +137,10 @@ pub fn from_json(text: &str, a: &DecideArgs) -> anyhow::Result<pb::DecideRequest
         "categorical",
     ];
     if let Some(k) = o.keys().find(|k| !known.contains(&k.as_str())) {
-        bail!("--json: unknown field '{k}' (expected {})", known.join(", "));
+        bail!(
+            "--json: unknown field '{k}' (expected {})",
+            known.join(", ")
+        );
     }
     let text_of = |k: &str| -> anyhow::Result<Option<String>> {
         match o.get(k) {
@@ -216,7 +219,11 @@ pub fn answer_json(r: &pb::DecideResponse) -> Value {
         .map(|d| d.as_str_name().trim_start_matches("DECISION_").to_owned())
         .unwrap_or_else(|_| r.decision.to_string());
     let source = pb::AnswerSource::try_from(r.source)
-        .map(|s| s.as_str_name().trim_start_matches("ANSWER_SOURCE_").to_owned())
+        .map(|s| {
+            s.as_str_name()
+                .trim_start_matches("ANSWER_SOURCE_")
+                .to_owned()
+        })
         .unwrap_or_else(|_| r.source.to_string());
     let t = r.timings.unwrap_or_default();
     json!({

@@ -94,9 +94,19 @@ async fn decide_and_read_features_by_hand() {
     // From flags: a known card and merchant, scored by the model.
     let (code, out, err) = mesh_cli(
         args(&[
-            "decide", "--addr", &addr, "--card-id", "17", "--merchant-id", "m000017",
-            "--feature", "amount=42.5", "--feature", "merchant_category=travel",
-            "--request-id", "by-hand-1",
+            "decide",
+            "--addr",
+            &addr,
+            "--card-id",
+            "17",
+            "--merchant-id",
+            "m000017",
+            "--feature",
+            "amount=42.5",
+            "--feature",
+            "merchant_category=travel",
+            "--request-id",
+            "by-hand-1",
         ]),
         None,
     )
@@ -105,7 +115,10 @@ async fn decide_and_read_features_by_hand() {
     assert!(out.contains("source MODEL"), "{out}");
     assert!(out.contains("model fraud_mlp v1 (primary)"), "{out}");
     assert!(out.contains("request by-hand-1"), "{out}");
-    assert!(err.is_empty(), "a one-shot command logs nothing at info: {err}");
+    assert!(
+        err.is_empty(),
+        "a one-shot command logs nothing at info: {err}"
+    );
 
     // From JSON on stdin, printed as JSON: an unknown card says it used defaults.
     let (code, out, err) = mesh_cli(
@@ -134,45 +147,88 @@ async fn decide_and_read_features_by_hand() {
     // features list: every view of the example views file.
     let (code, out, err) = mesh_cli(args(&["features", "list", "--addr", &addr]), None).await;
     assert_eq!(code, 0, "{err}");
-    for want in ["card  (entity card, key card_id: int64", "merchant  (entity merchant", "fraud_scores", "txn_count_1h"] {
+    for want in [
+        "card  (entity card, key card_id: int64",
+        "merchant  (entity merchant",
+        "fraud_scores",
+        "txn_count_1h",
+    ] {
         assert!(out.contains(want), "{want}: {out}");
     }
 
     // features get: one card, every feature with its status.
     let (code, out, err) = mesh_cli(
-        args(&["features", "get", "--addr", &addr, "--view", "card", "--key", "17", "--key", "999999", "--json"]),
+        args(&[
+            "features", "get", "--addr", &addr, "--view", "card", "--key", "17", "--key", "999999",
+            "--json",
+        ]),
         None,
     )
     .await;
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let known = v[0]["features"].as_array().unwrap();
-    let count = known.iter().find(|f| f["name"] == "card:txn_count_1h").unwrap();
+    let count = known
+        .iter()
+        .find(|f| f["name"] == "card:txn_count_1h")
+        .unwrap();
     assert_eq!(count["type"], "i64");
     assert!(
         ["PRESENT", "NULL"].contains(&count["status"].as_str().unwrap()),
         "{count}"
     );
     let unknown = v[1]["features"].as_array().unwrap();
-    assert!(unknown.iter().all(|f| f["status"] == "NOT_FOUND" && f["value"].is_null()), "{unknown:?}");
+    assert!(
+        unknown
+            .iter()
+            .all(|f| f["status"] == "NOT_FOUND" && f["value"].is_null()),
+        "{unknown:?}"
+    );
     let (code, out, _) = mesh_cli(
-        args(&["features", "get", "--addr", &addr, "--view", "merchant", "--key", "m000017", "--feature", "risk_tier"]),
+        args(&[
+            "features",
+            "get",
+            "--addr",
+            &addr,
+            "--view",
+            "merchant",
+            "--key",
+            "m000017",
+            "--feature",
+            "risk_tier",
+        ]),
         None,
     )
     .await;
     assert_eq!(code, 0);
-    assert!(out.contains("merchant merchant_id = \"m000017\"") && out.contains("merchant:risk_tier"), "{out}");
+    assert!(
+        out.contains("merchant merchant_id = \"m000017\"") && out.contains("merchant:risk_tier"),
+        "{out}"
+    );
 
     // A user error: one line on stderr, exit 1, no backtrace even with RUST_BACKTRACE=1.
     let (code, out, err) = mesh_cli(
-        args(&["features", "get", "--addr", &addr, "--view", "cards", "--key", "1"]),
+        args(&[
+            "features", "get", "--addr", &addr, "--view", "cards", "--key", "1",
+        ]),
         None,
     )
     .await;
     assert_eq!(code, 1, "{out}");
-    assert_eq!(err.trim(), "error: no view 'cards' (views: card, merchant, fraud_scores)");
+    assert_eq!(
+        err.trim(),
+        "error: no view 'cards' (views: card, merchant, fraud_scores)"
+    );
     let (code, _, err) = mesh_cli(
-        args(&["decide", "--addr", &addr, "--model", "nope", "--card-id", "1"]),
+        args(&[
+            "decide",
+            "--addr",
+            &addr,
+            "--model",
+            "nope",
+            "--card-id",
+            "1",
+        ]),
         None,
     )
     .await;
