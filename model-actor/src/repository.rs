@@ -159,7 +159,9 @@ impl ModelRepository {
             tracing::error!(model = name, error = %e, "model configuration refused");
             for v in &wanted {
                 if !current.as_ref().is_some_and(|m| m.replicas.contains_key(v)) {
-                    self.failures.lock().insert((name.to_owned(), *v), e.to_string());
+                    self.failures
+                        .lock()
+                        .insert((name.to_owned(), *v), e.to_string());
                 }
             }
             return Err(e);

@@ -16,9 +16,6 @@ use mesh_model_actor::{ActorSystem, Batch, ModelError, ModelRepository, VersionH
 
 const NAME: &str = "fraud_onnx";
 
-
-
-
 /// Writes `<dst>/fraud_onnx/` from the example model.toml (with `edit` applied) and
 /// the reference ONNX file as each of `versions`.
 fn write_model(dst: &Path, versions: &[u64], edit: impl Fn(String) -> String) {
@@ -50,7 +47,6 @@ async fn load_all(repo: &ModelRepository) {
         );
     }
 }
-
 
 async fn infer(h: &VersionHandle, rows: &[&[f32]]) -> Result<Vec<f32>, ModelError> {
     let data: Vec<f32> = rows.iter().flat_map(|r| r.iter().copied()).collect();

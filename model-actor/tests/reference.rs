@@ -10,8 +10,6 @@ use std::time::Duration;
 
 use mesh_model_actor::{ActorSystem, Batch, ModelError, ModelRepository};
 
-
-
 fn copy_repo(dst: &Path) {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/models/fraud_mlp");
     std::fs::create_dir_all(dst.join("fraud_mlp/1")).unwrap();
@@ -22,7 +20,6 @@ fn copy_repo(dst: &Path) {
     )
     .unwrap();
 }
-
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reproduces_expected_proba_one_row_and_batched() {
