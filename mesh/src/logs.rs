@@ -3,17 +3,18 @@
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
-use mesh_prediction_log::commands;
+use mesh_prediction_log::{commands, Protocol};
 
 #[derive(Debug, Subcommand)]
 pub enum LogsCommand {
-    /// Per model version and role: AUC, precision/recall, Brier, fallbacks, stage latencies.
+    /// Per model version, role and protocol: AUC, precision/recall, Brier, fallbacks, stage latencies.
     Join(JoinArgs),
     /// Show the newest records as they are written.
     Tail(TailArgs),
 }
 
-/// `mesh logs join`: per model version and role, how the predictions did against labels.
+/// `mesh logs join`: per model version, role and protocol, how the predictions did against
+/// labels.
 #[derive(Debug, Clone, Args)]
 pub struct JoinArgs {
     /// Prediction log directory (the writer's `dir`).
@@ -34,9 +35,18 @@ pub struct JoinArgs {
     /// Include records of the open segment (wal files), not only closed Parquet segments.
     #[arg(long)]
     pub include_wal: bool,
+    /// Keep only one protocol: decide (Decide/DecideBatch), oip_grpc, oip_http, or unknown
+    /// (records written before the log recorded the protocol). Default: all, each
+    /// protocol its own group.
+    #[arg(long, value_name = "PROTOCOL", value_parser = parse_protocol)]
+    pub protocol: Option<Protocol>,
     /// Print JSON instead of tables.
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_protocol(s: &str) -> Result<Protocol, String> {
+    s.parse()
 }
 
 /// `mesh logs tail`: the newest records, then new ones as they are written.
@@ -71,6 +81,7 @@ pub fn run(command: LogsCommand) -> anyhow::Result<()> {
                 label: a.label,
                 thresholds: a.thresholds,
                 include_wal: a.include_wal,
+                protocol: a.protocol,
                 json: a.json,
             },
             &mut out,

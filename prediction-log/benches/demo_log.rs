@@ -130,6 +130,7 @@ async fn main() -> anyhow::Result<()> {
         label: "label".into(),
         thresholds: vec![],
         include_wal: false,
+        protocol: None,
         json: true,
     };
     let mut json = std::fs::File::create(out.join("join.json"))?;

@@ -2,14 +2,15 @@
 //! any `Write` (the binary parses the command line into these argument structs).
 
 use crate::error::{LogError, Result};
-use crate::join::{join, JoinOptions};
+use crate::join::{join, JoinOptions, JoinReport};
 use crate::reader::Tailer;
-use crate::record::{date_of_us, PredictionRecord};
+use crate::record::{date_of_us, PredictionRecord, Protocol};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// `mesh logs join`: per model version and role, how the predictions did against labels.
+/// `mesh logs join`: per model version, role and protocol, how the predictions did against
+/// labels.
 #[derive(Debug, Clone)]
 pub struct JoinArgs {
     /// Prediction log directory (the writer's `dir`).
@@ -24,6 +25,8 @@ pub struct JoinArgs {
     pub thresholds: Vec<f64>,
     /// Include records of the open segment (wal files), not only closed Parquet segments.
     pub include_wal: bool,
+    /// Keep only the records of this protocol (decide, oip_grpc, oip_http, unknown).
+    pub protocol: Option<Protocol>,
     /// Print JSON instead of tables.
     pub json: bool,
 }
@@ -35,6 +38,7 @@ pub fn run_join(args: &JoinArgs, out: &mut dyn Write) -> Result<()> {
         label: args.label.clone(),
         score_thresholds: args.thresholds.clone(),
         include_wal: args.include_wal,
+        protocol: args.protocol,
     };
     if !args.logs.is_dir() {
         return Err(LogError::NoLogDir(args.logs.clone()));
@@ -47,19 +51,38 @@ pub fn run_join(args: &JoinArgs, out: &mut dyn Write) -> Result<()> {
     };
     let io = |e| LogError::io("<output>", e);
     if args.json {
-        serde_json::to_writer_pretty(&mut *out, &report)?;
+        let json = JsonReport {
+            protocol: args.protocol,
+            report: &report,
+        };
+        serde_json::to_writer_pretty(&mut *out, &json)?;
         writeln!(out).map_err(io)?;
         // The JSON stays the report; the note goes where a person reads it.
         if let Some(note) = wal_note(in_wal) {
             eprintln!("{note}");
         }
     } else {
+        if let Some(p) = args.protocol {
+            writeln!(
+                out,
+                "protocol:    {p} only (--protocol; records of other protocols are left out)"
+            )
+            .map_err(io)?;
+        }
         write!(out, "{report}").map_err(io)?;
         if let Some(note) = wal_note(in_wal) {
             writeln!(out, "\n{note}").map_err(io)?;
         }
     }
     out.flush().map_err(io)
+}
+
+/// `mesh logs join --json`: the report, and the protocol `--protocol` kept (null: all).
+#[derive(serde::Serialize)]
+struct JsonReport<'a> {
+    protocol: Option<Protocol>,
+    #[serde(flatten)]
+    report: &'a JoinReport,
 }
 
 /// What a join without `--include-wal` left out, when it left something out.

@@ -33,7 +33,9 @@ pub enum LogError {
     },
     #[error("invalid configuration: {0}")]
     Config(String),
-    #[error("prediction log directory {0} does not exist (give the writer's [prediction_log] dir)")]
+    #[error(
+        "prediction log directory {0} does not exist (give the writer's [prediction_log] dir)"
+    )]
     NoLogDir(PathBuf),
     #[error("prediction log directory {dir} is in use by {holder}; one writer per directory (stop it, or give this process another directory)")]
     Locked { dir: PathBuf, holder: String },

@@ -2,9 +2,12 @@
 //!
 //! The layout is flat so any Parquet reader can use it as is: scalar columns, the stage
 //! timings as `<stage>_us` int64 columns, entity keys and features as lists of structs.
+//!
+//! Columns added later are optional on read: a file without `protocol` (written before
+//! records carried one) reads as [`Protocol::Unknown`].
 
 use crate::error::{LogError, Result};
-use crate::record::{FeatureUsed, PredictionRecord, Role, StageMicros};
+use crate::record::{FeatureUsed, PredictionRecord, Protocol, Role, StageMicros};
 use arrow_array::builder::{
     Float64Builder, Int64Builder, StringBuilder, TimestampMicrosecondBuilder,
 };
@@ -74,6 +77,7 @@ pub fn schema() -> SchemaRef {
                 Field::new("score", DataType::Float64, true),
                 Field::new("decision", DataType::Utf8, true),
                 Field::new("source", DataType::Utf8, false),
+                Field::new("protocol", DataType::Utf8, false),
             ];
             fields.extend(
                 stage_columns()
@@ -100,6 +104,7 @@ pub fn to_batch(records: &[PredictionRecord]) -> Result<RecordBatch> {
     let mut score = Float64Builder::with_capacity(n);
     let mut decision = StringBuilder::with_capacity(n, n * 7);
     let mut source = StringBuilder::with_capacity(n, n * 5);
+    let mut protocol = StringBuilder::with_capacity(n, n * 8);
     let mut stages: Vec<Int64Builder> = (0..StageMicros::NAMES.len())
         .map(|_| Int64Builder::with_capacity(n))
         .collect();
@@ -114,6 +119,7 @@ pub fn to_batch(records: &[PredictionRecord]) -> Result<RecordBatch> {
         score.append_option(r.score);
         decision.append_option(r.decision.as_deref());
         source.append_value(&r.source);
+        protocol.append_value(r.protocol.as_str());
         for (b, v) in stages.iter_mut().zip(r.stages.as_array()) {
             b.append_value(to_i64(v));
         }
@@ -131,6 +137,7 @@ pub fn to_batch(records: &[PredictionRecord]) -> Result<RecordBatch> {
         Arc::new(score.finish()),
         Arc::new(decision.finish()),
         Arc::new(source.finish()),
+        Arc::new(protocol.finish()),
     ];
     columns.extend(stages.iter_mut().map(|b| Arc::new(b.finish()) as ArrayRef));
     Ok(RecordBatch::try_new(schema(), columns)?)
@@ -334,6 +341,11 @@ pub fn from_batch(path: &Path, batch: &RecordBatch, out: &mut Vec<PredictionReco
         .ok_or_else(|| bad("score"))?;
     let decision = strings(path, batch, "decision")?;
     let source = strings(path, batch, "source")?;
+    // Optional: files written before the column existed have none.
+    let protocol = match batch.column_by_name("protocol") {
+        None => None,
+        Some(c) => Some(c.as_string_opt::<i32>().ok_or_else(|| bad("protocol"))?),
+    };
     let stage_cols = read_stage_columns(path, batch)?;
 
     for i in 0..batch.num_rows() {
@@ -341,6 +353,13 @@ pub fn from_batch(path: &Path, batch: &RecordBatch, out: &mut Vec<PredictionReco
             .value(i)
             .parse()
             .map_err(|e: String| LogError::schema(path, e))?;
+        let protocol_v = match protocol {
+            None => Protocol::Unknown,
+            Some(p) => p
+                .value(i)
+                .parse()
+                .map_err(|e: String| LogError::schema(path, e))?,
+        };
         let mut st = [0u64; 7];
         for (s, col) in st.iter_mut().zip(&stage_cols) {
             *s = u64::try_from(col.value(i)).unwrap_or(0);
@@ -351,6 +370,7 @@ pub fn from_batch(path: &Path, batch: &RecordBatch, out: &mut Vec<PredictionReco
             model: model.value(i).to_string(),
             version: version.value(i).to_string(),
             role: role_v,
+            protocol: protocol_v,
             entity_keys: keys.row(i),
             features: features.row(i),
             score: score.is_valid(i).then(|| score.value(i)),
@@ -488,6 +508,74 @@ impl<'a> FeatureColumns<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn records() -> Vec<PredictionRecord> {
+        Protocol::ALL
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let mut r = PredictionRecord::new(format!("r{i}"), "m", "1", Role::Primary);
+                r.protocol = p;
+                r.score = Some(0.5);
+                r
+            })
+            .collect()
+    }
+
+    #[test]
+    fn protocol_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.parquet");
+        let recs = records();
+        write_parquet(&path, &recs).unwrap();
+        assert_eq!(read_parquet(&path).unwrap(), recs);
+    }
+
+    /// A segment written before the `protocol` column existed still reads, as `unknown`.
+    #[test]
+    fn a_file_without_the_protocol_column_reads_as_unknown() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.parquet");
+        let recs = records();
+        let mut batch = to_batch(&recs).unwrap();
+        let idx = batch.schema().index_of("protocol").unwrap();
+        batch.remove_column(idx);
+        assert!(batch.schema().column_with_name("protocol").is_none());
+        let mut w =
+            ArrowWriter::try_new(File::create(&path).unwrap(), batch.schema(), None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let back = read_parquet(&path).unwrap();
+        assert_eq!(back.len(), recs.len());
+        for (b, r) in back.iter().zip(&recs) {
+            assert_eq!(b.protocol, Protocol::Unknown);
+            assert_eq!(
+                PredictionRecord {
+                    protocol: r.protocol,
+                    ..b.clone()
+                },
+                *r
+            );
+        }
+    }
+
+    /// A value this version does not know is a schema error, like an unknown role.
+    #[test]
+    fn an_unknown_protocol_value_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.parquet");
+        let batch = to_batch(&records()[..1]).unwrap();
+        let idx = batch.schema().index_of("protocol").unwrap();
+        let mut cols = batch.columns().to_vec();
+        cols[idx] = Arc::new(StringArray::from(vec!["carrier_pigeon"]));
+        let batch = RecordBatch::try_new(batch.schema(), cols).unwrap();
+        let mut w =
+            ArrowWriter::try_new(File::create(&path).unwrap(), batch.schema(), None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let e = read_parquet(&path).unwrap_err().to_string();
+        assert!(e.contains("carrier_pigeon"), "{e}");
+    }
 
     /// The stage column names are part of the file format: they must stay as they are.
     #[test]

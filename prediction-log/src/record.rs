@@ -32,7 +32,14 @@ pub mod status {
     /// The feature store could not be read (no store, or the lookup failed): the default was used.
     pub const UNAVAILABLE: &str = "UNAVAILABLE";
     /// Every status the mesh writes.
-    pub const ALL: [&str; 6] = [PRESENT, NOT_FOUND, NULL, OUTSIDE_MAX_AGE, MISSING, UNAVAILABLE];
+    pub const ALL: [&str; 6] = [
+        PRESENT,
+        NOT_FOUND,
+        NULL,
+        OUTSIDE_MAX_AGE,
+        MISSING,
+        UNAVAILABLE,
+    ];
 
     /// The one spelling of a status: logs written before statuses were upper case
     /// (`not_found`) read as `NOT_FOUND`.
@@ -78,6 +85,70 @@ impl FromStr for Role {
             "shadow" => Ok(Role::Shadow),
             other => Err(format!("unknown role {other:?} (primary, canary, shadow)")),
         }
+    }
+}
+
+/// The front door a prediction came through (`PredictionRecord::protocol`), so a join can
+/// keep OIP traffic (a `mesh bench --target infer` run, say) apart from decisions.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Protocol {
+    /// Decide / DecideBatch (primary, canary and shadow records alike).
+    Decide,
+    /// OIP ModelInfer over gRPC.
+    OipGrpc,
+    /// OIP infer over HTTP/REST.
+    OipHttp,
+    /// Written before records carried a protocol: decisions and OIP rows cannot be told
+    /// apart there, so old wal frames and Parquet files read as `unknown`.
+    #[default]
+    Unknown,
+}
+
+impl Protocol {
+    /// Every value, in the order joins sort them.
+    pub const ALL: [Protocol; 4] = [
+        Protocol::Decide,
+        Protocol::OipGrpc,
+        Protocol::OipHttp,
+        Protocol::Unknown,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Decide => "decide",
+            Protocol::OipGrpc => "oip_grpc",
+            Protocol::OipHttp => "oip_http",
+            Protocol::Unknown => "unknown",
+        }
+    }
+
+    /// The protocol of an OIP call by its transport (`"grpc"` or `"http"`, the
+    /// request metrics' `protocol` label); anything else is `Unknown`.
+    pub fn oip(transport: &str) -> Self {
+        match transport {
+            "grpc" => Protocol::OipGrpc,
+            "http" => Protocol::OipHttp,
+            _ => Protocol::Unknown,
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Protocol {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Protocol::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| format!("unknown protocol {s:?} (decide, oip_grpc, oip_http, unknown)"))
     }
 }
 
@@ -158,6 +229,10 @@ pub struct PredictionRecord {
     pub model: String,
     pub version: String,
     pub role: Role,
+    /// The front door: `decide`, `oip_grpc` or `oip_http`. Records written before the
+    /// field existed read as `unknown` (serde default; a Parquet file without the column).
+    #[serde(default)]
+    pub protocol: Protocol,
     /// Entity keys of the request, e.g. `("card_id", "c-123")`, in request order.
     pub entity_keys: Vec<(String, String)>,
     /// Features used. `None` when feature logging is off or the record was not sampled
@@ -172,7 +247,8 @@ pub struct PredictionRecord {
 }
 
 impl PredictionRecord {
-    /// A record with the given identity, stamped now, everything else empty.
+    /// A record with the given identity, stamped now, everything else empty. The protocol
+    /// is `Decide`; OIP paths set theirs.
     pub fn new(
         request_id: impl Into<String>,
         model: impl Into<String>,
@@ -185,6 +261,7 @@ impl PredictionRecord {
             model: model.into(),
             version: version.into(),
             role,
+            protocol: Protocol::Decide,
             entity_keys: Vec::new(),
             features: None,
             score: None,
@@ -293,6 +370,32 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn protocols_round_trip_and_old_records_read_as_unknown() {
+        for p in Protocol::ALL {
+            assert_eq!(p.as_str().parse::<Protocol>(), Ok(p));
+            assert_eq!(
+                serde_json::to_string(&p).unwrap(),
+                format!("\"{}\"", p.as_str())
+            );
+        }
+        assert!("grpc".parse::<Protocol>().is_err());
+        assert_eq!(Protocol::oip("grpc"), Protocol::OipGrpc);
+        assert_eq!(Protocol::oip("http"), Protocol::OipHttp);
+        let mut r = PredictionRecord::new("r", "m", "1", Role::Primary);
+        assert_eq!(r.protocol, Protocol::Decide);
+        r.protocol = Protocol::OipHttp;
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["protocol"], "oip_http");
+        let back: PredictionRecord = serde_json::from_value(json.clone()).unwrap();
+        assert_eq!(back, r);
+        // A wal frame written before the field existed.
+        let mut old = json;
+        old.as_object_mut().unwrap().remove("protocol");
+        let back: PredictionRecord = serde_json::from_value(old).unwrap();
+        assert_eq!(back.protocol, Protocol::Unknown);
+    }
 
     #[test]
     fn dates() {

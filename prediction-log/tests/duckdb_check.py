@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Reads a prediction log with the `duckdb` package alone and checks that the per
-(model, version, role) counts and ROC AUC equal those of `mesh logs join --json`.
+(model, version, role, protocol) counts and ROC AUC equal those of `mesh logs join --json`.
 
     python3 prediction-log/tests/duckdb_check.py --logs DIR --labels FILE --join JOIN.json \
         [--key request_id] [--label label]
@@ -16,7 +16,7 @@ import duckdb
 
 SQL = """
 WITH logs AS (
-    SELECT * FROM read_parquet($logs_glob, hive_partitioning = true)
+    SELECT * FROM read_parquet($logs_glob, hive_partitioning = true, union_by_name = true)
 ),
 raw_labels AS (
     SELECT trim(CAST({key} AS VARCHAR)) AS key,
@@ -38,29 +38,29 @@ labels AS (              -- valid labels, first row per key wins
     QUALIFY row_number() OVER (PARTITION BY key ORDER BY rn) = 1
 ),
 joined AS (
-    SELECT l.model, l.version, l.role, l.score, lb.label
+    SELECT l.model, l.version, l.role, coalesce(l.protocol, 'unknown') AS protocol, l.score, lb.label
     FROM logs l LEFT JOIN labels lb ON lb.key = l.{log_key}
 ),
 ranked AS (              -- average rank of tied scores, per group, labelled & scored rows
-    SELECT model, version, role, label,
-           rank() OVER (PARTITION BY model, version, role ORDER BY score)
-             + (count(*) OVER (PARTITION BY model, version, role, score) - 1) / 2.0 AS r
+    SELECT model, version, role, protocol, label,
+           rank() OVER (PARTITION BY model, version, role, protocol ORDER BY score)
+             + (count(*) OVER (PARTITION BY model, version, role, protocol, score) - 1) / 2.0 AS r
     FROM joined
     WHERE label IS NOT NULL AND score IS NOT NULL AND isfinite(score)
 ),
 auc AS (                 -- Mann-Whitney U / (pos * neg)
-    SELECT model, version, role,
+    SELECT model, version, role, protocol,
            (sum(r) FILTER (WHERE label = 1)
              - count(*) FILTER (WHERE label = 1) * (count(*) FILTER (WHERE label = 1) + 1) / 2.0)
            / nullif(count(*) FILTER (WHERE label = 1) * count(*) FILTER (WHERE label = 0), 0) AS roc_auc
     FROM ranked GROUP BY ALL
 )
-SELECT j.model, j.version, j.role,
+SELECT j.model, j.version, j.role, j.protocol,
        count(*) AS predictions,
        count(j.label) AS labelled,
        count(*) FILTER (WHERE j.label = 1) AS positives,
        any_value(a.roc_auc) AS roc_auc
-FROM joined j LEFT JOIN auc a USING (model, version, role)
+FROM joined j LEFT JOIN auc a USING (model, version, role, protocol)
 GROUP BY ALL
 ORDER BY ALL
 """
@@ -85,12 +85,12 @@ def main() -> int:
     sql = SQL.format(key=args.key, label=args.label, labels_source=labels_source, log_key="request_id")
     con = duckdb.connect()
     rows = con.execute(sql, {"logs_glob": f"{args.logs}/**/*.parquet", "labels": args.labels}).fetchall()
-    duck = {(m, v, r): (p, l, pos, auc) for m, v, r, p, l, pos, auc in rows}
+    duck = {(m, v, r, pr): (p, l, pos, auc) for m, v, r, pr, p, l, pos, auc in rows}
 
     with open(args.join) as f:
         report = json.load(f)
     ours = {
-        (g["model"], g["version"], g["role"]): (g["predictions"], g["labelled"], g["positives"], g["roc_auc"])
+        (g["model"], g["version"], g["role"], g["protocol"]): (g["predictions"], g["labelled"], g["positives"], g["roc_auc"])
         for g in report["groups"]
     }
 
@@ -108,7 +108,7 @@ def main() -> int:
         problems.append(f"records: duckdb {total} vs join {report['records']}")
 
     for k in sorted(duck):
-        print(f"{k[0]} v{k[1]} {k[2]}: predictions={duck[k][0]} labelled={duck[k][1]} "
+        print(f"{k[0]} v{k[1]} {k[2]} {k[3]}: predictions={duck[k][0]} labelled={duck[k][1]} "
               f"positives={duck[k][2]} auc={duck[k][3]}")
     if problems:
         print("MISMATCH:\n  " + "\n  ".join(problems))

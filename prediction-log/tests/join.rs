@@ -3,7 +3,8 @@
 
 use mesh_prediction_log::commands::{run_join, JoinArgs};
 use mesh_prediction_log::{
-    join, source, JoinOptions, LogConfig, PredictionLog, PredictionRecord, Role, StageMicros,
+    join, source, JoinOptions, LogConfig, PredictionLog, PredictionRecord, Protocol, Role,
+    StageMicros,
 };
 use std::path::Path;
 
@@ -239,6 +240,7 @@ async fn parquet_labels_give_the_same_report_and_cli_prints_json_and_text() {
         label: "label".into(),
         thresholds: vec![0.5],
         include_wal: false,
+        protocol: None,
         json: true,
     };
     let mut out = Vec::new();
@@ -256,7 +258,7 @@ async fn parquet_labels_give_the_same_report_and_cli_prints_json_and_text() {
     run_join(&args, &mut out).unwrap();
     let text = String::from_utf8(out).unwrap();
     assert!(text.contains("2 unknown keys"), "{text}");
-    assert!(text.contains("fraud version 2 (shadow)"), "{text}");
+    assert!(text.contains("fraud version 2 (shadow, decide)"), "{text}");
 
     // A missing label column is an error that names the columns there are.
     args.label = "outcome".into();
@@ -285,15 +287,21 @@ async fn join_on_an_entity_key() {
     assert_eq!(r.labels.unknown_keys, 1);
 }
 
-/// The DuckDB check of .ci/run, run here too when python3 has the `duckdb` package.
-#[tokio::test]
-async fn duckdb_reads_the_same_counts_and_auc() {
-    let has_duckdb = std::process::Command::new("python3")
+fn has_duckdb() -> bool {
+    let has = std::process::Command::new("python3")
         .args(["-c", "import duckdb"])
         .status()
         .is_ok_and(|s| s.success());
-    if !has_duckdb {
+    if !has {
         eprintln!("SKIP: python3 with the duckdb package is not available");
+    }
+    has
+}
+
+/// The DuckDB check of .ci/run, run here too when python3 has the `duckdb` package.
+#[tokio::test]
+async fn duckdb_reads_the_same_counts_and_auc() {
+    if !has_duckdb() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -301,6 +309,12 @@ async fn duckdb_reads_the_same_counts_and_auc() {
     write_log(&logs).await;
     let labels = dir.path().join("labels.csv");
     std::fs::write(&labels, LABELS_CSV).unwrap();
+    duckdb_check(dir.path(), &logs, &labels);
+}
+
+/// Runs tests/duckdb_check.py against `mesh logs join --json` of `logs`.
+fn duckdb_check(dir: &Path, logs: &Path, labels: &Path) {
+    let (logs, labels) = (logs.to_path_buf(), labels.to_path_buf());
     let args = JoinArgs {
         logs: logs.clone(),
         labels: labels.clone(),
@@ -308,9 +322,10 @@ async fn duckdb_reads_the_same_counts_and_auc() {
         label: "label".into(),
         thresholds: vec![],
         include_wal: false,
+        protocol: None,
         json: true,
     };
-    let json = dir.path().join("join.json");
+    let json = dir.join("join.json");
     run_join(&args, &mut std::fs::File::create(&json).unwrap()).unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/duckdb_check.py");
     let out = std::process::Command::new("python3")
@@ -342,9 +357,14 @@ async fn join_names_records_in_the_wal_and_refuses_a_missing_dir() {
     let logs = dir.path().join("logs");
     let (log, writer) = PredictionLog::start(LogConfig::new(&logs)).unwrap();
     for i in 0..3 {
-        log.record_wait(PredictionRecord::new(format!("w{i}"), "fraud", "1", Role::Primary))
-            .await
-            .unwrap();
+        log.record_wait(PredictionRecord::new(
+            format!("w{i}"),
+            "fraud",
+            "1",
+            Role::Primary,
+        ))
+        .await
+        .unwrap();
     }
     assert_eq!(log.flush().await.unwrap(), 3);
     let mut args = JoinArgs {
@@ -354,6 +374,7 @@ async fn join_names_records_in_the_wal_and_refuses_a_missing_dir() {
         label: "label".into(),
         thresholds: vec![],
         include_wal: false,
+        protocol: None,
         json: false,
     };
     let mut out = Vec::new();
@@ -376,5 +397,105 @@ async fn join_names_records_in_the_wal_and_refuses_a_missing_dir() {
 
     args.logs = dir.path().join("no-such-dir");
     let e = run_join(&args, &mut Vec::new()).unwrap_err().to_string();
-    assert!(e.contains("no-such-dir") && e.contains("does not exist"), "{e}");
+    assert!(
+        e.contains("no-such-dir") && e.contains("does not exist"),
+        "{e}"
+    );
+}
+
+/// Decisions and OIP calls of the same model version and role (a `mesh bench --target
+/// infer` run next to live traffic) land in separate groups, and `--protocol` keeps one.
+#[tokio::test]
+async fn join_separates_protocols() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("log");
+    let (log, writer) = PredictionLog::start(LogConfig::new(&logs)).unwrap();
+    // Decisions: a1..a4, well separated. OIP gRPC: the same ids, reversed scores, 3 times
+    // (a bench); OIP HTTP: one row.
+    let decide = [("a1", 0.9), ("a2", 0.8), ("a3", 0.2), ("a4", 0.1)];
+    for (id, s) in decide {
+        let mut r = PredictionRecord::new(id, "fraud", "1", Role::Primary);
+        r.score = Some(s);
+        r.decision = Some("approve".into());
+        log.record_wait(r).await.unwrap();
+    }
+    for _ in 0..3 {
+        for (id, s) in decide {
+            let mut r = PredictionRecord::new(id, "fraud", "1", Role::Primary);
+            r.protocol = Protocol::OipGrpc;
+            r.score = Some(1.0 - s);
+            log.record_wait(r).await.unwrap();
+        }
+    }
+    let mut r = PredictionRecord::new("a1", "fraud", "1", Role::Primary);
+    r.protocol = Protocol::OipHttp;
+    r.score = Some(0.5);
+    log.record_wait(r).await.unwrap();
+    log.shutdown().await.unwrap();
+    writer.join().unwrap();
+    let labels = dir.path().join("labels.csv");
+    std::fs::write(&labels, "request_id,label\na1,1\na2,1\na3,0\na4,0\n").unwrap();
+
+    let r = join(&logs, &labels, &JoinOptions::default()).unwrap();
+    assert_eq!(r.records, 17);
+    let groups: Vec<(Protocol, u64, Option<f64>)> = r
+        .groups
+        .iter()
+        .map(|g| {
+            assert_eq!(
+                (g.model.as_str(), g.version.as_str(), g.role),
+                ("fraud", "1", Role::Primary)
+            );
+            (g.protocol, g.predictions, g.roc_auc)
+        })
+        .collect();
+    assert_eq!(
+        groups,
+        vec![
+            (Protocol::Decide, 4, Some(1.0)),
+            (Protocol::OipGrpc, 12, Some(0.0)),
+            (Protocol::OipHttp, 1, None),
+        ]
+    );
+    let json = serde_json::to_value(&r).unwrap();
+    assert_eq!(json["groups"][1]["protocol"], "oip_grpc");
+
+    // --protocol keeps one.
+    let mut args = JoinArgs {
+        logs: logs.clone(),
+        labels: labels.clone(),
+        key: "request_id".into(),
+        label: "label".into(),
+        thresholds: vec![],
+        include_wal: false,
+        protocol: Some(Protocol::Decide),
+        json: false,
+    };
+    let mut out = Vec::new();
+    run_join(&args, &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.contains("protocol:    decide only"), "{text}");
+    assert!(text.contains("predictions: 4 records"), "{text}");
+    assert!(text.contains("fraud version 1 (primary, decide)"), "{text}");
+    assert!(!text.contains("oip_grpc"), "{text}");
+    args.protocol = Some(Protocol::OipGrpc);
+    args.json = true;
+    let mut out = Vec::new();
+    run_join(&args, &mut out).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["protocol"], "oip_grpc");
+    assert_eq!(v["records"], 12);
+    assert_eq!(v["groups"].as_array().unwrap().len(), 1);
+    assert_eq!(v["groups"][0]["protocol"], "oip_grpc");
+    assert_eq!(v["groups"][0]["labelled"], 12);
+    args.protocol = None;
+    let mut out = Vec::new();
+    run_join(&args, &mut out).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["protocol"], serde_json::Value::Null);
+    assert_eq!(v["records"], 17);
+
+    if has_duckdb() {
+        duckdb_check(dir.path(), &logs, &labels);
+    }
 }

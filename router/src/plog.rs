@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use mesh_prediction_log::{
     source, FeatureLogging, FeatureUsed, LogConfig, PredictionLog, PredictionLogHandle,
-    PredictionRecord, Role, StageMicros, WriterTask,
+    PredictionRecord, Protocol, Role, StageMicros, WriterTask,
 };
 use serde::Deserialize;
 
@@ -97,6 +97,7 @@ impl OutcomeSink for LogSink {
             o.version.map(|v| v.to_string()).unwrap_or_default(),
             o.role,
         );
+        rec.protocol = Protocol::Decide;
         rec.entity_keys = o.entities.clone();
         rec.features = Some(
             o.features
@@ -119,9 +120,11 @@ impl OutcomeSink for LogSink {
 }
 
 /// One record per row of an OIP prediction (first output value as the score).
+/// `protocol` is the transport, `"grpc"` or `"http"` (logged as `oip_grpc` / `oip_http`).
 #[allow(clippy::too_many_arguments)]
 pub fn record_oip(
     log: &PredictionLogHandle,
+    protocol: &str,
     request_id: &str,
     model: &str,
     version: u64,
@@ -129,6 +132,7 @@ pub fn record_oip(
     cols: usize,
     stages: StageMicros,
 ) {
+    let protocol = Protocol::oip(protocol);
     let rows = outputs.len() / cols.max(1);
     for (i, row) in outputs.chunks(cols.max(1)).enumerate() {
         let id = if rows == 1 {
@@ -137,6 +141,7 @@ pub fn record_oip(
             format!("{request_id}#{i}")
         };
         let mut rec = PredictionRecord::new(id, model, version.to_string(), Role::Primary);
+        rec.protocol = protocol;
         rec.features = Some(Vec::new());
         rec.score = row.first().map(|x| f64::from(*x));
         rec.source = source::MODEL.to_owned();

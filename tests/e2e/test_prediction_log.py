@@ -1,10 +1,12 @@
 """The prediction log of a running `mesh serve`: every OIP prediction is logged,
 the Parquet files are read by DuckDB alone, and DuckDB's per-version counts and ROC
-AUC equal those of `mesh logs join`."""
+AUC equal those of `mesh logs join`. Every record carries the protocol it came in
+by (`oip_grpc` here), which DuckDB sees as a column and the join groups by."""
 import json
 import subprocess
 import sys
 
+import duckdb
 import numpy as np
 import tritonclient.grpc as grpcclient
 
@@ -38,6 +40,8 @@ def test_log_join_matches_duckdb(tmp_path, samples):
     report = json.loads(out)
     (tmp_path / "join.json").write_text(out)
     group = [g for g in report["groups"] if g["version"] == "1"][0]
+    assert group["protocol"] == "oip_grpc"
+    assert {g["protocol"] for g in report["groups"]} == {"oip_grpc"}
     assert group["predictions"] == 1000
     assert group["labelled"] == 900
     assert group["roc_auc"] > 0.98
@@ -45,6 +49,18 @@ def test_log_join_matches_duckdb(tmp_path, samples):
         [mesh_binary(), "logs", "join", "--logs", str(logs), "--labels", str(lab)], check=True, capture_output=True, text=True
     ).stdout
     assert "fraud_mlp" in human
+    assert "oip_grpc" in human
+    # DuckDB sees the protocol column: all 1000 rows came in over OIP gRPC.
+    protocols = duckdb.connect().execute(
+        "SELECT protocol, count(*) FROM read_parquet($g, hive_partitioning = true) GROUP BY ALL",
+        {"g": f"{logs}/**/*.parquet"},
+    ).fetchall()
+    assert protocols == [("oip_grpc", 1000)], protocols
+    only = json.loads(subprocess.run(
+        [mesh_binary(), "logs", "join", "--logs", str(logs), "--labels", str(lab), "--json", "--protocol", "decide"],
+        check=True, capture_output=True, text=True,
+    ).stdout)
+    assert only["protocol"] == "decide" and only["records"] == 0 and only["groups"] == []
     check = subprocess.run(
         [sys.executable, str(ROOT / "prediction-log/tests/duckdb_check.py"), "--logs", str(logs), "--labels", str(lab),
          "--join", str(tmp_path / "join.json")],

@@ -1,5 +1,6 @@
-//! Joining the prediction log with labels that arrive later: per model version and role,
-//! how good the scores were and how the requests were served.
+//! Joining the prediction log with labels that arrive later: per model version, role and
+//! protocol (decisions apart from OIP calls), how good the scores were and how the requests
+//! were served.
 
 mod labels;
 mod report;
@@ -11,7 +12,7 @@ pub use report::{
 
 use crate::error::Result;
 use crate::reader::{scan, ReadOptions};
-use crate::record::{source, PredictionRecord, Role, StageMicros};
+use crate::record::{source, PredictionRecord, Protocol, Role, StageMicros};
 use stats::{percentile, roc_auc, Confusion};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -28,6 +29,8 @@ pub struct JoinOptions {
     pub score_thresholds: Vec<f64>,
     /// Also read wal files (records not yet in a closed segment).
     pub include_wal: bool,
+    /// Keep only the records of this protocol (`None`: all, each in its own group).
+    pub protocol: Option<Protocol>,
 }
 
 impl Default for JoinOptions {
@@ -37,6 +40,7 @@ impl Default for JoinOptions {
             label: "label".into(),
             score_thresholds: Vec::new(),
             include_wal: false,
+            protocol: None,
         }
     }
 }
@@ -64,7 +68,7 @@ struct GroupAcc {
 /// row, or `.parquet`). Label anomalies are counted in the report, never errors.
 pub fn join(logs_dir: &Path, labels_path: &Path, opts: &JoinOptions) -> Result<JoinReport> {
     let mut labels = labels::load(labels_path, &opts.key, &opts.label)?;
-    let mut groups: HashMap<(String, String, Role), GroupAcc> = HashMap::new();
+    let mut groups: HashMap<GroupKey, GroupAcc> = HashMap::new();
     let mut records = 0u64;
     let mut unlabelled = 0u64;
     let key_of = |r: &PredictionRecord| -> Option<String> {
@@ -83,6 +87,9 @@ pub fn join(logs_dir: &Path, labels_path: &Path, opts: &JoinOptions) -> Result<J
             include_wal: opts.include_wal,
         },
         |r| {
+            if opts.protocol.is_some_and(|p| p != r.protocol) {
+                return;
+            }
             records += 1;
             let label = key_of(&r).and_then(|k| {
                 labels.map.get_mut(&k).map(|(label, matched)| {
@@ -91,7 +98,7 @@ pub fn join(logs_dir: &Path, labels_path: &Path, opts: &JoinOptions) -> Result<J
                 })
             });
             let g = groups
-                .entry((r.model.clone(), r.version.clone(), r.role))
+                .entry((r.model.clone(), r.version.clone(), r.role, r.protocol))
                 .or_insert_with(|| GroupAcc {
                     score_points: vec![Confusion::default(); opts.score_thresholds.len()],
                     ..GroupAcc::default()
@@ -140,12 +147,20 @@ pub fn join(logs_dir: &Path, labels_path: &Path, opts: &JoinOptions) -> Result<J
         .map(|(k, g)| finish_group(k, g, opts))
         .collect();
     out.sort_by(|a, b| {
-        (&a.model, a.version.parse::<u64>().ok(), &a.version, a.role).cmp(&(
-            &b.model,
-            b.version.parse::<u64>().ok(),
-            &b.version,
-            b.role,
-        ))
+        (
+            &a.model,
+            a.version.parse::<u64>().ok(),
+            &a.version,
+            a.role,
+            a.protocol,
+        )
+            .cmp(&(
+                &b.model,
+                b.version.parse::<u64>().ok(),
+                &b.version,
+                b.role,
+                b.protocol,
+            ))
     });
     Ok(JoinReport {
         logs_dir: logs_dir.to_path_buf(),
@@ -159,8 +174,11 @@ pub fn join(logs_dir: &Path, labels_path: &Path, opts: &JoinOptions) -> Result<J
     })
 }
 
+/// What records are grouped by: model, version, role, protocol.
+type GroupKey = (String, String, Role, Protocol);
+
 fn finish_group(
-    (model, version, role): (String, String, Role),
+    (model, version, role, protocol): GroupKey,
     mut g: GroupAcc,
     opts: &JoinOptions,
 ) -> GroupReport {
@@ -211,6 +229,7 @@ fn finish_group(
         model,
         version,
         role,
+        protocol,
         predictions: g.predictions,
         labelled: g.labelled,
         positives: g.positives,

@@ -1,7 +1,7 @@
 //! The join's result: serde for `--json`, `Display` for people.
 
 use super::stats::Confusion;
-use crate::record::{Role, StageMicros};
+use crate::record::{Protocol, Role, StageMicros};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -13,12 +13,12 @@ pub struct JoinReport {
     pub labels_path: PathBuf,
     pub key: String,
     pub label_column: String,
-    /// Prediction records read.
+    /// Prediction records joined (of `JoinOptions::protocol`, when one was given).
     pub records: u64,
     /// Records whose key has no (valid) label.
     pub unlabelled_predictions: u64,
     pub labels: LabelSummary,
-    /// One per (model, version, role), sorted.
+    /// One per (model, version, role, protocol), sorted.
     pub groups: Vec<GroupReport>,
 }
 
@@ -43,6 +43,9 @@ pub struct GroupReport {
     pub model: String,
     pub version: String,
     pub role: Role,
+    /// `decide`, `oip_grpc`, `oip_http`, or `unknown` (records written before the
+    /// log recorded it).
+    pub protocol: Protocol,
     pub predictions: u64,
     pub labelled: u64,
     pub positives: u64,
@@ -135,10 +138,11 @@ impl fmt::Display for JoinReport {
         writeln!(f)?;
         writeln!(
             f,
-            "{:<16} {:>8} {:<8} {:>11} {:>9} {:>7} {:>7} {:>7} {:>9}",
+            "{:<16} {:>8} {:<8} {:<9} {:>11} {:>9} {:>7} {:>7} {:>7} {:>9}",
             "model",
             "version",
             "role",
+            "protocol",
             "predictions",
             "labelled",
             "pos",
@@ -149,10 +153,11 @@ impl fmt::Display for JoinReport {
         for g in &self.groups {
             writeln!(
                 f,
-                "{:<16} {:>8} {:<8} {:>11} {:>9} {:>7} {:>7} {:>7} {:>8.2}%",
+                "{:<16} {:>8} {:<8} {:<9} {:>11} {:>9} {:>7} {:>7} {:>7} {:>8.2}%",
                 g.model,
                 g.version,
                 g.role.as_str(),
+                g.protocol.as_str(),
                 g.predictions,
                 g.labelled,
                 g.positives,
@@ -163,7 +168,11 @@ impl fmt::Display for JoinReport {
         }
         for g in &self.groups {
             writeln!(f)?;
-            writeln!(f, "{} version {} ({})", g.model, g.version, g.role)?;
+            writeln!(
+                f,
+                "{} version {} ({}, {})",
+                g.model, g.version, g.role, g.protocol
+            )?;
             for p in &g.operating_points {
                 writeln!(
                     f,

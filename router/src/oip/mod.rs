@@ -131,7 +131,16 @@ impl Core {
                 total: us(started.elapsed()),
                 ..Default::default()
             };
-            crate::plog::record_oip(log, &id, h.name(), out.version, &out.data, out.cols, stages);
+            crate::plog::record_oip(
+                log,
+                protocol,
+                &id,
+                h.name(),
+                out.version,
+                &out.data,
+                out.cols,
+                stages,
+            );
         }
         result
     }
