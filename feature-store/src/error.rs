@@ -84,8 +84,8 @@ fn open_message(path: &std::path::Path, kind: OpenFailure, detail: &str) -> Stri
     match kind {
         OpenFailure::LockHeld => format!(
             "feature store at {p} is locked by another process (is another `mesh` running on it?): {detail}. \
-             Stop that process, or point this one at another directory. If no process holds it, the \
-             directory is unusable: {rebuild}"
+             To write to a running mesh's store, go through it: `mesh features ingest --addr <grpc address>` \
+             (Push, with the writer token). Otherwise stop that process, or point this one at another directory."
         ),
         OpenFailure::Corrupt => format!(
             "feature store at {p} is corrupt and cannot be opened: {detail}. {rebuild}"
