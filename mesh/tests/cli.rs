@@ -2,14 +2,12 @@
 //! example model, the example views, demo features in a sled store): `mesh decide`
 //! from flags and from JSON, `mesh features get` and `mesh features list`, and a
 //! user error that exits 1 with one line and no backtrace.
+mod common;
+use common::{args, root};
+
 use std::path::Path;
-use std::process::Command;
 
 use mesh_router::config::MeshConfig;
-
-fn root() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 /// A mesh on loopback over a copy of the example model and the example views,
 /// with the demo's cards and merchants in its store.
@@ -52,37 +50,9 @@ async fn mesh(dir: &Path) -> mesh_router::server::Running {
     mesh_router::server::start_mesh(&cfg).await.unwrap()
 }
 
-/// Runs the binary (off the runtime's threads) and returns (exit code, stdout, stderr).
+/// Runs the binary with `stdin`: (exit code, stdout, stderr).
 async fn mesh_cli(args: Vec<String>, stdin: Option<&str>) -> (i32, String, String) {
-    let stdin = stdin.map(str::to_owned);
-    tokio::task::spawn_blocking(move || {
-        use std::io::Write;
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mesh"));
-        cmd.args(&args)
-            .env("RUST_BACKTRACE", "1")
-            .env_remove("RUST_LOG")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        let mut child = cmd.spawn().unwrap();
-        let mut pipe = child.stdin.take().unwrap();
-        if let Some(s) = stdin {
-            pipe.write_all(s.as_bytes()).unwrap();
-        }
-        drop(pipe);
-        let out = child.wait_with_output().unwrap();
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    })
-    .await
-    .unwrap()
-}
-
-fn args(a: &[&str]) -> Vec<String> {
-    a.iter().map(|s| (*s).to_owned()).collect()
+    common::run_mesh(args, stdin, vec![]).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

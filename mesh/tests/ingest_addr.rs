@@ -4,18 +4,16 @@
 //! applies on this path too.
 #![allow(clippy::unwrap_used)] // tests may unwrap
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
+use common::{args, root};
+
+use std::path::Path;
 
 use mesh_router::config::{MeshConfig, Role};
 
 const TOKEN: &str = "writer-token-for-the-ingest-test-0123";
 /// 2025-11-30T10:53:20Z in Unix microseconds.
 const T_2025: i64 = 1_764_500_000_000_000;
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 /// The sample CSV of feature-store/README.md ("File formats", "Sample").
 fn readme_sample_csv() -> String {
@@ -44,32 +42,9 @@ async fn store(dir: &Path) -> mesh_router::server::Running {
     mesh_router::server::start_mesh(&cfg).await.unwrap()
 }
 
-/// Runs the binary off the runtime's threads: (exit code, stdout, stderr).
+/// Runs the binary with `env` set: (exit code, stdout, stderr).
 async fn mesh_cli(args: Vec<String>, env: Vec<(&'static str, String)>) -> (i32, String, String) {
-    tokio::task::spawn_blocking(move || {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mesh"));
-        cmd.args(&args)
-            .env("RUST_BACKTRACE", "1")
-            .env_remove("RUST_LOG")
-            .env_remove("MESH_WRITER_TOKEN")
-            .env_remove("MESH_FEATURES")
-            .env_remove("MESH_VIEWS");
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let out = cmd.output().unwrap();
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    })
-    .await
-    .unwrap()
-}
-
-fn args(a: &[&str]) -> Vec<String> {
-    a.iter().map(|s| (*s).to_owned()).collect()
+    common::run_mesh(args, None, env).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,7 +12,7 @@ use common::*;
 
 use std::path::Path;
 
-use mesh_model_actor::{ActorSystem, Batch, ModelError, ModelRepository, VersionHandle};
+use mesh_model_actor::{ActorSystem, ModelError, ModelRepository, VersionHandle};
 
 const NAME: &str = "fraud_onnx";
 
@@ -49,19 +49,7 @@ async fn load_all(repo: &ModelRepository) {
 }
 
 async fn infer(h: &VersionHandle, rows: &[&[f32]]) -> Result<Vec<f32>, ModelError> {
-    let data: Vec<f32> = rows.iter().flat_map(|r| r.iter().copied()).collect();
-    let out = h
-        .infer(
-            Batch {
-                rows: rows.len(),
-                cols: 32,
-                data,
-            },
-            deadline(),
-        )
-        .await?;
-    assert_eq!((out.rows, out.cols), (rows.len(), 1));
-    Ok(out.data)
+    infer_rows(h, rows, 32).await
 }
 
 #[test]

@@ -6,18 +6,16 @@
 //! version keeps serving.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+use common::{infer_rows, root};
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use mesh_model_actor::{ActorSystem, Batch, ModelError, ModelRepository, VersionHandle};
+use mesh_model_actor::{ActorSystem, ModelError, ModelRepository, VersionHandle};
 
 const TOLERANCE: f64 = 1e-6;
 const FEATURES: usize = 34;
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 fn data_dir() -> PathBuf {
     root().join("tests/data/fraud-trees")
@@ -89,24 +87,8 @@ fn write_model(dst: &Path, name: &str, versions: &[u64], edit: impl Fn(String) -
     }
 }
 
-fn deadline() -> Option<Instant> {
-    Some(Instant::now() + Duration::from_secs(20))
-}
-
 async fn infer(h: &VersionHandle, rows: &[Vec<f32>]) -> Result<Vec<f32>, ModelError> {
-    let data: Vec<f32> = rows.iter().flatten().copied().collect();
-    let out = h
-        .infer(
-            Batch {
-                rows: rows.len(),
-                cols: FEATURES,
-                data,
-            },
-            deadline(),
-        )
-        .await?;
-    assert_eq!((out.rows, out.cols), (rows.len(), 1));
-    Ok(out.data)
+    infer_rows(h, rows, FEATURES).await
 }
 
 #[test]

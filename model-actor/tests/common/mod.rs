@@ -35,3 +35,24 @@ pub fn samples() -> Vec<(Vec<f32>, f32)> {
 pub fn deadline() -> Option<Instant> {
     Some(Instant::now() + Duration::from_secs(10))
 }
+
+/// Sends `rows` (each `cols` wide) as one request; checks the answer is one value
+/// per row and returns the values.
+pub async fn infer_rows<R: AsRef<[f32]>>(
+    h: &mesh_model_actor::VersionHandle,
+    rows: &[R],
+    cols: usize,
+) -> Result<Vec<f32>, mesh_model_actor::ModelError> {
+    let data: Vec<f32> = rows
+        .iter()
+        .flat_map(|r| r.as_ref().iter().copied())
+        .collect();
+    let batch = mesh_model_actor::Batch {
+        rows: rows.len(),
+        cols,
+        data,
+    };
+    let out = h.infer(batch, deadline()).await?;
+    assert_eq!((out.rows, out.cols), (rows.len(), 1));
+    Ok(out.data)
+}

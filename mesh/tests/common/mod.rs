@@ -1,0 +1,58 @@
+//! What the `mesh` binary's integration tests share: the repository root and a way
+//! to run the built binary.
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Owned command-line arguments.
+pub fn args(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// Runs the built `mesh` binary off the runtime's threads, with `stdin` written to
+/// it and `env` set, and returns (exit code, stdout, stderr). It runs as a user's
+/// shell would with backtraces on, and without the `MESH_*` and `RUST_LOG`
+/// variables of the environment the tests run in.
+pub async fn run_mesh(
+    args: Vec<String>,
+    stdin: Option<&str>,
+    env: Vec<(&'static str, String)>,
+) -> (i32, String, String) {
+    let stdin = stdin.map(str::to_owned);
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mesh"));
+        cmd.args(&args)
+            .env("RUST_BACKTRACE", "1")
+            .env_remove("RUST_LOG")
+            .env_remove("MESH_WRITER_TOKEN")
+            .env_remove("MESH_FEATURES")
+            .env_remove("MESH_VIEWS")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let mut pipe = child.stdin.take().unwrap();
+        if let Some(s) = stdin {
+            pipe.write_all(s.as_bytes()).unwrap();
+        }
+        drop(pipe);
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    })
+    .await
+    .unwrap()
+}
