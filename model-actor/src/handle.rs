@@ -154,9 +154,10 @@ impl VersionHandle {
         }
         // NaN only where model.toml declares missing values, category codes where
         // it declares categorical columns, never infinity.
-        self.config
-            .check_values(&batch.data, cols)
-            .map_err(ModelError::InvalidInput)?;
+        // Every caller (OIP, decisions, batch scoring) passes here, once.
+        self.config.check_values(&batch.data, cols).map_err(|e| {
+            ModelError::InvalidInput(format!("input '{}': {e}", self.config.input().name))
+        })?;
         let Ok(permit) = self.permits.clone().try_acquire_owned() else {
             self.meters.overloaded.increment(1);
             return Err(ModelError::Overloaded {

@@ -140,10 +140,9 @@ pub fn to_batch(config: &ModelConfig, inputs: Vec<InputTensor>) -> Result<Batch,
     }
     let rows = t.shape[0] as usize;
     let cols = spec.row_width();
+    // The values are checked against the model's column rules once, where every
+    // caller passes: `VersionHandle::infer`.
     let data = t.data.into_f32();
-    config
-        .check_values(&data, cols)
-        .map_err(|e| RouterError::invalid(format!("input '{}': {e}", t.name)))?;
     Ok(Batch { rows, cols, data })
 }
 
@@ -260,17 +259,20 @@ mod tests {
         .unwrap()
     }
 
+    /// to_batch converts; the model's column rules (checked once, by
+    /// `VersionHandle::infer`, for every caller) judge what it produced.
     #[test]
     fn column_rules_come_from_the_model_config() {
         let c = trees_cfg();
         let batch = |v: Vec<f32>| {
             let n = v.len() as i64 / 3;
-            to_batch(&c, vec![input(vec![n, 3], Elements::Fp32(v))])
+            let b = to_batch(&c, vec![input(vec![n, 3], Elements::Fp32(v))]).unwrap();
+            c.check_values(&b.data, b.cols).map(|()| b)
         };
         // NaN in the declared missing column, codes in the categorical one: accepted.
         let b = batch(vec![f32::NAN, 1.5, 3.0, 0.0, -2.0, 0.0]).unwrap();
         assert!(b.data[0].is_nan());
-        let msg = |v: Vec<f32>| batch(v).unwrap_err().to_string();
+        let msg = |v: Vec<f32>| batch(v).unwrap_err();
         let e = msg(vec![0.0, 0.0, 0.0, 0.0, f32::NAN, 1.0]);
         assert!(e.contains("row 1 column 1") && e.contains("NaN"), "{e}");
         let e = msg(vec![0.0, 0.0, 0.0, f32::INFINITY, 0.0, 1.0]);
@@ -283,12 +285,12 @@ mod tests {
             assert!(e.contains("row 0 column 2"), "{bad}: {e}");
         }
         // FP64 beyond f32's range is infinite once converted.
-        let e = to_batch(
+        let b = to_batch(
             &c,
             vec![input(vec![1, 3], Elements::Fp64(vec![1e300, 0.0, 0.0]))],
         )
-        .unwrap_err()
-        .to_string();
+        .unwrap();
+        let e = c.check_values(&b.data, b.cols).unwrap_err();
         assert!(e.contains("infinite"), "{e}");
     }
 
@@ -306,11 +308,16 @@ mod tests {
             vec![input(vec![2, 2], Elements::Fp32(vec![0.0; 3]))]
         ))
         .contains("3 elements"));
-        assert!(msg(to_batch(
+        // NaN for the MLP: refused by its column rules (checked in VersionHandle::infer).
+        let nan = to_batch(
             &c,
-            vec![input(vec![1, 2], Elements::Fp32(vec![f32::NAN, 0.0]))]
-        ))
-        .contains("NaN"));
+            vec![input(vec![1, 2], Elements::Fp32(vec![f32::NAN, 0.0]))],
+        )
+        .unwrap();
+        assert!(c
+            .check_values(&nan.data, nan.cols)
+            .unwrap_err()
+            .contains("NaN"));
         let mut wrong = input(vec![1, 2], Elements::Fp32(vec![0.0; 2]));
         wrong.name = "x".into();
         assert!(msg(to_batch(&c, vec![wrong])).contains("unknown input 'x'"));
