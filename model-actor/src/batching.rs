@@ -1,6 +1,7 @@
-//! Batch formation as pure functions: what to drop, when to dispatch, how many
-//! requests to take, and how to glue rows together and split results apart.
-//! No actix, no candle: the batcher actor calls these and tests call them directly.
+//! Batch formation and admission as pure functions: whether a request can still be
+//! answered in time, what to drop, when to dispatch, how many requests to take, and
+//! how to glue rows together and split results apart. No threads, no candle: the
+//! queue (`batcher`) calls these and tests call them directly.
 use std::time::{Duration, Instant};
 
 /// What the planner needs to know about a waiting request.
@@ -28,7 +29,7 @@ pub struct Policy {
 /// Why a waiting request leaves the queue without being computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Drop {
-    /// Its deadline passed (or will before a batch could finish).
+    /// Its deadline passed.
     Expired,
     /// Its caller went away.
     Cancelled,
@@ -42,6 +43,72 @@ pub fn triage(w: &Waiting, now: Instant) -> Option<Drop> {
         Some(Drop::Expired)
     } else {
         None
+    }
+}
+
+/// What admission knows about the queue of one actor group when a request arrives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Load {
+    /// Rows already waiting (ahead of the new request).
+    pub rows_waiting: usize,
+    /// Rows of the new request.
+    pub rows: usize,
+    /// Rows per batch at most.
+    pub max_batch_size: usize,
+    /// Runner threads of the group.
+    pub runners: usize,
+    /// Runners computing a batch now.
+    pub busy: usize,
+    /// What is left of the batches running now, summed (each: the smoothed batch
+    /// time less the time it has run, at least zero).
+    pub running_left: Duration,
+    /// Smoothed time of one batch.
+    pub batch_time: Duration,
+}
+
+impl Load {
+    /// Batches that will run before the new request's, the queue packed in order:
+    /// the batch holding its last row, less one.
+    pub fn batches_ahead(&self) -> usize {
+        (self.rows_waiting + self.rows.max(1)).div_ceil(self.max_batch_size.max(1)) - 1
+    }
+
+    /// How long the new request waits for a runner: none while a runner is free for
+    /// its batch, else what is left of the running batches plus the batches ahead,
+    /// shared among the runners.
+    pub fn expected_wait(&self) -> Duration {
+        let ahead = self.batches_ahead();
+        let runners = self.runners.max(1);
+        if ahead < runners.saturating_sub(self.busy) {
+            return Duration::ZERO;
+        }
+        let work = self.running_left + self.batch_time.saturating_mul(ahead as u32);
+        work / runners as u32
+    }
+
+    /// Nothing running, nothing waiting.
+    pub fn idle(&self) -> bool {
+        self.busy == 0 && self.rows_waiting == 0
+    }
+
+    /// When the new request's answer is expected, from now: its wait plus its own batch.
+    pub fn expected_answer(&self) -> Duration {
+        self.expected_wait() + self.batch_time
+    }
+}
+
+/// Admission by deadline: `Ok` when the answer is expected within `remaining` (the
+/// time left before the request's deadline), else the expected time, so the refusal
+/// can say it. An idle group (nothing running, nothing waiting) admits any request:
+/// nothing is ahead of it, and running it is how the smoothed batch time is learned
+/// again after an outlier (were idle groups to refuse on a stale estimate, nothing
+/// would ever run to correct it).
+pub fn admit(load: &Load, remaining: Duration) -> Result<(), Duration> {
+    let expected = load.expected_answer();
+    if expected > remaining && !load.idle() {
+        Err(expected)
+    } else {
+        Ok(())
     }
 }
 
@@ -220,6 +287,61 @@ mod tests {
         );
         a.cancelled = true;
         assert_eq!(triage(&a, t0), Some(Drop::Cancelled));
+    }
+
+    fn load(rows_waiting: usize, busy: usize, running_left_ms: u64) -> Load {
+        Load {
+            rows_waiting,
+            rows: 1,
+            max_batch_size: 8,
+            runners: 2,
+            busy,
+            running_left: Duration::from_millis(running_left_ms),
+            batch_time: Duration::from_millis(10),
+        }
+    }
+
+    #[test]
+    fn a_free_runner_means_no_wait() {
+        // Nothing running: the request's batch starts at once.
+        assert_eq!(load(0, 0, 0).expected_wait(), Duration::ZERO);
+        // One of two runners busy, fewer than a full batch waiting: the free one.
+        assert_eq!(load(7, 1, 4).expected_wait(), Duration::ZERO);
+        assert_eq!(load(7, 1, 4).expected_answer(), Duration::from_millis(10));
+    }
+
+    #[test]
+    fn expected_wait_shares_the_work_ahead_among_the_runners() {
+        // Both runners busy (3 + 5 ms left), 2 full batches waiting (16 rows):
+        // (8 ms + 2 x 10 ms) / 2 runners = 14 ms, answered 10 ms later.
+        let l = load(16, 2, 8);
+        assert_eq!(l.batches_ahead(), 2);
+        assert_eq!(l.expected_wait(), Duration::from_millis(14));
+        assert_eq!(l.expected_answer(), Duration::from_millis(24));
+        // A partial batch ahead is one the request joins, not one it waits for,
+        // unless the request's rows do not fit in it.
+        assert_eq!(load(20, 2, 8).batches_ahead(), 2);
+        let big = Load { rows: 5, ..load(20, 2, 8) };
+        assert_eq!(big.batches_ahead(), 3);
+    }
+
+    #[test]
+    fn admission_refuses_what_cannot_be_answered_in_time() {
+        let l = load(16, 2, 8);
+        assert_eq!(admit(&l, Duration::from_millis(24)), Ok(()));
+        assert_eq!(
+            admit(&l, Duration::from_millis(23)),
+            Err(Duration::from_millis(24))
+        );
+        // One runner busy with nothing waiting: the other one answers in a batch
+        // time, which must fit.
+        assert_eq!(
+            admit(&load(0, 1, 4), Duration::from_millis(9)),
+            Err(Duration::from_millis(10))
+        );
+        // An idle group admits even what its estimate says is late: that is how
+        // an estimate spoiled by one slow batch gets corrected.
+        assert_eq!(admit(&load(0, 0, 0), Duration::from_millis(1)), Ok(()));
     }
 
     #[test]
