@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
-use super::report::{Bucket, Report, Window};
+use super::report::{Bucket, Report, Useful, Window};
 
 /// Width of a time-series window.
 const WINDOW: Duration = Duration::from_secs(1);
@@ -25,6 +25,8 @@ pub struct Tally {
     codes: BTreeMap<String, u64>,
     sources: BTreeMap<String, u64>,
     stages: BTreeMap<&'static str, u64>,
+    /// With a deadline: model answers that arrived within it.
+    useful: Option<(Duration, u64)>,
 }
 
 impl Tally {
@@ -37,7 +39,24 @@ impl Tally {
             codes: BTreeMap::new(),
             sources: BTreeMap::new(),
             stages: BTreeMap::new(),
+            useful: None,
         })
+    }
+
+    /// Counts useful answers against `deadline` from now on.
+    pub fn with_deadline(mut self, deadline: Option<Duration>) -> Self {
+        self.useful = deadline.map(|d| (d, 0));
+        self
+    }
+
+    /// Counts one answer as useful if it came from a model (`from_model`) within
+    /// the deadline (`us` from when it was due).
+    pub fn useful(&mut self, us: u64, from_model: bool) {
+        if let Some((d, n)) = &mut self.useful {
+            if from_model && u128::from(us) <= d.as_micros() {
+                *n += 1;
+            }
+        }
     }
 
     /// Records one latency, in the window of `intended`.
@@ -131,6 +150,11 @@ impl Tally {
             max_us: self.hist.max(),
             codes: self.codes.clone(),
             sources: self.sources.clone(),
+            useful: self.useful.map(|(d, answers)| Useful {
+                deadline_ms: d.as_millis() as u64,
+                answers,
+                per_second: answers as f64 / secs,
+            }),
             stages_us: if self.stages.is_empty() {
                 server_stages
             } else {
@@ -289,6 +313,21 @@ mod tests {
         assert_eq!(r.windows.len(), 2);
         assert!((r.windows[1].seconds - 0.5).abs() < 1e-9);
         assert_eq!(r.histogram.iter().map(|b| b.count).sum::<u64>(), 4);
+        assert!(r.useful.is_none());
+        // With a deadline: model answers within it are useful; late ones and
+        // fallbacks are not.
+        let mut t = Tally::new(start, 2.0)
+            .unwrap()
+            .with_deadline(Some(Duration::from_millis(50)));
+        t.useful(49_000, true);
+        t.useful(50_000, true);
+        t.useful(50_001, true);
+        t.useful(100, false);
+        let u = t
+            .report("decide".into(), String::new(), 2.0, BTreeMap::new())
+            .useful
+            .unwrap();
+        assert_eq!((u.deadline_ms, u.answers, u.per_second), (50, 2, 1.0));
         // Without stage times in the answers (Infer), the server's are reported.
         let mut t = Tally::new(start, 1.0).unwrap();
         t.record(start, 100, true);
