@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
-use crate::batching::{admit, decide, triage, Decision, Drop, Load, Policy, Waiting};
+use crate::batching::{admit, decide, triage, Cost, Decision, Drop, Load, Policy, Waiting};
 use crate::error::ModelError;
 use crate::runner::Output;
 use crate::stats::Meters;
@@ -51,19 +51,14 @@ pub(crate) enum Refusal {
     },
 }
 
-/// Weight of the newest batch in the smoothed batch time: 1/8.
-const EWMA_WEIGHT: u32 = 8;
-
 struct State {
     waiting: VecDeque<Pending>,
     rows_waiting: usize,
-    /// When the batch of each runner (by slot) started, if it is computing one.
-    running: Vec<Option<Instant>>,
-    /// Smoothed time of one batch: admission's unit of work, and the time kept free
-    /// before a member's deadline when a batch waits for company.
-    batch_time: Duration,
-    /// Whether `batch_time` was measured (the first batch replaces the initial guess).
-    measured: bool,
+    /// The batch each runner (by slot) computes, if any: when it started, its rows.
+    running: Vec<Option<(Instant, usize)>>,
+    /// What a batch costs (learned): admission's unit of work, and the time kept
+    /// free before a member's deadline when a batch waits for company.
+    cost: Cost,
     closed: bool,
 }
 
@@ -71,21 +66,25 @@ impl State {
     fn load(&self, now: Instant, rows: usize, max_batch_size: usize) -> Load {
         let mut busy = 0;
         let mut running_left = Duration::ZERO;
-        for started in self.running.iter().flatten() {
+        for (started, n) in self.running.iter().flatten() {
             busy += 1;
             running_left += self
-                .batch_time
+                .cost
+                .time(*n)
                 .saturating_sub(now.saturating_duration_since(*started));
         }
-        Load {
+        let mut load = Load {
             rows_waiting: self.rows_waiting,
             rows,
             max_batch_size,
             runners: self.running.len(),
             busy,
             running_left,
-            batch_time: self.batch_time,
-        }
+            batch_time: self.cost.time(max_batch_size),
+            own_batch: Duration::ZERO,
+        };
+        load.own_batch = self.cost.time(load.own_batch_rows());
+        load
     }
 }
 
@@ -106,8 +105,7 @@ impl Queue {
                 waiting: VecDeque::new(),
                 rows_waiting: 0,
                 running: vec![None; runners.max(1)],
-                batch_time: policy.compute_reserve,
-                measured: false,
+                cost: Cost::new(policy.compute_reserve),
                 closed: false,
             }),
             work: Condvar::new(),
@@ -144,19 +142,18 @@ impl Queue {
         Ok(())
     }
 
-    /// For runner `slot`: records that its last batch is done (`computed`: its
-    /// forward-pass time, if it ran one), then blocks until there is a batch for it.
-    /// `None` once the queue closed.
-    pub fn next_batch(&self, slot: usize, computed: Option<Duration>) -> Option<Vec<Pending>> {
+    /// For runner `slot`: records that its last batch is done (`computed`: its rows
+    /// and forward-pass time, if it ran one), then blocks until there is a batch for
+    /// it. `None` once the queue closed.
+    pub fn next_batch(
+        &self,
+        slot: usize,
+        computed: Option<(usize, Duration)>,
+    ) -> Option<Vec<Pending>> {
         let mut s = self.state.lock();
         s.running[slot] = None;
-        if let Some(took) = computed {
-            s.batch_time = if s.measured {
-                (s.batch_time * (EWMA_WEIGHT - 1) + took) / EWMA_WEIGHT
-            } else {
-                took
-            };
-            s.measured = true;
+        if let Some((rows, took)) = computed {
+            s.cost.observe(rows, took);
         }
         loop {
             if s.closed {
@@ -165,7 +162,7 @@ impl Queue {
             let now = Instant::now();
             self.prune_head(&mut s, now);
             let policy = Policy {
-                compute_reserve: s.batch_time,
+                compute_reserve: s.cost.time(self.policy.max_batch_size),
                 ..self.policy
             };
             match decide(s.waiting.iter().map(Pending::waiting), now, &policy) {
@@ -176,7 +173,7 @@ impl Queue {
                 Decision::Dispatch { count, rows } => {
                     let items: Vec<Pending> = s.waiting.drain(..count).collect();
                     s.rows_waiting -= rows;
-                    s.running[slot] = Some(now);
+                    s.running[slot] = Some((now, rows));
                     let len = s.waiting.len();
                     drop(s);
                     self.meters.queue_length.set(len as f64);
@@ -225,8 +222,8 @@ impl Queue {
         self.work.notify_all();
     }
 
-    /// The smoothed batch time now.
-    pub fn batch_time(&self) -> Duration {
-        self.state.lock().batch_time
+    /// The expected time of a batch of `rows` rows now.
+    pub fn batch_time(&self, rows: usize) -> Duration {
+        self.state.lock().cost.time(rows)
     }
 }

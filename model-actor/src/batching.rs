@@ -46,6 +46,75 @@ pub fn triage(w: &Waiting, now: Instant) -> Option<Drop> {
     }
 }
 
+/// What a batch costs, learned from the batches that ran: the line `time = fixed +
+/// per_row x rows`, fitted by least squares with exponential forgetting (weight
+/// 1/8 on the newest batch). A compute-heavy model costs about the same per row
+/// whatever the batch; a small one costs mostly per batch: the line covers both,
+/// so the time of a full batch is known even while only small batches run.
+#[derive(Debug, Clone, Copy)]
+pub struct Cost {
+    /// Exponentially weighted means of rows, seconds, rows², rows x seconds.
+    n: f64,
+    t: f64,
+    nn: f64,
+    nt: f64,
+    measured: bool,
+}
+
+/// Weight of the newest batch in [`Cost`].
+const COST_WEIGHT: f64 = 1.0 / 8.0;
+
+impl Cost {
+    /// Before any batch ran: `guess` for a batch of any size.
+    pub fn new(guess: Duration) -> Self {
+        let t = guess.as_secs_f64();
+        Self {
+            n: 1.0,
+            t,
+            nn: 1.0,
+            nt: t,
+            measured: false,
+        }
+    }
+
+    /// Learns from one batch of `rows` rows that took `took`. The first one
+    /// replaces the initial guess.
+    pub fn observe(&mut self, rows: usize, took: Duration) {
+        let (n, t) = (rows.max(1) as f64, took.as_secs_f64());
+        let w = if self.measured { COST_WEIGHT } else { 1.0 };
+        self.n += w * (n - self.n);
+        self.t += w * (t - self.t);
+        self.nn += w * (n * n - self.nn);
+        self.nt += w * (n * t - self.nt);
+        self.measured = true;
+    }
+
+    /// The fitted line `(fixed, per_row)` in seconds, both at least zero. While the
+    /// batches seen were all about one size, the time is taken as proportional to
+    /// the rows (the larger estimate for larger batches).
+    fn line(&self) -> (f64, f64) {
+        let var = self.nn - self.n * self.n;
+        if var < 0.25 {
+            return (0.0, self.t / self.n.max(1.0));
+        }
+        let per_row = (self.nt - self.n * self.t) / var;
+        let fixed = self.t - per_row * self.n;
+        if per_row < 0.0 {
+            (self.t, 0.0)
+        } else if fixed < 0.0 {
+            (0.0, self.nt / self.nn)
+        } else {
+            (fixed, per_row)
+        }
+    }
+
+    /// The expected time of a batch of `rows` rows.
+    pub fn time(&self, rows: usize) -> Duration {
+        let (fixed, per_row) = self.line();
+        Duration::from_secs_f64((fixed + per_row * rows as f64).clamp(0.0, 3600.0))
+    }
+}
+
 /// What admission knows about the queue of one actor group when a request arrives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Load {
@@ -59,11 +128,13 @@ pub struct Load {
     pub runners: usize,
     /// Runners computing a batch now.
     pub busy: usize,
-    /// What is left of the batches running now, summed (each: the smoothed batch
-    /// time less the time it has run, at least zero).
+    /// What is left of the batches running now, summed (each: its expected time
+    /// less the time it has run, at least zero).
     pub running_left: Duration,
-    /// Smoothed time of one batch.
+    /// Expected time of a full batch.
     pub batch_time: Duration,
+    /// Expected time of the batch the new request will be in.
+    pub own_batch: Duration,
 }
 
 impl Load {
@@ -71,6 +142,13 @@ impl Load {
     /// the batch holding its last row, less one.
     pub fn batches_ahead(&self) -> usize {
         (self.rows_waiting + self.rows.max(1)).div_ceil(self.max_batch_size.max(1)) - 1
+    }
+
+    /// Rows of the batch the new request will be in (the queue packed in order),
+    /// at least its own.
+    pub fn own_batch_rows(&self) -> usize {
+        let total = self.rows_waiting + self.rows.max(1);
+        (total - self.batches_ahead() * self.max_batch_size.max(1)).max(self.rows)
     }
 
     /// How long the new request waits for a runner: none while a runner is free for
@@ -93,7 +171,7 @@ impl Load {
 
     /// When the new request's answer is expected, from now: its wait plus its own batch.
     pub fn expected_answer(&self) -> Duration {
-        self.expected_wait() + self.batch_time
+        self.expected_wait() + self.own_batch
     }
 }
 
@@ -298,7 +376,44 @@ mod tests {
             busy,
             running_left: Duration::from_millis(running_left_ms),
             batch_time: Duration::from_millis(10),
+            own_batch: Duration::from_millis(10),
         }
+    }
+
+    fn us(d: Duration) -> u128 {
+        d.as_micros()
+    }
+
+    #[test]
+    fn cost_learns_a_fixed_and_a_per_row_part() {
+        // 1 ms a batch plus 0.5 ms a row, seen on batches of 1 to 8 rows.
+        let mut c = Cost::new(Duration::from_micros(50));
+        assert_eq!(us(c.time(8)), 50 * 8);
+        for i in 0..64 {
+            let rows = 1 + i % 8;
+            c.observe(rows, Duration::from_micros(1000 + 500 * rows as u64));
+        }
+        assert!((us(c.time(1)) as i64 - 1500).abs() <= 5, "{:?}", c.time(1));
+        assert!((us(c.time(8)) as i64 - 5000).abs() <= 5, "{:?}", c.time(8));
+        // A full batch is known from small ones: 64 rows were never seen.
+        assert!((us(c.time(64)) as i64 - 33_000).abs() <= 40, "{:?}", c.time(64));
+    }
+
+    #[test]
+    fn cost_of_one_batch_size_is_proportional_and_the_first_replaces_the_guess() {
+        let mut c = Cost::new(Duration::from_secs(1));
+        c.observe(4, Duration::from_millis(8));
+        assert_eq!(c.time(4), Duration::from_millis(8));
+        assert_eq!(c.time(8), Duration::from_millis(16));
+        // Then it moves by an eighth of the difference per batch.
+        c.observe(4, Duration::from_millis(16));
+        assert_eq!(c.time(4), Duration::from_millis(9));
+        // Noise never makes a cost negative.
+        let mut c = Cost::new(Duration::ZERO);
+        for (rows, ms) in [(1, 9), (8, 1), (2, 7), (7, 2)] {
+            c.observe(rows, Duration::from_millis(ms));
+        }
+        assert!(c.time(1) > Duration::ZERO && c.time(64) > Duration::ZERO);
     }
 
     #[test]
@@ -321,8 +436,10 @@ mod tests {
         // A partial batch ahead is one the request joins, not one it waits for,
         // unless the request's rows do not fit in it.
         assert_eq!(load(20, 2, 8).batches_ahead(), 2);
+        assert_eq!(load(20, 2, 8).own_batch_rows(), 5);
         let big = Load { rows: 5, ..load(20, 2, 8) };
         assert_eq!(big.batches_ahead(), 3);
+        assert_eq!(big.own_batch_rows(), 5);
     }
 
     #[test]

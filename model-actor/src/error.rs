@@ -32,7 +32,7 @@ pub enum ModelError {
     /// Admission by deadline: the answer is expected after the request's deadline
     /// (see `batching::admit`), so the request is refused instead of queued.
     #[error(
-        "model '{model}' version {version} cannot answer in time: expected answer in {} ({batches_ahead} batches ahead of {} each, on {runners} runners), but only {} of the request's deadline is left",
+        "model '{model}' version {version} cannot answer in time: expected answer in {} ({batches_ahead} full batches ahead of {} each, on {runners} runners), but only {} of the request's deadline is left",
         ms(*expected), ms(*batch_time), ms(*remaining)
     )]
     CannotMeetDeadline {

@@ -117,9 +117,10 @@ impl VersionHandle {
         self.capacity - self.permits.available_permits()
     }
 
-    /// The smoothed time of one batch (what admission counts in).
+    /// The expected time of a full batch now (what admission counts in).
     pub fn batch_time(&self) -> Duration {
-        self.queue.batch_time()
+        self.queue
+            .batch_time(self.config.batching.max_batch_size.get())
     }
 
     /// Runs `batch` through the actor group. Fails at once with `InvalidInput` when

@@ -74,9 +74,9 @@ impl Runner {
         }
     }
 
-    /// Computes one batch and answers its callers; the forward-pass time, or `None`
-    /// when nothing was computed.
-    fn run_batch(&mut self, items: Vec<Pending>) -> Option<Duration> {
+    /// Computes one batch and answers its callers; its rows and forward-pass time,
+    /// or `None` when nothing was computed.
+    fn run_batch(&mut self, items: Vec<Pending>) -> Option<(usize, Duration)> {
         // Everyone left while the batch formed: skip the work.
         if items.iter().all(|p| p.reply.is_closed()) {
             self.meters.cancelled.increment(items.len() as u64);
@@ -149,6 +149,6 @@ impl Runner {
                 }
             }
         }
-        Some(compute)
+        Some((total, compute))
     }
 }

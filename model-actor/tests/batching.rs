@@ -226,7 +226,7 @@ async fn admission_refuses_at_once_what_cannot_be_answered_in_time() {
                 msg.starts_with("model 'fake' version 1 cannot answer in time: expected answer in "),
                 "{msg}"
             );
-            assert!(msg.contains("1 batches ahead of 100."), "{msg}");
+            assert!(msg.contains("(1 full batches ahead of "), "{msg}");
             assert!(msg.contains("of the request's deadline is left"), "{msg}");
             assert_eq!(e.code(), "resource_exhausted");
         }

@@ -40,6 +40,8 @@ pub struct Useful {
     pub deadline_ms: u64,
     pub answers: u64,
     pub per_second: f64,
+    /// Answers of any status that arrived more than 5 ms after the deadline.
+    pub late: u64,
 }
 
 /// The requests sent in one window `[t_s, t_s + seconds)` of the bench.
@@ -85,8 +87,8 @@ impl std::fmt::Display for Report {
         if let Some(u) = &self.useful {
             writeln!(
                 f,
-                "useful      {}  ({:.0}/s): model answers within the {} ms deadline",
-                u.answers, u.per_second, u.deadline_ms
+                "useful      {}  ({:.0}/s): model answers within the {} ms deadline; {} answers over 5 ms late",
+                u.answers, u.per_second, u.deadline_ms, u.late
             )?;
         }
         if !self.sources.is_empty() {
@@ -150,10 +152,11 @@ mod tests {
             deadline_ms: 50,
             answers: 9,
             per_second: 6.0,
+            late: 1,
         });
         let text = with_deadline.to_string();
         assert!(
-            text.ends_with("useful      9  (6/s): model answers within the 50 ms deadline\n"),
+            text.ends_with("useful      9  (6/s): model answers within the 50 ms deadline; 1 answers over 5 ms late\n"),
             "{text}"
         );
     }
