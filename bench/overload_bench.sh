@@ -78,6 +78,7 @@ for target in $TARGETS; do
     for m in $MULTS; do
         rate=$("$PYTHON" -c "print(max(1, round($sat * $m)))")
         bench "$target-${m}x" "$target" --rate "$rate" --concurrency 64 --seconds "$SECS" --deadline-ms "$DEADLINE_MS"
+        curl -s "http://127.0.0.1:$HTTP/metrics" >"$OUT/$target-${m}x.metrics" || true
     done
 done
 

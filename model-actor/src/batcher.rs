@@ -183,30 +183,42 @@ impl Queue {
         }
     }
 
-    /// Drops the dead requests (expired, caller gone) among those the next batch
-    /// would take, so that the planner sees only live ones. Requests further back
-    /// are looked at when they come up.
+    /// Drops the requests among those the next batch would take that are dead
+    /// (caller gone, deadline passed) or would be answered late (a batch started now
+    /// would end after their deadline), so that the planner sees only ones worth
+    /// computing. Requests further back are looked at when they come up. The last
+    /// request of the queue is never dropped as "would be late": the runner has
+    /// nothing better to do, and running it corrects a cost estimate that an
+    /// outlier spoiled (were every request dropped on it, nothing would run again).
     fn prune_head(&self, s: &mut State, now: Instant) {
+        let batch_time = s
+            .cost
+            .time(s.rows_waiting.min(self.policy.max_batch_size));
         let mut i = 0;
         let mut rows = 0;
         while i < s.waiting.len() && rows < self.policy.max_batch_size {
             let w = s.waiting[i].waiting();
-            let Some(why) = triage(&w, now) else {
+            let why = match triage(&w, now, batch_time) {
+                Some(Drop::WouldBeLate) if s.waiting.len() == 1 => None,
+                other => other,
+            };
+            let Some(why) = why else {
                 rows += w.rows;
                 i += 1;
                 continue;
             };
             let Some(p) = s.waiting.remove(i) else { break };
             s.rows_waiting -= p.rows;
-            match why {
-                Drop::Expired => {
-                    self.meters.expired.increment(1);
-                    let _ = p.reply.send(Err(ModelError::DeadlineExceeded(
-                        "while waiting in the batch queue",
-                    )));
+            let answer = match why {
+                Drop::Expired => "while waiting in the batch queue",
+                Drop::WouldBeLate => "before its batch could finish (dropped from the batch queue)",
+                Drop::Cancelled => {
+                    self.meters.cancelled.increment(1);
+                    continue;
                 }
-                Drop::Cancelled => self.meters.cancelled.increment(1),
-            }
+            };
+            self.meters.expired.increment(1);
+            let _ = p.reply.send(Err(ModelError::DeadlineExceeded(answer)));
         }
     }
 

@@ -31,16 +31,22 @@ pub struct Policy {
 pub enum Drop {
     /// Its deadline passed.
     Expired,
+    /// A batch started now (taking the expected batch time) would end after its
+    /// deadline: computing it would spend the runner on an answer nobody takes.
+    WouldBeLate,
     /// Its caller went away.
     Cancelled,
 }
 
-/// Whether a waiting request stays in the queue.
-pub fn triage(w: &Waiting, now: Instant) -> Option<Drop> {
+/// Whether a waiting request stays in the queue, a batch started `now` expected to
+/// take `batch_time`.
+pub fn triage(w: &Waiting, now: Instant, batch_time: Duration) -> Option<Drop> {
     if w.cancelled {
         Some(Drop::Cancelled)
     } else if now >= w.deadline {
         Some(Drop::Expired)
+    } else if now + batch_time > w.deadline {
+        Some(Drop::WouldBeLate)
     } else {
         None
     }
@@ -175,15 +181,23 @@ impl Load {
     }
 }
 
-/// Admission by deadline: `Ok` when the answer is expected within `remaining` (the
-/// time left before the request's deadline), else the expected time, so the refusal
-/// can say it. An idle group (nothing running, nothing waiting) admits any request:
-/// nothing is ahead of it, and running it is how the smoothed batch time is learned
-/// again after an outlier (were idle groups to refuse on a stale estimate, nothing
-/// would ever run to correct it).
+/// The share of the time left before its deadline within which a request's answer
+/// must be expected to be admitted: 4/5. The rest absorbs the estimate's error
+/// (batch times vary with what else runs on the machine). Under overload the queue
+/// fills up to the admission limit, so every admitted request sits at it: with no
+/// headroom, any batch slower than the estimate would make them late.
+pub const ADMISSION_HEADROOM: (u32, u32) = (4, 5);
+
+/// Admission by deadline: `Ok` when the answer is expected within
+/// [`ADMISSION_HEADROOM`] of `remaining` (the time left before the request's
+/// deadline), else the expected time, so the refusal can say it. An idle group
+/// (nothing running, nothing waiting) admits any request: nothing is ahead of it,
+/// and running it is how the batch cost is learned again after an outlier (were
+/// idle groups to refuse on a stale estimate, nothing would ever run to correct it).
 pub fn admit(load: &Load, remaining: Duration) -> Result<(), Duration> {
     let expected = load.expected_answer();
-    if expected > remaining && !load.idle() {
+    let (num, den) = ADMISSION_HEADROOM;
+    if expected > remaining * num / den && !load.idle() {
         Err(expected)
     } else {
         Ok(())
@@ -355,16 +369,24 @@ mod tests {
     }
 
     #[test]
-    fn triage_drops_expired_and_cancelled() {
+    fn triage_drops_expired_late_and_cancelled() {
         let t0 = Instant::now();
         let mut a = w(t0, 1, 0, 1);
-        assert_eq!(triage(&a, t0), None);
+        let none = Duration::ZERO;
+        assert_eq!(triage(&a, t0, none), None);
         assert_eq!(
-            triage(&a, t0 + Duration::from_millis(1)),
+            triage(&a, t0 + Duration::from_millis(1), none),
             Some(Drop::Expired)
         );
+        // A 600 µs batch started at 300 µs ends in time (deadline 1 ms); at 500 µs not.
+        let batch = Duration::from_micros(600);
+        assert_eq!(triage(&a, t0 + Duration::from_micros(300), batch), None);
+        assert_eq!(
+            triage(&a, t0 + Duration::from_micros(500), batch),
+            Some(Drop::WouldBeLate)
+        );
         a.cancelled = true;
-        assert_eq!(triage(&a, t0), Some(Drop::Cancelled));
+        assert_eq!(triage(&a, t0, none), Some(Drop::Cancelled));
     }
 
     fn load(rows_waiting: usize, busy: usize, running_left_ms: u64) -> Load {
@@ -444,18 +466,20 @@ mod tests {
 
     #[test]
     fn admission_refuses_what_cannot_be_answered_in_time() {
+        // Expected in 24 ms: admitted with 30 ms left (24 is 4/5 of 30), not with 29.
         let l = load(16, 2, 8);
-        assert_eq!(admit(&l, Duration::from_millis(24)), Ok(()));
+        assert_eq!(admit(&l, Duration::from_millis(30)), Ok(()));
         assert_eq!(
-            admit(&l, Duration::from_millis(23)),
+            admit(&l, Duration::from_millis(29)),
             Err(Duration::from_millis(24))
         );
         // One runner busy with nothing waiting: the other one answers in a batch
         // time, which must fit.
         assert_eq!(
-            admit(&load(0, 1, 4), Duration::from_millis(9)),
+            admit(&load(0, 1, 4), Duration::from_millis(12)),
             Err(Duration::from_millis(10))
         );
+        assert_eq!(admit(&load(0, 1, 4), Duration::from_millis(13)), Ok(()));
         // An idle group admits even what its estimate says is late: that is how
         // an estimate spoiled by one slow batch gets corrected.
         assert_eq!(admit(&load(0, 0, 0), Duration::from_millis(1)), Ok(()));

@@ -24,7 +24,7 @@ pub mod names {
     /// Counter: requests not answered by the model, by `reason`: `overloaded` (the
     /// queue was full), `cannot_meet_deadline` (refused at admission: the answer was
     /// expected after the deadline), `expired` (the deadline passed while it waited
-    /// in the queue), `cancelled` (the caller went away), `late` (computed, but the
+    /// in the queue, or would have before its batch could finish), `cancelled` (the caller went away), `late` (computed, but the
     /// answer was ready after the deadline, so it was not given).
     pub const DROPPED: &str = "mesh_model_dropped_requests_total";
     /// Gauge: 1 for each version that is loaded and ready.
