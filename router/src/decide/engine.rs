@@ -385,15 +385,24 @@ impl Engine {
             validate: us(started.elapsed()),
             ..Timings::default()
         };
+        // Admission first: when no version of the model would take a call now, the
+        // decisions go down the fallback chain without a feature lookup for nothing.
+        let refused = self.admission_probe(model, deadline);
 
         let t0 = Instant::now();
-        let lookup = stages::lookup(self.store.as_deref(), &spec, &items).await?;
+        let lookup = match refused {
+            None => stages::lookup(self.store.as_deref(), &spec, &items).await?,
+            Some(_) => None,
+        };
         shared.features = us(t0.elapsed());
 
         let futs = items.iter().enumerate().map(|(i, it)| {
-            let (spec, lookup) = (&spec, lookup.as_ref());
+            let (spec, lookup, refused) = (&spec, lookup.as_ref(), refused.as_deref());
             async move {
-                let mut o = self.decide_one(it, i, model, lookup, deadline, spec).await;
+                let mut o = match refused {
+                    None => self.decide_one(it, i, model, lookup, deadline, spec).await,
+                    Some(why) => self.not_scored(it, model, why, spec).await,
+                };
                 o.model.clone_from(model);
                 o.timings.validate = shared.validate;
                 o.timings.features = shared.features;
@@ -411,6 +420,67 @@ impl Engine {
         }
         in_time?;
         Ok(outcomes)
+    }
+
+    /// Why no version of `model` would take a model call with `deadline` now (each
+    /// local actor group asked, see `VersionHandle::would_admit`), or `None` when
+    /// one would, or when remote replicas may (they are not asked).
+    fn admission_probe(&self, model: &str, deadline: Instant) -> Option<String> {
+        let served = self.repo.model(model).ok()?;
+        if self.cfg.deployment(model).is_some_and(|d| !d.remote.is_empty()) {
+            return None;
+        }
+        let call_ends = fallback::model_call_deadline(deadline, self.cfg.deadline())
+            .min(Instant::now() + self.cfg.stack.per_try_timeout);
+        let mut why = None;
+        for (v, handles) in &served.replicas {
+            for h in handles.iter().filter(|h| h.is_ready()) {
+                match h.would_admit(1, call_ends) {
+                    Ok(()) => return None,
+                    Err(e) => why = Some(format!("model v{v}: {e}")),
+                }
+            }
+        }
+        why
+    }
+
+    /// A decision the model would refuse (`why`): the batch score, then the rules.
+    async fn not_scored(
+        &self,
+        it: &Item<'_>,
+        model: &str,
+        why: &str,
+        spec: &DecisionSpec,
+    ) -> Outcome {
+        let mut o = Outcome::new(it.req, model, Role::Primary, self.cfg.default_decision);
+        o.reasons.push(format!("not scored: {why}"));
+        self.postprocess(&mut o, it, model, None, spec).await;
+        o
+    }
+
+    /// Postprocess: the model's answer through the thresholds, or else the batch
+    /// score; then the rules.
+    async fn postprocess(
+        &self,
+        o: &mut Outcome,
+        it: &Item<'_>,
+        model: &str,
+        answered: Option<(ModelAnswer, AnswerSource)>,
+        spec: &DecisionSpec,
+    ) {
+        let t_post = Instant::now();
+        match answered {
+            Some((a, source)) => stages::score_answer(o, &a, source, &spec.thresholds),
+            None => {
+                let bs = self.cfg.deployment(model).and_then(|d| d.batch_score.as_ref());
+                let entities = &it.req.entities;
+                if let Some(s) = fallback::batch_score(self.store.as_deref(), bs, entities).await {
+                    stages::score_batch(o, s, &spec.thresholds);
+                }
+            }
+        }
+        stages::apply_rules(o, &self.cfg.rules, &it.req.features);
+        o.timings.postprocess = us(t_post.elapsed());
     }
 
     /// Item `i` from preprocess to postprocess: route, build the row, score it
@@ -456,19 +526,7 @@ impl Engine {
             }
         };
 
-        let t_post = Instant::now();
-        match answered {
-            Some((a, source)) => stages::score_answer(&mut o, &a, source, &spec.thresholds),
-            None => {
-                let bs = deployment.and_then(|d| d.batch_score.as_ref());
-                let entities = &it.req.entities;
-                if let Some(s) = fallback::batch_score(self.store.as_deref(), bs, entities).await {
-                    stages::score_batch(&mut o, s, &spec.thresholds);
-                }
-            }
-        }
-        stages::apply_rules(&mut o, &self.cfg.rules, &it.req.features);
-        o.timings.postprocess = us(t_post.elapsed());
+        self.postprocess(&mut o, it, model, answered, spec).await;
         o
     }
 
