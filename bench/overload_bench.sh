@@ -3,7 +3,7 @@
 # A compute-heavy model (bench/make_heavy_fraud.py: the fraud model's inputs, input
 # spec and thresholds, a 32-3072-3072-1 MLP on one runner thread) so that the model,
 # not the transport, saturates. First its saturation throughput: ModelInfer in
-# closed loop, 16 callers (two batches: one running, one waiting), no deadline of
+# closed loop, 24 callers (three batches: one running, two waiting), no deadline of
 # the callers' own (so no refusal comes back at once to be sent again): the model's
 # answers per second. Then ModelInfer and Decide in open loop at 1x, 2x and 4x of
 # it, each request with a 50 ms deadline (grpc-timeout, counted from when it was
@@ -72,7 +72,7 @@ n = r['sources'].get('MODEL', 0) + r['sources'].get('PREVIOUS_VERSION', 0) if r[
 print(n / r['seconds'])" "$1"; }
 
 bench warmup infer --concurrency 8 --seconds 2
-bench saturation infer --concurrency 16 --seconds "$SECS"
+bench saturation infer --concurrency 24 --seconds "$SECS"
 sat=$(answers "$OUT/saturation.json")
 for target in $TARGETS; do
     [ "$target" = decide ] && bench decide-warmup decide --concurrency 8 --seconds 2
@@ -99,5 +99,5 @@ for t, name in [("infer", "saturation")] + [(t, f"{m}x") for t in targets for m 
             rest.update({f"src:{k}": v for k, v in r["sources"].items()})
         print(f"{t + ' ' + name:<18}{offered:>10.0f}{u['per_second']:>10.0f}{u['per_second'] / s:>8.0%}"
               f"{r['p50_us']:>9}{r['p99_us']:>9}{r['max_us']:>9}{u['late']:>6}  {rest}")
-print(f"saturation: ModelInfer, closed loop, 16 callers, no deadline; the rest: open loop at multiples of it, deadline {json.load(open(f'{out}/{targets[0]}-{mults[0]}x.json'))['useful']['deadline_ms']} ms; raw reports in {out}")
+print(f"saturation: ModelInfer, closed loop, 24 callers, no deadline; the rest: open loop at multiples of it, deadline {json.load(open(f'{out}/{targets[0]}-{mults[0]}x.json'))['useful']['deadline_ms']} ms; raw reports in {out}")
 PY
