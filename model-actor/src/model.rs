@@ -1,5 +1,5 @@
 //! The `Model` trait and the plain types that cross the batcher/runner boundary.
-//! Free of candle and actix so tests can plug in fakes.
+//! Free of candle and of threads so tests can plug in fakes.
 use std::time::Duration;
 
 use crate::error::ModelError;

@@ -1,5 +1,6 @@
 //! The batching actors with a fake model (no candle): admission, batch formation,
 //! deadlines and cancelled callers.
+#![allow(clippy::unwrap_used)] // tests may unwrap
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -64,6 +64,7 @@ where
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use std::time::Duration;
@@ -77,7 +78,7 @@ mod tests {
             Ok::<_, std::convert::Infallible>(Arrival::of(req.extensions()).elapsed())
         });
         let delay = tower::service_fn(move |req: http::Request<()>| {
-            let h = handler.clone();
+            let h = handler;
             async move {
                 tokio::time::sleep(Duration::from_millis(30)).await;
                 h.oneshot(req).await

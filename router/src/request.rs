@@ -136,6 +136,7 @@ pub fn parse_grpc_timeout(v: &str) -> Option<Duration> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -3,6 +3,7 @@
 //! RESOURCE_EXHAUSTED naming the model, the expected answer time and the time
 //! left; Decide: the fallback chain, with the reason), and the deadline counts from
 //! when the request arrived, not from when its handler ran.
+#![allow(clippy::unwrap_used)] // tests may unwrap
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -36,7 +37,7 @@ fn write_safetensors(path: &Path, tensors: &[(&str, Vec<usize>, Vec<f32>)]) {
         offset = end;
     }
     let mut h = serde_json::Value::Object(header).to_string().into_bytes();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
