@@ -14,8 +14,8 @@ pub mod names {
     /// Decide or DecideBatch call; `version` is the answering version of a Decide
     /// scored by a model, else empty). Unknown models are `model="unknown"`.
     pub const REQUESTS: &str = "mesh_router_requests_total";
-    /// Histogram: time from request decoded to answer ready, by `model`, `protocol`
-    /// (the same protocols).
+    /// Histogram: time from the request's arrival (`crate::arrival`) to its answer
+    /// ready, by `model`, `protocol` (the same protocols).
     pub const REQUEST_DURATION: &str = "mesh_router_request_duration_seconds";
     /// Counter: decisions by `model`, `source`, `decision`, `role`.
     pub const DECISIONS: &str = "mesh_router_decisions_total";

@@ -57,7 +57,9 @@ impl Core {
         make_batch: impl FnOnce(&VersionHandle) -> Result<Batch, RouterError>,
         (arrival, timeout): (Instant, Option<Duration>),
     ) -> Result<(Arc<VersionHandle>, Output), RouterError> {
+        // Durations and the log's total count from arrival; `validate` from here.
         let started = arrival;
+        let handler = Instant::now();
         let mut validate = Duration::ZERO;
         // The id that logs and the prediction log share. Generated only when the caller
         // sent none and something will record it: the hot path stays allocation-free.
@@ -95,7 +97,7 @@ impl Core {
             );
             crate::request::check_not_expired(arrival, deadline)?;
             let batch = make_batch(&handle)?;
-            validate = started.elapsed();
+            validate = handler.elapsed();
             let out = handle.infer(batch, Some(deadline)).await?;
             crate::request::check_in_time(arrival, deadline)?;
             Ok::<_, RouterError>((handle, out))
