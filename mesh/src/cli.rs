@@ -436,6 +436,11 @@ pub async fn run(command: Command, prepared: Prepared) -> anyhow::Result<()> {
 
 /// `mesh serve`: runs until Ctrl-C or SIGTERM, then drains and stops.
 async fn serve(config: MeshConfig) -> anyhow::Result<()> {
+    tracing::info!(
+        built_for = crate::cpu::built_for(),
+        cpu = crate::cpu::cpu_level(),
+        "CPU target"
+    );
     let mut running = mesh_router::server::start_mesh(&config).await?;
     println!(
         "mesh serving: grpc={} http={}",
