@@ -59,8 +59,8 @@ pub fn check() -> Result<(), String> {
     }
     Err(format!(
         "this mesh binary was built for CPUs with {} ({}), and this CPU lacks {}; \
-         build one for this machine with `MESH_CPU=x86-64 scripts/build-release` \
-         (portable) or `MESH_CPU=native scripts/build-release`",
+         rebuild with `scripts/build-release` (portable, the default) or \
+         `MESH_CPU=native scripts/build-release`",
         assumed(&features).join(", "),
         built_for(),
         missing.join(", ")
