@@ -203,10 +203,6 @@ chart owns that `config` also sets fails the render, naming the value to use.
 {{- end -}}
 {{- $_ := set $features "views" (ternary "/etc/mesh/config/views.toml" "/etc/mesh/views.toml" (ne .Values.features.views "")) -}}
 {{- $_ := set $cfg "features" $features -}}
-{{- else if get $cfg "features" -}}
-{{- if ne .Values.role "model" -}}
-{{- fail "config.features is set but features.enabled and redis.enabled are both false" -}}
-{{- end -}}
 {{- end -}}
 {{- if and .Values.predictionLog.enabled (include "inference-mesh.servesModels" .) -}}
 {{- $plog := default dict (get $cfg "prediction_log") -}}
