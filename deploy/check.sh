@@ -208,6 +208,8 @@ step "refused: an unknown role" refuses "value must be one of" --set role=gatewa
 step "refused: a sled store on a PVC with two pods" \
     refuses "a sled store has one writer" --set features.enabled=true,features.sled.storage=pvc,replicaCount=2
 step "refused: redis without a server" refuses "redis.enabled needs redis.url or redis.cluster" --set redis.enabled=true
+step "refused: a Redis password in a URL (it would be in the ConfigMap)" \
+    refuses "redis: redis://:***@cache:6379 carries a password" --set redis.enabled=true,redis.url=redis://:hunter2@cache:6379
 step "refused: TLS without a Secret" refuses "tls.enabled needs tls.secretName" --set tls.enabled=true
 step "refused: minReplicas above maxReplicas" \
     refuses "autoscaling.minReplicas is above autoscaling.maxReplicas" \

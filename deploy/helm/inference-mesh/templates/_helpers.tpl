@@ -195,7 +195,6 @@ chart owns that `config` also sets fails the render, naming the value to use.
 {{- if include "inference-mesh.usesStore" . -}}
 {{- $features := default dict (get $cfg "features") -}}
 {{- if .Values.redis.enabled -}}
-{{- $_ := set $features "backend" "redis" -}}
 {{- if .Values.redis.url -}}{{- $_ := set $features "redis_url" .Values.redis.url -}}{{- end -}}
 {{- if .Values.redis.cluster -}}{{- $_ := set $features "redis_cluster" .Values.redis.cluster -}}{{- end -}}
 {{- else -}}
@@ -221,6 +220,11 @@ chart owns that `config` also sets fails the render, naming the value to use.
 {{- end -}}
 {{- if and .Values.redis.enabled (not (or .Values.redis.url .Values.redis.cluster)) -}}
 {{- fail "redis.enabled needs redis.url or redis.cluster" -}}
+{{- end -}}
+{{- range $u := prepend (default list .Values.redis.cluster) (default "" .Values.redis.url) -}}
+{{- if regexMatch "^rediss?://[^/@]*:[^/@]*@" $u -}}
+{{- fail (printf "redis: %s carries a password; it would sit in the ConfigMap in clear" (regexReplaceAll ":[^:/@]*@" $u ":***@")) -}}
+{{- end -}}
 {{- end -}}
 {{- if and .Values.tls.enabled (not .Values.tls.secretName) -}}
 {{- fail "tls.enabled needs tls.secretName (a kubernetes.io/tls Secret)" -}}
