@@ -59,7 +59,9 @@ fn files(dir: &Path) -> (PathBuf, PathBuf) {
 }
 
 async fn serve(text: &str) -> Running {
-    start_mesh(&MeshConfig::from_toml(text).unwrap()).await.unwrap()
+    start_mesh(&MeshConfig::from_toml(text).unwrap())
+        .await
+        .unwrap()
 }
 
 /// A features role holding f31 of the first `n` reference rows (card id = row).
@@ -93,7 +95,10 @@ async fn features_role(dir: &Path, n: usize) -> Running {
         })
         .collect();
     let store = running.store.clone().unwrap();
-    store.push("card", rows, Durability::Buffered).await.unwrap();
+    store
+        .push("card", rows, Durability::Buffered)
+        .await
+        .unwrap();
     running
 }
 
@@ -118,7 +123,9 @@ fn router_config(dir: &Path, deadline_ms: u64, extra: &str) -> MeshConfig {
 }
 
 fn request(id: usize, x: &[f32]) -> pb::DecideRequest {
-    let features: HashMap<String, f64> = (0..31).map(|i| (format!("f{i}"), f64::from(x[i]))).collect();
+    let features: HashMap<String, f64> = (0..31)
+        .map(|i| (format!("f{i}"), f64::from(x[i])))
+        .collect();
     pb::DecideRequest {
         request_id: format!("r{id}"),
         model: "fraud_mlp".into(),
@@ -194,15 +201,26 @@ async fn a_router_reads_features_from_a_features_role_and_survives_its_loss() {
     ))
     .await
     .unwrap();
-    assert!(plain.store.is_none(), "a remote-features router opens no store");
+    assert!(
+        plain.store.is_none(),
+        "a remote-features router opens no store"
+    );
     let mut c = client(&plain).await;
 
     // f31 comes from the features role: the score is the reference's.
     for (i, (x, p)) in rows.iter().enumerate().take(20) {
         let (r, _) = decide(&mut c, i, x).await;
         assert_eq!(r.source, pb::AnswerSource::Model as i32, "{:?}", r.reasons);
-        assert!((r.score.unwrap() - p).abs() <= 1e-5, "row {i}: {:?} vs {p}", r.score);
-        assert!(!r.reasons.iter().any(|m| m.contains("default")), "{:?}", r.reasons);
+        assert!(
+            (r.score.unwrap() - p).abs() <= 1e-5,
+            "row {i}: {:?} vs {p}",
+            r.score
+        );
+        assert!(
+            !r.reasons.iter().any(|m| m.contains("default")),
+            "{:?}",
+            r.reasons
+        );
     }
     // A card the store does not know: NOT_FOUND, said.
     let (r, _) = decide(&mut c, 999, &rows[0].0).await;
@@ -220,19 +238,30 @@ async fn a_router_reads_features_from_a_features_role_and_survives_its_loss() {
         let (r, waited) = decide(&mut c, i, &rows[i].0).await;
         assert_eq!(r.source, pb::AnswerSource::Model as i32, "{:?}", r.reasons);
         assert!(
-            r.reasons.iter().any(|m| m.contains("card UNAVAILABLE: f31")),
+            r.reasons
+                .iter()
+                .any(|m| m.contains("card UNAVAILABLE: f31")),
             "{:?}",
             r.reasons
         );
-        assert!(waited < Duration::from_millis(deadline_ms + 200), "{waited:?}");
+        assert!(
+            waited < Duration::from_millis(deadline_ms + 200),
+            "{waited:?}"
+        );
     }
     let text = metrics_text(plain.http_addr).await;
-    let failed = sample(&text, "mesh_router_feature_lookup_failures_total{store=\"remote\"}").unwrap();
+    let failed = sample(
+        &text,
+        "mesh_router_feature_lookup_failures_total{store=\"remote\"}",
+    )
+    .unwrap();
     assert!(failed >= 5.0, "{failed}");
 
     // Something answers TCP on its port but never speaks: each lookup waits out
     // its time and no more, and every decision still answers by its deadline.
-    let hole = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+    let hole = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
     let held = tokio::spawn(async move {
         let mut conns = Vec::new();
         while let Ok((s, _)) = hole.accept().await {
@@ -243,7 +272,10 @@ async fn a_router_reads_features_from_a_features_role_and_survives_its_loss() {
         let (r, waited) = decide(&mut c, i, &rows[i].0).await;
         let total = r.timings.unwrap().total_us;
         assert!(total <= deadline_ms * 1000 + 2_000, "total {total} us");
-        assert!(waited < Duration::from_millis(deadline_ms + 200), "{waited:?}");
+        assert!(
+            waited < Duration::from_millis(deadline_ms + 200),
+            "{waited:?}"
+        );
         // The lookup took the model call's time: the fallback chain answered.
         assert_ne!(r.source, pb::AnswerSource::Model as i32, "{:?}", r.reasons);
     }
@@ -254,11 +286,16 @@ async fn a_router_reads_features_from_a_features_role_and_survives_its_loss() {
         assert_eq!(r.source, pb::AnswerSource::Model as i32, "{:?}", r.reasons);
         assert!(r.timings.unwrap().features_us < 60_000, "{:?}", r.timings);
         assert!(
-            r.reasons.iter().any(|m| m.contains("card UNAVAILABLE: f31")),
+            r.reasons
+                .iter()
+                .any(|m| m.contains("card UNAVAILABLE: f31")),
             "{:?}",
             r.reasons
         );
-        assert!(waited < Duration::from_millis(deadline_ms + 200), "{waited:?}");
+        assert!(
+            waited < Duration::from_millis(deadline_ms + 200),
+            "{waited:?}"
+        );
     }
     held.abort();
     plain.shutdown().await;
@@ -370,7 +407,10 @@ async fn replicas_by_name_follow_the_names_addresses() {
     let a = model_role(dir.path(), "127.0.0.1", 0).await;
     let port = a.grpc_addr.port();
     let b = model_role(dir.path(), "127.0.0.2", port).await;
-    let names = Arc::new(Names(parking_lot::Mutex::new(Ok(vec![a.grpc_addr, b.grpc_addr]))));
+    let names = Arc::new(Names(parking_lot::Mutex::new(Ok(vec![
+        a.grpc_addr,
+        b.grpc_addr,
+    ]))));
     let cfg = router_config(
         dir.path(),
         500,
@@ -397,7 +437,10 @@ async fn replicas_by_name_follow_the_names_addresses() {
     // calls to the remote replicas.
     let engine = router.engine.clone().unwrap();
     for local in engine.replicas().iter().filter(|r| r.contains("/local")) {
-        engine.fault(local).unwrap().set(Duration::from_millis(30), false);
+        engine
+            .fault(local)
+            .unwrap()
+            .set(Duration::from_millis(30), false);
     }
     // Both addresses take calls.
     run(&mut c, 150).await;
@@ -420,7 +463,11 @@ async fn replicas_by_name_follow_the_names_addresses() {
     run(&mut c, 5).await;
     assert_eq!(replica_ids(&router), vec![id("127.0.0.2")]);
     let text = metrics_text(router.http_addr).await;
-    let failures = sample(&text, "mesh_router_resolve_failures_total{name=\"models.mesh.test\"}").unwrap();
+    let failures = sample(
+        &text,
+        "mesh_router_resolve_failures_total{name=\"models.mesh.test\"}",
+    )
+    .unwrap();
     assert!(failures >= 1.0, "{failures}");
 
     // It comes back: 127.0.0.1 is a replica again, and used.
@@ -428,7 +475,10 @@ async fn replicas_by_name_follow_the_names_addresses() {
     tokio::time::sleep(Duration::from_millis(400)).await;
     run(&mut c, 150).await;
     assert_eq!(replica_ids(&router), vec![id("127.0.0.1"), id("127.0.0.2")]);
-    assert!(inferences(&a).await > a1, "the returning address takes calls again");
+    assert!(
+        inferences(&a).await > a1,
+        "the returning address takes calls again"
+    );
     router.shutdown().await;
     a.shutdown().await;
     b.shutdown().await;

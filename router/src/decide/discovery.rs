@@ -31,7 +31,8 @@ pub type AddrSet = Arc<BTreeSet<SocketAddr>>;
 /// Turns a host name into addresses (`tokio::net::lookup_host`, i.e. the system
 /// resolver and /etc/hosts, in [`SystemResolver`]; a fake in tests).
 pub trait Resolve: Send + Sync + 'static {
-    fn resolve(&self, host: &str, port: u16) -> BoxFuture<'static, Result<Vec<SocketAddr>, String>>;
+    fn resolve(&self, host: &str, port: u16)
+        -> BoxFuture<'static, Result<Vec<SocketAddr>, String>>;
 }
 
 /// The system resolver (getaddrinfo: /etc/hosts, then DNS, as nsswitch says).
@@ -39,7 +40,11 @@ pub trait Resolve: Send + Sync + 'static {
 pub struct SystemResolver;
 
 impl Resolve for SystemResolver {
-    fn resolve(&self, host: &str, port: u16) -> BoxFuture<'static, Result<Vec<SocketAddr>, String>> {
+    fn resolve(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> BoxFuture<'static, Result<Vec<SocketAddr>, String>> {
         let host = host.to_owned();
         Box::pin(async move {
             tokio::net::lookup_host((host.as_str(), port))
@@ -73,11 +78,17 @@ impl Target {
             Some("https") => 443,
             _ => return Err(bad("the scheme must be http:// or https://")),
         };
-        let host = uri.host().filter(|h| !h.is_empty()).ok_or_else(|| bad("no host"))?;
+        let host = uri
+            .host()
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| bad("no host"))?;
         if uri.path_and_query().is_some_and(|p| p.as_str() != "/") {
             return Err(bad("a remote is host and port only, without a path"));
         }
-        let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
         Ok(Self {
             url: url.to_owned(),
             ip: host.parse().ok(),
@@ -124,21 +135,40 @@ pub struct Discovery {
 }
 
 /// Resolves `host` once (within [`RESOLVE_TIMEOUT`]).
-async fn resolve_once(resolver: &dyn Resolve, host: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
+async fn resolve_once(
+    resolver: &dyn Resolve,
+    host: &str,
+    port: u16,
+) -> Result<Vec<SocketAddr>, String> {
     tokio::time::timeout(RESOLVE_TIMEOUT, resolver.resolve(host, port))
         .await
         .unwrap_or_else(|_| Err(format!("no answer within {RESOLVE_TIMEOUT:?}")))
 }
 
 /// Applies one resolution to `tx`; returns whether it failed.
-fn apply(tx: &watch::Sender<AddrSet>, host: &str, r: Result<Vec<SocketAddr>, String>, max: usize, failing: bool) -> bool {
+fn apply(
+    tx: &watch::Sender<AddrSet>,
+    host: &str,
+    r: Result<Vec<SocketAddr>, String>,
+    max: usize,
+    failing: bool,
+) -> bool {
     match step(r, max) {
         Step::Use(set, dropped) => {
             if dropped > 0 {
-                tracing::warn!(name = host, kept = set.len(), dropped, "the name has more addresses than max_addresses_per_name; the lowest are used");
+                tracing::warn!(
+                    name = host,
+                    kept = set.len(),
+                    dropped,
+                    "the name has more addresses than max_addresses_per_name; the lowest are used"
+                );
             }
             if failing {
-                tracing::info!(name = host, addresses = set.len(), "the name resolves again");
+                tracing::info!(
+                    name = host,
+                    addresses = set.len(),
+                    "the name resolves again"
+                );
             }
             gauge!(names::RESOLVED_ADDRESSES, "name" => host.to_owned()).set(set.len() as f64);
             tx.send_if_modified(|cur| {
@@ -165,7 +195,12 @@ fn apply(tx: &watch::Sender<AddrSet>, host: &str, r: Result<Vec<SocketAddr>, Str
 impl Discovery {
     /// Resolves `host` now (waiting at most [`RESOLVE_TIMEOUT`]), then keeps it
     /// fresh. A first resolution that fails starts with no address, and a warning.
-    pub async fn start(host: &str, port: u16, resolver: Arc<dyn Resolve>, cfg: DiscoveryConfig) -> Self {
+    pub async fn start(
+        host: &str,
+        port: u16,
+        resolver: Arc<dyn Resolve>,
+        cfg: DiscoveryConfig,
+    ) -> Self {
         let (tx, rx) = watch::channel(AddrSet::default());
         counter!(names::RESOLVE_FAILURES, "name" => host.to_owned()).increment(0);
         let r = resolve_once(resolver.as_ref(), host, port).await;
@@ -319,11 +354,17 @@ mod tests {
     #[test]
     fn targets_are_names_or_fixed_addresses() {
         let t = Target::parse("http://model.mesh.svc:8001").unwrap();
-        assert_eq!((t.host.as_str(), t.port, t.ip), ("model.mesh.svc", 8001, None));
+        assert_eq!(
+            (t.host.as_str(), t.port, t.ip),
+            ("model.mesh.svc", 8001, None)
+        );
         let t = Target::parse("https://10.1.2.3").unwrap();
         assert_eq!((t.port, t.ip), (443, Some("10.1.2.3".parse().unwrap())));
         let t = Target::parse("http://[fd00::7]:9").unwrap();
-        assert_eq!((t.host.as_str(), t.ip), ("fd00::7", Some("fd00::7".parse().unwrap())));
+        assert_eq!(
+            (t.host.as_str(), t.ip),
+            ("fd00::7", Some("fd00::7".parse().unwrap()))
+        );
         for (bad, why) in [
             ("model:8001", "scheme"),
             ("ftp://model:1", "scheme"),
@@ -337,12 +378,26 @@ mod tests {
 
     #[test]
     fn a_step_keeps_the_last_set_on_failure_and_bounds_the_set() {
-        assert_eq!(step(Err("nxdomain".into()), 4), Step::Keep("nxdomain".into()));
+        assert_eq!(
+            step(Err("nxdomain".into()), 4),
+            Step::Keep("nxdomain".into())
+        );
         assert_eq!(step(Ok(vec![]), 4), Step::Keep("no addresses".into()));
-        let r = vec![addr("10.0.0.3:1"), addr("10.0.0.1:1"), addr("10.0.0.3:1"), addr("10.0.0.2:1")];
-        assert_eq!(step(Ok(r.clone()), 4), Step::Use(set(&["10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1"]), 0));
+        let r = vec![
+            addr("10.0.0.3:1"),
+            addr("10.0.0.1:1"),
+            addr("10.0.0.3:1"),
+            addr("10.0.0.2:1"),
+        ];
+        assert_eq!(
+            step(Ok(r.clone()), 4),
+            Step::Use(set(&["10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1"]), 0)
+        );
         // Past the limit: the lowest addresses, and how many were left out.
-        assert_eq!(step(Ok(r), 2), Step::Use(set(&["10.0.0.1:1", "10.0.0.2:1"]), 1));
+        assert_eq!(
+            step(Ok(r), 2),
+            Step::Use(set(&["10.0.0.1:1", "10.0.0.2:1"]), 1)
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -354,7 +409,10 @@ mod tests {
         let (_, mut rx) = d.subscribe();
         // A new address appears at the next resolution.
         fake.set(Ok(vec!["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"]));
-        tokio::time::timeout(Duration::from_secs(2), rx.changed()).await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(2), rx.changed())
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(d.current().len(), 3);
         // Failures and empty answers keep it.
         fake.set(Err("SERVFAIL"));
@@ -365,7 +423,10 @@ mod tests {
         assert!(!rx.has_changed().unwrap(), "a failure is no change");
         // One vanishes.
         fake.set(Ok(vec!["10.0.0.3:80"]));
-        tokio::time::timeout(Duration::from_secs(2), rx.changed()).await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(2), rx.changed())
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(*d.current(), set(&["10.0.0.3:80"]));
         // Nothing listens: the task stops resolving.
         drop((d, rx));
@@ -383,12 +444,18 @@ mod tests {
         assert!(d.current().is_empty());
         fake.set(Ok(vec!["10.0.0.9:80"]));
         let (_, mut rx) = d.subscribe();
-        tokio::time::timeout(Duration::from_secs(2), rx.changed()).await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(2), rx.changed())
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(*d.current(), set(&["10.0.0.9:80"]));
         // spawn() resolves in its task, without waiting.
         let s = Discovery::spawn("m", 80, Arc::new(fake.clone()), cfg(8));
         let (_, mut rx) = s.subscribe();
-        tokio::time::timeout(Duration::from_secs(2), rx.changed()).await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(2), rx.changed())
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(*s.current(), set(&["10.0.0.9:80"]));
     }
 
@@ -433,14 +500,18 @@ mod tests {
         fake.set(Ok(vec!["10.0.0.1:80"]));
         let d = Discovery::start("m", 80, Arc::new(fake.clone()), cfg(8)).await;
         let made = Arc::new(Mutex::new(Vec::new()));
-        let maker = Maker { slow: a, made: made.clone() };
+        let maker = Maker {
+            slow: a,
+            made: made.clone(),
+        };
         let (now, rx) = d.subscribe();
         let initial: Vec<(ReplicaId, Svc)> = now.iter().filter_map(|x| maker.make(*x)).collect();
         let stack_cfg = mesh_stack::StackConfig {
             per_try_timeout: Duration::from_secs(3),
             ..Default::default()
         };
-        let (stack, updates) = mesh_stack::model_call_stack_with_updates(initial, &stack_cfg).unwrap();
+        let (stack, updates) =
+            mesh_stack::model_call_stack_with_updates(initial, &stack_cfg).unwrap();
         let task = follow(rx, now, updates, maker);
         let deadline = || Call(tokio::time::Instant::now() + Duration::from_secs(5));
 
@@ -452,12 +523,20 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(1100)).await;
         assert_eq!(*made.lock(), vec![a, b]);
         assert!(!in_flight.is_finished());
-        assert_eq!(in_flight.await.unwrap().unwrap(), a, "the call sent to a finished");
+        assert_eq!(
+            in_flight.await.unwrap().unwrap(),
+            a,
+            "the call sent to a finished"
+        );
         // The balancer takes the changes when next asked for a replica.
         for _ in 0..5 {
             assert_eq!(stack.clone().oneshot(deadline()).await.unwrap(), b);
         }
-        let ids: Vec<String> = stack.breaker_states().iter().map(|(id, _)| id.to_string()).collect();
+        let ids: Vec<String> = stack
+            .breaker_states()
+            .iter()
+            .map(|(id, _)| id.to_string())
+            .collect();
         assert_eq!(ids, vec![b.to_string()], "a left the balancer");
         // Both again: a comes back as a new replica (its breaker starts closed).
         fake.set(Ok(vec!["10.0.0.1:80", "10.0.0.2:80"]));
@@ -466,6 +545,9 @@ mod tests {
         assert_eq!(stack.breaker_states().len(), 2);
         // The stack is dropped: the follower ends.
         drop(stack);
-        tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap()
+            .unwrap();
     }
 }

@@ -219,10 +219,17 @@ impl Engine {
         for d in &self.cfg.deployments {
             for url in &d.remote {
                 let Ok(t) = Target::parse(url) else { continue };
-                if t.ip.is_some() || self.discoveries.lock().contains_key(&(t.host.clone(), t.port)) {
+                if t.ip.is_some()
+                    || self
+                        .discoveries
+                        .lock()
+                        .contains_key(&(t.host.clone(), t.port))
+                {
                     continue;
                 }
-                let disc = Discovery::start(&t.host, t.port, self.resolver.clone(), self.cfg.discovery()).await;
+                let disc =
+                    Discovery::start(&t.host, t.port, self.resolver.clone(), self.cfg.discovery())
+                        .await;
                 tracing::info!(remote = %url, addresses = ?disc.current(), "remote replicas by name");
                 self.discoveries.lock().insert((t.host, t.port), disc);
             }
@@ -605,7 +612,13 @@ struct RemoteMaker {
 impl RemoteMaker {
     /// `<model>/v<version>/<url>@<address>`.
     fn id(&self, addr: SocketAddr) -> String {
-        format!("{}/v{}/{}@{}", self.model, self.version, self.url, addr.ip())
+        format!(
+            "{}/v{}/{}@{}",
+            self.model,
+            self.version,
+            self.url,
+            addr.ip()
+        )
     }
 }
 

@@ -380,16 +380,34 @@ mod tests {
         let (_dir, store) = testing::source();
         let bs: BatchScore = toml::from_str("view = \"fraud_scores\"").unwrap();
         let entities = |card| testing::request("r", 1.0, card).entities;
-        let score = batch_score(Some(&store), Some(&bs), &entities(Some(7)), testing::later()).await;
+        let score = batch_score(
+            Some(&store),
+            Some(&bs),
+            &entities(Some(7)),
+            testing::later(),
+        )
+        .await;
         assert_eq!(score, Some(0.95));
         // Older than the view's max_age (1d): not an answer.
         assert_eq!(
-            batch_score(Some(&store), Some(&bs), &entities(Some(8)), testing::later()).await,
+            batch_score(
+                Some(&store),
+                Some(&bs),
+                &entities(Some(8)),
+                testing::later()
+            )
+            .await,
             None
         );
         // Unknown entity, no entity key, no batch_score configured, no store.
         assert_eq!(
-            batch_score(Some(&store), Some(&bs), &entities(Some(9)), testing::later()).await,
+            batch_score(
+                Some(&store),
+                Some(&bs),
+                &entities(Some(9)),
+                testing::later()
+            )
+            .await,
             None
         );
         assert_eq!(
@@ -400,6 +418,9 @@ mod tests {
             batch_score(Some(&store), None, &entities(Some(7)), testing::later()).await,
             None
         );
-        assert_eq!(batch_score(None, Some(&bs), &entities(Some(7)), testing::later()).await, None);
+        assert_eq!(
+            batch_score(None, Some(&bs), &entities(Some(7)), testing::later()).await,
+            None
+        );
     }
 }

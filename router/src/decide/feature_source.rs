@@ -41,7 +41,11 @@ fn warn_sometimes(kind: &'static str, error: &str) {
             .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok()
     {
-        tracing::warn!(store = kind, error, "feature lookup failed; the spec's defaults stand in (logged at most once a second)");
+        tracing::warn!(
+            store = kind,
+            error,
+            "feature lookup failed; the spec's defaults stand in (logged at most once a second)"
+        );
     }
 }
 

@@ -151,7 +151,12 @@ fn view_from_proto(i: usize, v: pb::FeatureViewSpec) -> Result<ViewInfo, String>
     let key_type = match pb::EntityKeyType::try_from(v.key_type) {
         Ok(pb::EntityKeyType::Int64) => KeyType::Int64,
         Ok(pb::EntityKeyType::String) => KeyType::String,
-        _ => return Err(format!("view '{}' has an unknown key type {}", v.name, v.key_type)),
+        _ => {
+            return Err(format!(
+                "view '{}' has an unknown key type {}",
+                v.name, v.key_type
+            ))
+        }
     };
     let features = v
         .features
@@ -159,7 +164,8 @@ fn view_from_proto(i: usize, v: pb::FeatureViewSpec) -> Result<ViewInfo, String>
         .enumerate()
         .map(|(j, f)| {
             Ok(FeatureInfo {
-                id: u16::try_from(j).map_err(|_| format!("view '{}' has too many features", v.name))?,
+                id: u16::try_from(j)
+                    .map_err(|_| format!("view '{}' has too many features", v.name))?,
                 dtype: feature_type(f.r#type).map_err(|e| format!("{}:{}: {e}", v.name, f.name))?,
                 name: f.name,
             })
@@ -233,7 +239,11 @@ pub fn lookup_from_proto(
                 ColumnValues::F32Vector(c.f32_vector_values.into_iter().map(|v| v.values).collect())
             }
         };
-        let lens = [statuses.len(), c.event_time_unix_micros.len(), values_len(&values)];
+        let lens = [
+            statuses.len(),
+            c.event_time_unix_micros.len(),
+            values_len(&values),
+        ];
         if lens.iter().any(|n| *n != rows) {
             return Err(format!(
                 "column '{}' has {} statuses, {} event times and {} values for {rows} rows",
@@ -281,7 +291,10 @@ mod tests {
     fn a_lookup_goes_out_column_by_column() {
         let req = LookupRequest::new(["card:f31", "merchant:m"])
             .with_keys("card_id", KeyColumn::Int64(vec![7, 9]))
-            .with_keys("merchant_id", KeyColumn::String(vec!["a".into(), "b".into()]));
+            .with_keys(
+                "merchant_id",
+                KeyColumn::String(vec!["a".into(), "b".into()]),
+            );
         let p = lookup_to_proto(req);
         assert_eq!(p.features, ["card:f31", "merchant:m"]);
         assert_eq!(p.entities[0].join_key, "card_id");
@@ -299,7 +312,10 @@ mod tests {
         };
         let r = lookup_from_proto(resp, 2, &["card:f31".into()]).unwrap();
         let c = r.column("card:f31").unwrap();
-        assert_eq!(c.statuses, [FeatureStatus::Present, FeatureStatus::NotFound]);
+        assert_eq!(
+            c.statuses,
+            [FeatureStatus::Present, FeatureStatus::NotFound]
+        );
         assert_eq!(c.values, ColumnValues::F32(vec![0.25, 0.0]));
         assert_eq!(c.event_times, [5, 5]);
         // A view's wildcard admits its columns.
@@ -315,10 +331,22 @@ mod tests {
         let asked = ["card:f31".to_string()];
         let cases = [
             (column("card:f31", vec![present], vec![1.0]), "for 2 rows"),
-            (column("card:f31", vec![present, present], vec![1.0]), "1 values"),
-            (column("card:f31", vec![present, 0], vec![1.0, 2.0]), "unknown feature status 0"),
-            (column("card:f31", vec![present, 9], vec![1.0, 2.0]), "unknown feature status 9"),
-            (column("card:other", vec![present, present], vec![1.0, 2.0]), "not asked for"),
+            (
+                column("card:f31", vec![present, present], vec![1.0]),
+                "1 values",
+            ),
+            (
+                column("card:f31", vec![present, 0], vec![1.0, 2.0]),
+                "unknown feature status 0",
+            ),
+            (
+                column("card:f31", vec![present, 9], vec![1.0, 2.0]),
+                "unknown feature status 9",
+            ),
+            (
+                column("card:other", vec![present, present], vec![1.0, 2.0]),
+                "not asked for",
+            ),
             (
                 pb::FeatureColumn {
                     r#type: 42,
@@ -328,8 +356,12 @@ mod tests {
             ),
         ];
         for (c, want) in cases {
-            let e = lookup_from_proto(pb::GetOnlineFeaturesResponse { columns: vec![c] }, 2, &asked)
-                .unwrap_err();
+            let e = lookup_from_proto(
+                pb::GetOnlineFeaturesResponse { columns: vec![c] },
+                2,
+                &asked,
+            )
+            .unwrap_err();
             assert!(e.contains(want), "{e} (want {want})");
         }
     }
@@ -349,10 +381,15 @@ mod tests {
             timestamp_field: "ts".into(),
         };
         let info = view_from_proto(3, v.clone()).unwrap();
-        assert_eq!((info.id, info.join_key.as_str(), info.key_type), (3, "card_id", KeyType::Int64));
+        assert_eq!(
+            (info.id, info.join_key.as_str(), info.key_type),
+            (3, "card_id", KeyType::Int64)
+        );
         assert_eq!(info.max_age, Duration::from_secs(3600));
         assert_eq!(info.features[0].dtype, FeatureType::F32);
         let bad = pb::FeatureViewSpec { key_type: 0, ..v };
-        assert!(view_from_proto(0, bad).unwrap_err().contains("unknown key type"));
+        assert!(view_from_proto(0, bad)
+            .unwrap_err()
+            .contains("unknown key type"));
     }
 }

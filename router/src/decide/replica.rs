@@ -164,7 +164,12 @@ impl RemoteReplica {
         Self::with_channel(remote_channel(url, Some(addr))?, model, version, input)
     }
 
-    fn with_channel(channel: Channel, model: &str, version: u64, input: &str) -> Result<Self, String> {
+    fn with_channel(
+        channel: Channel,
+        model: &str,
+        version: u64,
+        input: &str,
+    ) -> Result<Self, String> {
         Ok(Self {
             client: GrpcInferenceServiceClient::new(channel),
             model: model.to_owned(),

@@ -397,24 +397,37 @@ mod tests {
         let spec = testing::spec();
         let reqs = [request("a", 1.0, Some(7)), request("b", 1.0, Some(9))];
         let items = validate(&reqs, 10).unwrap();
-        let resp = lookup(Some(&store), &spec, &items, testing::later()).await.unwrap().unwrap();
+        let resp = lookup(Some(&store), &spec, &items, testing::later())
+            .await
+            .unwrap()
+            .unwrap();
         let col = resp.column("card:f31").unwrap();
         assert_eq!(
             col.statuses,
             vec![FeatureStatus::Present, FeatureStatus::NotFound]
         );
         // No store, or a spec that reads none: no lookup, no error.
-        assert!(lookup(None, &spec, &items, testing::later()).await.unwrap().is_none());
-        let mut request_only = testing::spec();
-        request_only.store_features.clear();
-        assert!(lookup(Some(&store), &request_only, &items, testing::later())
+        assert!(lookup(None, &spec, &items, testing::later())
             .await
             .unwrap()
             .is_none());
+        let mut request_only = testing::spec();
+        request_only.store_features.clear();
+        assert!(
+            lookup(Some(&store), &request_only, &items, testing::later())
+                .await
+                .unwrap()
+                .is_none()
+        );
         // A missing key is the caller's mistake, named with its item.
         let reqs = [request("a", 1.0, Some(7)), request("b", 1.0, None)];
         let items = validate(&reqs, 10).unwrap();
-        let m = message(lookup(Some(&store), &spec, &items, testing::later()).await.err().unwrap());
+        let m = message(
+            lookup(Some(&store), &spec, &items, testing::later())
+                .await
+                .err()
+                .unwrap(),
+        );
         assert_eq!(
             m,
             "requests[1]: missing entity key 'card_id' (needed by view card)"
@@ -443,16 +456,23 @@ mod tests {
         let rec = testing::Recorder::default();
         let guard = metrics::set_default_local_recorder(&rec);
         let started = std::time::Instant::now();
-        let got = lookup(Some(&remote), &spec, &items, started + std::time::Duration::from_millis(300))
-            .await
-            .unwrap();
+        let got = lookup(
+            Some(&remote),
+            &spec,
+            &items,
+            started + std::time::Duration::from_millis(300),
+        )
+        .await
+        .unwrap();
         assert!(got.is_none());
         assert!(started.elapsed() < std::time::Duration::from_secs(2));
         // No time left: not sent, and a failure too.
-        assert!(lookup(Some(&remote), &spec, &items, std::time::Instant::now())
-            .await
-            .unwrap()
-            .is_none());
+        assert!(
+            lookup(Some(&remote), &spec, &items, std::time::Instant::now())
+                .await
+                .unwrap()
+                .is_none()
+        );
         drop(guard);
         let failures: Vec<_> = rec
             .take()
@@ -460,7 +480,10 @@ mod tests {
             .filter(|m| m.name == names::FEATURE_LOOKUP_FAILURES)
             .collect();
         assert_eq!(failures.len(), 2, "{failures:?}");
-        assert_eq!(failures[0].labels, vec![("store".to_string(), "remote".to_string())]);
+        assert_eq!(
+            failures[0].labels,
+            vec![("store".to_string(), "remote".to_string())]
+        );
         // The row then takes the spec's default, UNAVAILABLE.
         let (row, used) = preprocess(&spec, &items[0], None, 0).unwrap();
         assert_eq!(row, vec![1.0, -1.0]);
@@ -473,7 +496,9 @@ mod tests {
         let spec = testing::spec();
         let reqs = [request("a", 12.5, Some(7)), request("b", 3.0, Some(9))];
         let items = validate(&reqs, 10).unwrap();
-        let resp = lookup(Some(&store), &spec, &items, testing::later()).await.unwrap();
+        let resp = lookup(Some(&store), &spec, &items, testing::later())
+            .await
+            .unwrap();
         let (row, used) = preprocess(&spec, &items[0], resp.as_ref(), 0).unwrap();
         assert_eq!(row, vec![12.5, 0.25]);
         assert_eq!(used[1].status, "PRESENT");
