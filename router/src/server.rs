@@ -180,7 +180,7 @@ async fn feature_source(
     let remote = RemoteFeatures::connect(url, f.remote_wait, f.lookup_timeout)
         .await
         .map_err(RouterError::Unavailable)?;
-    Ok(Some(Arc::new(FeatureSource::Remote(remote))))
+    Ok(Some(Arc::new(FeatureSource::Remote(Box::new(remote)))))
 }
 
 impl Parts {

@@ -234,8 +234,8 @@ async fn a_router_reads_features_from_a_features_role_and_survives_its_loss() {
     // f31 UNAVAILABLE and the failure counted.
     let port = features.grpc_addr.port();
     features.shutdown().await;
-    for i in 0..5 {
-        let (r, waited) = decide(&mut c, i, &rows[i].0).await;
+    for (i, (x, _)) in rows.iter().enumerate().take(5) {
+        let (r, waited) = decide(&mut c, i, x).await;
         assert_eq!(r.source, pb::AnswerSource::Model as i32, "{:?}", r.reasons);
         assert!(
             r.reasons
@@ -268,8 +268,8 @@ async fn a_router_reads_features_from_a_features_role_and_survives_its_loss() {
             conns.push(s);
         }
     });
-    for i in 0..3 {
-        let (r, waited) = decide(&mut c, i, &rows[i].0).await;
+    for (i, (x, _)) in rows.iter().enumerate().take(3) {
+        let (r, waited) = decide(&mut c, i, x).await;
         let total = r.timings.unwrap().total_us;
         assert!(total <= deadline_ms * 1000 + 2_000, "total {total} us");
         assert!(
@@ -281,8 +281,8 @@ async fn a_router_reads_features_from_a_features_role_and_survives_its_loss() {
     }
     // With lookup_timeout, the lookup gives up early and the model still scores.
     let mut cc = client(&capped).await;
-    for i in 0..3 {
-        let (r, waited) = decide(&mut cc, i, &rows[i].0).await;
+    for (i, (x, _)) in rows.iter().enumerate().take(3) {
+        let (r, waited) = decide(&mut cc, i, x).await;
         assert_eq!(r.source, pb::AnswerSource::Model as i32, "{:?}", r.reasons);
         assert!(r.timings.unwrap().features_us < 60_000, "{:?}", r.timings);
         assert!(

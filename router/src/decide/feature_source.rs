@@ -18,7 +18,7 @@ pub enum FeatureSource {
     /// The store this process holds open.
     Local(Arc<FeatureStore>),
     /// A features role, over `mesh.v1.FeatureStore`.
-    Remote(RemoteFeatures),
+    Remote(Box<RemoteFeatures>),
 }
 
 impl From<Arc<FeatureStore>> for FeatureSource {

@@ -273,6 +273,7 @@ fn values_len(v: &ColumnValues) -> usize {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

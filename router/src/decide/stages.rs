@@ -435,6 +435,7 @@ mod tests {
     }
 
     #[tokio::test]
+    #[allow(clippy::unwrap_used)]
     async fn a_failed_lookup_is_no_lookup_and_is_counted() {
         use crate::decide::feature_source::FeatureSource;
         use crate::decide::remote_features::RemoteFeatures;
@@ -445,11 +446,11 @@ mod tests {
             .unwrap()
             .port();
         let (_dir, local) = testing::source();
-        let remote = FeatureSource::Remote(RemoteFeatures::unconnected(
+        let remote = FeatureSource::Remote(Box::new(RemoteFeatures::unconnected(
             &format!("http://127.0.0.1:{port}"),
             local.views().to_vec(),
             None,
-        ));
+        )));
         let spec = testing::spec();
         let reqs = [request("a", 1.0, Some(7))];
         let items = validate(&reqs, 10).unwrap();
