@@ -27,6 +27,9 @@
 //! path = "data/features"        # sled directory; no store when unset
 //! views = "examples/features/views.toml"
 //! max_keys_per_lookup = 4096    # per mesh.v1.FeatureStore lookup (rows x views)
+//! # remote = "http://features.mesh.svc:8001"  # instead of path: a --role features
+//! remote_wait = "10s"           # with remote: how long the start waits for its views
+//! # lookup_timeout = "20ms"     # with remote: a cap on one lookup
 //!
 //! [prediction_log]              # off when absent
 //! dir = "data/predictions"
