@@ -27,6 +27,9 @@
 //! path = "data/features"        # sled directory; no store when unset
 //! views = "examples/features/views.toml"
 //! max_keys_per_lookup = 4096    # per mesh.v1.FeatureStore lookup (rows x views)
+//! # remote = "http://features.mesh.svc:8001"  # instead of path: a --role features
+//! remote_wait = "10s"           # with remote: how long the start waits for its views
+//! # lookup_timeout = "20ms"     # with remote: a cap on one lookup
 //!
 //! [prediction_log]              # off when absent
 //! dir = "data/predictions"
@@ -86,6 +89,9 @@ impl<'de> Deserialize<'de> for MeshConfig {
         let (file, deprecations) = mesh_stack::collect_deprecations(|| File::deserialize(d));
         let f = file?;
         f.tls
+            .validate()
+            .map_err(<D::Error as serde::de::Error>::custom)?;
+        f.features
             .validate()
             .map_err(<D::Error as serde::de::Error>::custom)?;
         Ok(Self {
@@ -193,8 +199,10 @@ impl std::str::FromStr for Role {
     }
 }
 
-/// `[features]`: the online feature store of this process.
-#[derive(Debug, Clone, Deserialize, Default)]
+/// `[features]`: where decisions read stored features: the online feature store
+/// of this process (`path`, `views`), or a `mesh serve --role features` elsewhere
+/// (`remote`), never both.
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FeaturesConfig {
     /// The sled database directory; no store when unset.
@@ -205,6 +213,60 @@ pub struct FeaturesConfig {
     /// fetch; the store's default (4096) when unset. Lookups of the decision
     /// engine in this process are not limited by it.
     pub max_keys_per_lookup: Option<usize>,
+    /// A features role to read from instead of a store of this process
+    /// (`http://host:port`, or `https://` with `[tls.client]`).
+    pub remote: Option<String>,
+    /// How long the start waits for the remote's `ListViews` (it is retried
+    /// while the features role is not up yet). Default 10 s.
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub remote_wait: Duration,
+    /// A cap on one remote lookup; unset, a lookup may take what is left of the
+    /// decision's deadline less the fallback reserve.
+    #[serde(deserialize_with = "duration::option")]
+    pub lookup_timeout: Option<Duration>,
+}
+
+impl Default for FeaturesConfig {
+    fn default() -> Self {
+        Self {
+            path: None,
+            views: None,
+            max_keys_per_lookup: None,
+            remote: None,
+            remote_wait: Duration::from_secs(10),
+            lookup_timeout: None,
+        }
+    }
+}
+
+/// The most `[features] remote_wait` may be.
+pub const MAX_REMOTE_WAIT: Duration = Duration::from_secs(600);
+
+impl FeaturesConfig {
+    /// `path` and `remote` exclude each other; `remote` must be a URL of a
+    /// features role; the durations must be usable.
+    pub fn validate(&self) -> Result<(), String> {
+        if let (Some(_), Some(remote)) = (&self.path, &self.remote) {
+            return Err(format!(
+                "[features] path and remote = \"{remote}\" are both set: a process reads \
+                 features from its own store (path) or from a features role (remote), not both"
+            ));
+        }
+        if let Some(remote) = &self.remote {
+            crate::decide::discovery::Target::parse(remote)
+                .map_err(|e| format!("[features] {e}"))?;
+        }
+        if self.remote_wait > MAX_REMOTE_WAIT {
+            return Err(format!(
+                "[features] remote_wait must be at most {}",
+                format_duration(MAX_REMOTE_WAIT)
+            ));
+        }
+        if self.lookup_timeout.is_some_and(|t| t.is_zero()) {
+            return Err("[features] lookup_timeout must be more than 0".into());
+        }
+        Ok(())
+    }
 }
 
 /// `[server]`.
