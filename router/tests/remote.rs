@@ -415,7 +415,7 @@ async fn replicas_by_name_follow_the_names_addresses() {
         dir.path(),
         500,
         &format!(
-            "resolve_interval = \"100ms\"\n[[decisions.deployments]]\nmodel = \"fraud_mlp\"\nremote = [\"http://models.mesh.test:{port}\"]\n"
+            "resolve_interval = \"100ms\"\n[decisions.stack]\nper_try_timeout = \"250ms\"\n[[decisions.deployments]]\nmodel = \"fraud_mlp\"\nremote = [\"http://models.mesh.test:{port}\"]\n"
         ),
     );
     let router = start_mesh_with(&cfg, names.clone()).await.unwrap();
@@ -433,8 +433,9 @@ async fn replicas_by_name_follow_the_names_addresses() {
     run(&mut c, 5).await;
     let id = |ip: &str| format!("fraud_mlp/v1/http://models.mesh.test:{port}@{ip}");
     assert_eq!(replica_ids(&router), vec![id("127.0.0.1"), id("127.0.0.2")]);
-    // The router's own actor groups answer slowly, so the balancer sends the
-    // calls to the remote replicas.
+    // The router's own actor groups answer slowly (but within the per-try timeout,
+    // so that a call the balancer still sends them answers), so the balancer sends
+    // the calls to the remote replicas.
     let engine = router.engine.clone().unwrap();
     for local in engine.replicas().iter().filter(|r| r.contains("/local")) {
         engine
