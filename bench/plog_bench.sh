@@ -12,7 +12,9 @@
 # RATE (skip the saturation run and use this rate), CONCURRENCY=32 (most outstanding
 # requests of the open loop; callers of the saturation run), PORT=8501 (gRPC; HTTP is
 # PORT-1), OUT (directory for the raw output; default a new temp dir), LOG_CONFIG (extra
-# lines for [prediction_log], e.g. 'writer_nice = 0').
+# lines for [prediction_log], e.g. 'writer_nice = 0'), NICE (run the server and the load
+# at this nice value, e.g. -10 as root, to keep other work on a shared machine out of
+# the figures; the log's writer_nice stays relative to it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-${MESH_BIN:-${CARGO_TARGET_DIR:-target}/release/mesh}}
@@ -24,6 +26,8 @@ PCT=${PCT:-50}
 CONCURRENCY=${CONCURRENCY:-32}
 PORT=${PORT:-8501}
 HTTP_PORT=$((PORT - 1))
+RUN=()
+[ -n "${NICE:-}" ] && RUN=(nice -n "$NICE")
 DATA=$OUT/data
 mkdir -p "$DATA"
 pid=
@@ -46,14 +50,14 @@ serve() { # name on|off
     elif [ -n "${LOG_CONFIG:-}" ]; then
         sed -i "/^\[prediction_log\]/a $LOG_CONFIG" "$cfg"
     fi
-    "$BIN" serve --config "$cfg" >"$OUT/serve-$1.log" 2>&1 &
+    "${RUN[@]}" "$BIN" serve --config "$cfg" >"$OUT/serve-$1.log" 2>&1 &
     pid=$!
     wait_port "$PORT"
 }
 stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=; }
 bench() { # name seconds args...
     local name=$1 secs=$2; shift 2
-    "$BIN" bench --addr "http://127.0.0.1:$PORT" --target decide --seconds "$secs" --json "$@" >"$OUT/$name.json" 2>"$OUT/$name.err"
+    "${RUN[@]}" "$BIN" bench --addr "http://127.0.0.1:$PORT" --target decide --seconds "$secs" --json "$@" >"$OUT/$name.json" 2>"$OUT/$name.err"
 }
 # CPU seconds (user + system) of the server, and of its threads named prediction-log*.
 cpu() {

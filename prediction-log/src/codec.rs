@@ -292,11 +292,11 @@ impl Reader<'_> {
             None
         };
         let status = match self.u8()? {
-            OTHER_STATUS => self.string()?,
-            i => status::ALL
+            OTHER_STATUS => self.string()?.into(),
+            i => (*status::ALL
                 .get(usize::from(i))
-                .ok_or(DecodeError::Malformed("status"))?
-                .to_string(),
+                .ok_or(DecodeError::Malformed("status"))?)
+            .into(),
         };
         let event_time_us = if flags & HAS_TIME != 0 {
             Some(self.i64()?)

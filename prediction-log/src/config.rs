@@ -28,10 +28,11 @@ pub struct LogConfig {
     pub fsync: bool,
     /// Which features are logged. Default all.
     pub features: FeatureLogging,
-    /// Nice value of the writer and closer threads (Linux, where it is per thread): 0 runs
-    /// them like the serving threads, 19 lowest. Default 10: the log's CPU work waits for
-    /// the serving threads, yet still gets about a tenth of a busy core's time, so it keeps
-    /// up near saturation instead of falling behind and dropping.
+    /// How many nice steps the writer and closer threads run below the serving threads
+    /// (Linux, where nice is per thread; the sum is capped at 19): 0 runs them like the
+    /// serving threads. Default 10: the log's CPU work waits for the serving threads, yet
+    /// still gets about a tenth of a busy core's time against each of them, so it keeps up
+    /// near saturation instead of falling behind and dropping.
     pub writer_nice: i32,
 }
 
