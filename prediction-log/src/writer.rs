@@ -314,7 +314,9 @@ impl Writer<'_> {
         };
         if let Err(e) = seg.wal.append(&rec) {
             // The wal keeps what it had; recovery at the next start converts it.
-            self.open = None;
+            if let Some(p) = self.open.take().and_then(|s| s.parquet) {
+                let _ = std::fs::remove_file(p.path());
+            }
             return self.lose(1, &e);
         }
         if let Some(p) = seg.parquet.as_mut() {
@@ -570,5 +572,58 @@ impl MetricsReported {
         }
         self.written = s.written;
         self.dropped = s.dropped;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::Role;
+
+    fn records(n: usize) -> Vec<PredictionRecord> {
+        (0..n)
+            .map(|i| PredictionRecord::new(format!("r{i}"), "m", "1", Role::Primary))
+            .collect()
+    }
+
+    /// A segment whose Parquet file could not be written is converted from its wal.
+    #[test]
+    fn a_segment_without_its_parquet_file_is_converted_from_the_wal() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(segment::wal_dir(dir.path())).unwrap();
+        let id = segment::segment_id(now_us(), 0);
+        let wal = segment::wal_path(dir.path(), &id);
+        let mut w = WalWriter::create(&wal).unwrap();
+        let recs = records(700);
+        for r in &recs {
+            w.append(r).unwrap();
+        }
+        w.flush(false).unwrap();
+        let date = date_of_us(recs[0].ts_us);
+        let job = CloseJob {
+            id: id.clone(),
+            date: date.clone(),
+            wal: wal.clone(),
+            parquet: None,
+        };
+        let path = close_segment(dir.path(), job).unwrap().unwrap();
+        assert_eq!(path, segment::parquet_path(dir.path(), &date, &id));
+        assert_eq!(crate::parquet_io::read_parquet(&path).unwrap(), recs);
+    }
+
+    /// The Parquet file filled as records arrive reads back like one written at once,
+    /// across slices and with a part-filled last slice.
+    #[test]
+    fn a_parquet_file_filled_slice_by_slice_holds_every_record_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let recs = records(crate::parquet_io::SLICE_ROWS * 3 + 17);
+        let date = date_of_us(recs[0].ts_us);
+        let mut p = segment::open_parquet(dir.path(), &date, "x").unwrap();
+        assert!(p.path().file_name().unwrap().to_string_lossy().starts_with('.'));
+        for r in &recs {
+            p.append(r).unwrap();
+        }
+        let path = segment::close_parquet(dir.path(), &date, "x", p).unwrap();
+        assert_eq!(crate::parquet_io::read_parquet(&path).unwrap(), recs);
     }
 }
