@@ -10,11 +10,11 @@
 #
 # Settings (environment): SECS=10 seconds per run, ROUNDS=2, PCT=50 (% of saturation),
 # RATE (skip the saturation run and use this rate), CONCURRENCY=32 (most outstanding
-# requests of the open loop; callers of the saturation run), PORT=8501 (gRPC; HTTP is
-# PORT-1), OUT (directory for the raw output; default a new temp dir), LOG_CONFIG (extra
-# lines for [prediction_log], e.g. 'writer_nice = 0'), NICE (run the server and the load
-# at this nice value, e.g. -10 as root, to keep other work on a shared machine out of
-# the figures; the log's writer_nice stays relative to it).
+# requests of the open loop; callers of the saturation run), PORT=18731 (gRPC; HTTP is
+# PORT-1; both must be free), OUT (directory for the raw output; default a new temp
+# dir), LOG_CONFIG (extra lines for [prediction_log], e.g. 'writer_nice = 0'), NICE
+# (run the server and the load at this nice value, e.g. -10 as root, to keep other work
+# on a shared machine out of the figures; the log's writer_nice stays relative to it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-${MESH_BIN:-${CARGO_TARGET_DIR:-target}/release/mesh}}
@@ -24,7 +24,7 @@ SECS=${SECS:-10}
 ROUNDS=${ROUNDS:-2}
 PCT=${PCT:-50}
 CONCURRENCY=${CONCURRENCY:-32}
-PORT=${PORT:-8501}
+PORT=${PORT:-18731}
 HTTP_PORT=$((PORT - 1))
 RUN=()
 [ -n "${NICE:-}" ] && RUN=(nice -n "$NICE")
@@ -50,9 +50,13 @@ serve() { # name on|off
     elif [ -n "${LOG_CONFIG:-}" ]; then
         sed -i "/^\[prediction_log\]/a $LOG_CONFIG" "$cfg"
     fi
+    for p in "$PORT" "$HTTP_PORT"; do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "port $p is already in use: set PORT" >&2; exit 1; fi
+    done
     "${RUN[@]}" "$BIN" serve --config "$cfg" >"$OUT/serve-$1.log" 2>&1 &
     pid=$!
     wait_port "$PORT"
+    kill -0 "$pid" 2>/dev/null || { echo "mesh serve exited: $OUT/serve-$1.log" >&2; exit 1; }
 }
 stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=; }
 bench() { # name seconds args...
