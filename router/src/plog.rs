@@ -167,6 +167,7 @@ pub fn record_oip(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
