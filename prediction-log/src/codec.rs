@@ -304,7 +304,7 @@ impl Reader<'_> {
             None
         };
         Ok(FeatureUsed {
-            name,
+            name: name.into(),
             value,
             status,
             event_time_us,

@@ -599,7 +599,7 @@ impl<'a> FeatureColumns<'a> {
         self.list.is_valid(i).then(|| {
             (off[i] as usize..off[i + 1] as usize)
                 .map(|j| FeatureUsed {
-                    name: self.name.value(j).to_string(),
+                    name: self.name.value(j).into(),
                     value: self.value.is_valid(j).then(|| self.value.value(j)),
                     // Files written before statuses were upper case read as today's.
                     status: crate::record::status::normalize(self.status.value(j)),

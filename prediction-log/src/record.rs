@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::fmt;
+use std::sync::Arc;
 use std::str::FromStr;
 
 /// Where the answer came from (`PredictionRecord::source`). Free-form on purpose (the router
@@ -156,7 +157,8 @@ impl FromStr for Protocol {
 /// One feature value the prediction used, as the feature store returned it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FeatureUsed {
-    pub name: String,
+    /// Shared, not copied: the serving path hands the log the name its input spec holds.
+    pub name: Arc<str>,
     /// `None` when the store had no usable value (the model then used its default).
     pub value: Option<f64>,
     /// One of [`status`]: PRESENT | NOT_FOUND | NULL | OUTSIDE_MAX_AGE (the feature

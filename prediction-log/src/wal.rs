@@ -281,7 +281,7 @@ mod tests {
         rec.features = Some(
             (0..29)
                 .map(|i| crate::record::FeatureUsed {
-                    name: format!("card:feature_{i}"),
+                    name: format!("card:feature_{i}").into(),
                     value: Some(i as f64 * 1.5),
                     status: crate::record::status::PRESENT.into(),
                     event_time_us: Some(rec.ts_us - 1_000_000),

@@ -56,6 +56,7 @@ pub fn store() -> (tempfile::TempDir, FeatureStore) {
 /// An entry of an input spec (no transforms).
 pub fn entry(source: Source, on_missing: OnMissing) -> Entry {
     Entry {
+        label: Entry::label_of(&source),
         source,
         transforms: Vec::new(),
         default: -1.0,
