@@ -199,7 +199,7 @@ pub fn note_defaults(o: &mut Outcome, limit: Option<usize>) -> Result<(), String
     let mut groups: Vec<((&str, &str), Vec<&str>)> = Vec::new();
     for f in &defaulted {
         let key = (f.view(), f.status);
-        let short = f.name.split_once(':').map_or(f.name.as_str(), |(_, n)| n);
+        let short = f.name.split_once(':').map_or(&*f.name, |(_, n)| n);
         match groups.iter_mut().find(|(k, _)| *k == key) {
             Some((_, names)) => names.push(short),
             None => groups.push((key, vec![short])),

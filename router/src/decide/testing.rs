@@ -67,6 +67,7 @@ pub fn later() -> std::time::Instant {
 /// An entry of an input spec (no transforms).
 pub fn entry(source: Source, on_missing: OnMissing) -> Entry {
     Entry {
+        label: Entry::label_of(&source),
         source,
         transforms: Vec::new(),
         default: -1.0,
