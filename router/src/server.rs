@@ -427,6 +427,8 @@ async fn grpc_server(
         .http2_keepalive_interval(Some(conns.keepalive_interval))
         .http2_keepalive_timeout(Some(conns.keepalive_timeout))
         .max_connection_age(conns.max_connection_age)
+        // Outermost: the arrival time, where every deadline starts (crate::arrival).
+        .layer(crate::arrival::ArrivalLayer)
         .layer(tower::util::MapResponseLayer::new(transport_statuses))
         // Admin- and writer-plane RPCs need their credential (see crate::auth).
         .layer(GrpcGuardLayer(parts.planes.clone()))
@@ -470,6 +472,8 @@ fn http_server(
             }
         },
     ));
+    // Outermost (axum's last layer): the arrival time, where deadlines start.
+    let app = app.layer(crate::arrival::ArrivalLayer);
     tokio::spawn(async move {
         if let Err(e) = axum::serve(
             listener,

@@ -384,6 +384,7 @@ impl Engine {
             let local = LocalReplica {
                 handle: h.clone(),
                 fault: fault(&id),
+                try_timeout: self.cfg.stack.per_try_timeout,
             };
             replicas.push((ReplicaId::from(id), Replica::Local(local)));
         }
@@ -433,18 +434,31 @@ impl Engine {
     }
 
     /// Decides every request (same model) with one feature lookup; model calls run
-    /// concurrently and meet in the model's batcher.
+    /// concurrently and meet in the model's batcher. The deadline counts from
+    /// `arrival` (see [`crate::arrival`]): the caller's timeout capped by `[decisions]
+    /// deadline`. When it passed before the work started, or before the decisions
+    /// were ready, the call fails with `DeadlineExceeded` and each decision is logged
+    /// with the source `DEADLINE` (never as an answer).
     pub async fn decide_batch(
         &self,
         reqs: &[pb::DecideRequest],
-        caller_timeout: Option<Duration>,
+        (arrival, caller_timeout): (Instant, Option<Duration>),
     ) -> Result<Vec<Outcome>, RouterError> {
         let started = Instant::now();
         let budget = self.cfg.deadline();
-        let deadline = started + caller_timeout.map_or(budget, |t| t.min(budget));
+        let deadline = crate::request::deadline(arrival, caller_timeout, budget, budget);
         let items = stages::validate(reqs, self.cfg.max_batch_items)?;
         let model = &reqs[0].model;
         let spec = self.spec_of(model)?;
+        if let Err(late) = crate::request::check_not_expired(arrival, deadline) {
+            for it in &items {
+                let mut o = Outcome::new(it.req, model, Role::Primary, self.cfg.default_decision);
+                o.timings.total = us(arrival.elapsed());
+                stages::mark_late(&mut o, &late);
+                stages::log(&o, self.sink.as_deref());
+            }
+            return Err(late);
+        }
         let mut shared = Timings {
             validate: us(started.elapsed()),
             ..Timings::default()
@@ -464,14 +478,19 @@ impl Engine {
                 o.model.clone_from(model);
                 o.timings.validate = shared.validate;
                 o.timings.features = shared.features;
-                o.timings.total = us(started.elapsed());
+                o.timings.total = us(arrival.elapsed());
                 o
             }
         });
-        let outcomes = futures::future::join_all(futs).await;
-        for o in &outcomes {
+        let mut outcomes = futures::future::join_all(futs).await;
+        let in_time = crate::request::check_in_time(arrival, deadline);
+        for o in &mut outcomes {
+            if let Err(late) = &in_time {
+                stages::mark_late(o, late);
+            }
             stages::log(o, self.sink.as_deref());
         }
+        in_time?;
         Ok(outcomes)
     }
 

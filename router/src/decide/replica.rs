@@ -74,7 +74,11 @@ impl Fault {
 /// The stack's view of a model-actor error: which failures may be retried elsewhere.
 pub fn classify(e: ModelError) -> StackError {
     match e {
-        ModelError::Overloaded { .. } => StackError::ReplicaOverloaded(Box::new(e)),
+        // Refused at admission (queue full, or the answer expected after the
+        // deadline): back-pressure, retried on another replica while time allows.
+        ModelError::Overloaded { .. } | ModelError::CannotMeetDeadline { .. } => {
+            StackError::ReplicaOverloaded(Box::new(e))
+        }
         ModelError::Unavailable { .. } | ModelError::NotReady(_) => {
             StackError::ReplicaUnavailable(Box::new(e))
         }
@@ -89,6 +93,10 @@ pub fn classify(e: ModelError) -> StackError {
 pub struct LocalReplica {
     pub handle: Arc<VersionHandle>,
     pub fault: Arc<Fault>,
+    /// The stack's per-try timeout: the call is abandoned then, so admission asks
+    /// for an answer by then (or by the call's deadline, if sooner). Work that would
+    /// finish after the try gave up is refused, not done.
+    pub try_timeout: Duration,
 }
 
 impl tower::Service<ModelCall> for LocalReplica {
@@ -102,6 +110,7 @@ impl tower::Service<ModelCall> for LocalReplica {
 
     fn call(&mut self, call: ModelCall) -> Self::Future {
         let (h, fault) = (self.handle.clone(), self.fault.clone());
+        let try_ends = Instant::now() + self.try_timeout;
         Box::pin(async move {
             fault.apply().await?;
             let batch = Batch {
@@ -109,8 +118,9 @@ impl tower::Service<ModelCall> for LocalReplica {
                 cols: call.cols,
                 data: call.data.as_ref().clone(),
             };
+            let deadline = call.deadline.min(try_ends);
             let out = h
-                .infer(batch, Some(call.deadline.into_std()))
+                .infer(batch, Some(deadline.into_std()))
                 .await
                 .map_err(classify)?;
             Ok(ModelAnswer {

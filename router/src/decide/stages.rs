@@ -283,6 +283,18 @@ pub fn apply_rules(o: &mut Outcome, rules: &[Rule], features: &HashMap<String, f
 
 /// Stage 8, log: the debug line, the metrics (decisions, fallbacks, one histogram
 /// sample per stage) and the outcome sink (the prediction log), which never blocks.
+/// A decision whose deadline passed before it was ready: not an answer. Its source
+/// becomes `DEADLINE` (what it would have answered stays in the record, with the
+/// reason), so neither the metrics nor the log count it as answered.
+pub fn mark_late(o: &mut Outcome, why: &crate::error::RouterError) {
+    o.reasons.push(format!(
+        "not answered: {} (was {})",
+        why.message(),
+        o.source.as_str()
+    ));
+    o.source = AnswerSource::Deadline;
+}
+
 pub fn log(o: &Outcome, sink: Option<&dyn OutcomeSink>) {
     if o.source == AnswerSource::Model {
         tracing::debug!(request_id = %o.request_id, version = ?o.version, score = ?o.score, decision = o.decision.as_str(), "decided");
@@ -291,7 +303,7 @@ pub fn log(o: &Outcome, sink: Option<&dyn OutcomeSink>) {
     }
     counter!(names::DECISIONS, "model" => o.model.clone(), "source" => o.source.as_str(), "decision" => o.decision.as_str(), "role" => o.role.as_str())
         .increment(1);
-    if o.source != AnswerSource::Model {
+    if !matches!(o.source, AnswerSource::Model | AnswerSource::Deadline) {
         counter!(names::FALLBACKS, "model" => o.model.clone(), "source" => o.source.as_str())
             .increment(1);
     }

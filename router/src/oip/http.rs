@@ -298,28 +298,38 @@ impl InferRequestJson {
 
 pub(crate) type Body = Result<Bytes, BytesRejection>;
 
+/// When the request arrived (stamped by the server's outermost layer; now, when
+/// the router is called without it).
+type ArrivedAt = Option<axum::Extension<crate::arrival::Arrival>>;
+
+fn arrival(a: ArrivedAt) -> std::time::Instant {
+    a.map_or_else(std::time::Instant::now, |a| a.0 .0)
+}
+
 async fn infer(
     s: State<HttpState>,
     Path(model): Path<String>,
+    arrived: ArrivedAt,
     headers: HeaderMap,
     body: Body,
 ) -> HttpResult {
-    do_infer(s, model, String::new(), headers, body).await
+    do_infer(s, model, String::new(), (arrival(arrived), headers), body).await
 }
 async fn infer_v(
     s: State<HttpState>,
     Path((model, version)): Path<(String, String)>,
+    arrived: ArrivedAt,
     headers: HeaderMap,
     body: Body,
 ) -> HttpResult {
-    do_infer(s, model, version, headers, body).await
+    do_infer(s, model, version, (arrival(arrived), headers), body).await
 }
 
 async fn do_infer(
     State(s): State<HttpState>,
     model: String,
     version: String,
-    headers: HeaderMap,
+    (arrival, headers): (std::time::Instant, HeaderMap),
     body: Body,
 ) -> HttpResult {
     let body = body.map_err(|e| match e.status() {
@@ -364,7 +374,7 @@ async fn do_infer(
                     .collect::<Result<Vec<_>, RouterError>>()?;
                 to_batch(&h.config, inputs)
             },
-            timeout,
+            (arrival, timeout),
         )
         .await?;
     let spec = h.config.output();
