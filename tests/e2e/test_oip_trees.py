@@ -77,7 +77,7 @@ def test_nan_and_category_codes_follow_model_toml(mesh, tree_samples, model):
     assert np.isfinite(infer(c, model, two).as_numpy("probability")).all()
     for col, value, needle in [
         (0, np.nan, "row 1 column 0 is NaN"),
-        (32, np.nan, "row 1 column 32 is NaN"),
+        (31, np.nan, "row 1 column 31 is NaN"),
         (4, np.inf, "row 1 column 4 is infinite"),
         (32, 2.5, "row 1 column 32 is categorical"),
         (33, -1.0, "row 1 column 33 is categorical"),

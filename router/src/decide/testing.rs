@@ -61,6 +61,7 @@ pub fn entry(source: Source, on_missing: OnMissing) -> Entry {
         default: -1.0,
         on_missing,
         one_hot: None,
+        categories: None,
     }
 }
 
@@ -83,6 +84,7 @@ pub fn spec() -> DecisionSpec {
         },
         store_features: vec!["card:f31".into()],
         views: BTreeSet::from(["card".to_owned()]),
+        columns: Default::default(),
     }
 }
 
