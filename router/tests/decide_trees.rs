@@ -33,23 +33,11 @@ struct Sample {
 }
 
 fn samples() -> Vec<Sample> {
-    let text = std::fs::read_to_string(root().join("tests/data/fraud-trees/samples.csv")).unwrap();
-    let mut lines = text.lines();
-    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
-    assert_eq!(header[33..36], ["mcc", "country", "label"]);
-    assert_eq!(header[36], "xgb_proba");
-    lines
-        .filter(|l| !l.is_empty())
-        .map(|l| {
-            let c: Vec<&str> = l.split(',').collect();
-            let x = c[1..=FEATURES]
-                .iter()
-                .map(|v| if v.is_empty() { f32::NAN } else { v.parse().unwrap() })
-                .collect();
-            Sample {
-                x,
-                want: c[36].parse().unwrap(),
-            }
+    common::tree_samples()
+        .into_iter()
+        .map(|s| Sample {
+            x: s.x,
+            want: s.xgb,
         })
         .collect()
 }
@@ -63,18 +51,17 @@ fn country(i: usize) -> String {
 }
 
 fn quoted(names: impl Iterator<Item = String>) -> String {
-    names.map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(", ")
+    names
+        .map(|n| format!("\"{n}\""))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
-/// The example model's own part of model.toml plus this test's input spec:
-/// f0..f3 request, f4 card_risk (NaN when the row is absent), f5..f8 card, f9
-/// merchant (NaN when null), f10..f31 request (f20 NaN when not sent), mcc from the
-/// request's text, country from the card's text.
-fn model_toml() -> String {
-    let example =
-        std::fs::read_to_string(root().join("examples/models/fraud_xgb/model.toml")).unwrap();
-    let base = example.split("\n[input_spec]").next().unwrap();
-    let mut spec = String::from("\n[input_spec]\non_missing = \"refuse\"\n");
+/// This test's input spec: f0..f3 request, f4 card_risk (NaN when the row is
+/// absent), f5..f8 card, f9 merchant (NaN when null), f10..f31 request (f20 NaN
+/// when not sent), mcc from the request's text, country from the card's text.
+fn input_spec() -> String {
+    let mut spec = String::from("[input_spec]\non_missing = \"refuse\"\n");
     let mut entry = |source: String, extra: &str| {
         spec += &format!("[[input_spec.features]]\nsource = \"{source}\"\n{extra}");
     };
@@ -97,7 +84,7 @@ fn model_toml() -> String {
         "card:country".into(),
         &format!("categories = [{countries}]\non_missing = \"nan\"\n"),
     );
-    format!("{base}{spec}")
+    spec
 }
 
 const VIEWS: &str = r#"
@@ -139,14 +126,12 @@ struct Mesh {
 async fn mesh() -> Mesh {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let m = d.join("models/fraud_xgb");
-    std::fs::create_dir_all(m.join("1")).unwrap();
-    std::fs::copy(
-        root().join("tests/data/fraud-trees/fraud_xgb.json"),
-        m.join("1/model.json"),
-    )
-    .unwrap();
-    std::fs::write(m.join("model.toml"), model_toml()).unwrap();
+    common::tree_model(
+        &d.join("models"),
+        "fraud_xgb",
+        "fraud_xgb.json",
+        &input_spec(),
+    );
     std::fs::write(d.join("views.toml"), VIEWS).unwrap();
     let text = format!(
         r#"
@@ -270,8 +255,16 @@ async fn decisions_with_the_xgboost_model_reproduce_the_library() {
     let mut worst = 0f64;
     for (i, (r, s)) in answers.iter().zip(&rows).enumerate() {
         assert_eq!(r.request_id, format!("t{i}"));
-        assert_eq!(r.source, pb::AnswerSource::Model as i32, "row {i}: {:?}", r.reasons);
-        assert_eq!((r.model.as_str(), r.model_version.as_str()), ("fraud_xgb", "1"));
+        assert_eq!(
+            r.source,
+            pb::AnswerSource::Model as i32,
+            "row {i}: {:?}",
+            r.reasons
+        );
+        assert_eq!(
+            (r.model.as_str(), r.model_version.as_str()),
+            ("fraud_xgb", "1")
+        );
         worst = worst.max((f64::from(r.score.unwrap()) - s.want).abs());
         // Each missing value is named with its status in the reasons.
         let reasons = r.reasons.join("; ");
@@ -309,9 +302,7 @@ async fn decisions_with_the_xgboost_model_reproduce_the_library() {
     // An mcc the spec does not list is unseen: sent as missing (NaN), as the model
     // itself answers that row over OIP, and said so in the reasons.
     let mut unseen = request(3, &rows[3]);
-    unseen
-        .categorical
-        .insert("mcc".into(), "not-an-mcc".into());
+    unseen.categorical.insert("mcc".into(), "not-an-mcc".into());
     let r = m.client.decide(unseen).await.unwrap().into_inner();
     assert!(
         r.reasons.iter().any(|x| x.contains("request UNSEEN: mcc")),
@@ -353,7 +344,9 @@ async fn decisions_with_the_xgboost_model_reproduce_the_library() {
     let r = m.client.decide(no_f0).await.unwrap().into_inner();
     assert_ne!(r.source, pb::AnswerSource::Model as i32);
     assert!(
-        r.reasons.iter().any(|x| x.contains("request:f0 is MISSING")),
+        r.reasons
+            .iter()
+            .any(|x| x.contains("request:f0 is MISSING")),
         "{:?}",
         r.reasons
     );
@@ -371,8 +364,9 @@ fn the_example_spec_is_checked_like_any_other() {
         .unwrap();
     let width: usize = spec.entries.iter().map(|e| e.width()).sum();
     assert_eq!(width, 34);
-    let views = mesh_feature_store::ViewsConfig::from_path(&root().join("examples/features/views.toml"))
-        .unwrap();
+    let views =
+        mesh_feature_store::ViewsConfig::from_path(&root().join("examples/features/views.toml"))
+            .unwrap();
     let d = tempfile::tempdir().unwrap();
     let store = mesh_feature_store::FeatureStore::open(d.path().join("db"), &views).unwrap();
     spec.check_views(store.views()).unwrap();

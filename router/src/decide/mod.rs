@@ -7,6 +7,7 @@
 //! model call, the time budgets and the fallback chain in [`fallback`]; the engine
 //! ([`engine`]) runs them in order against the repository, the store and the
 //! model-call stacks (kept in [`cache`]).
+pub mod arms;
 pub mod cache;
 pub mod config;
 pub mod engine;
