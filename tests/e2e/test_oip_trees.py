@@ -44,6 +44,10 @@ def test_metadata_and_config_name_the_kind(mesh, model):
     assert cfg["backend"] == "mesh_trees"
     assert cfg["platform"] == MODELS[model][1]
     assert cfg["max_batch_size"] == 64
+    # What the columns take, for clients that build rows (mesh bench --target infer).
+    assert cfg["parameters"]["categorical_columns"] == {"string_value": "32,33"}
+    missing = "4,9,20,32,33" if model == "fraud_xgb" else "4,9,20"
+    assert cfg["parameters"]["missing_columns"] == {"string_value": missing}
 
 
 @pytest.mark.parametrize("model", MODELS)
