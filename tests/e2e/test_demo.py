@@ -38,9 +38,12 @@ def test_demo_summary_is_sane(tmp_path):
     assert rec["sources"].get("MODEL", 0) > rec["fallbacks"], report
     assert s["model_back_after_s"] is not None and s["model_back_after_s"] < rec["to_s"] - rec["from_s"], report
 
-    model = [v for v in s["versions"] if v["version"] == "1" and v["role"] == "primary"]
+    # Version 2 answers; while both its replicas are stalled, version 1 (the previous
+    # version, the example's second) answers some of the fallbacks.
+    model = [v for v in s["versions"] if v["version"] == "2" and v["role"] == "primary"]
     assert model, report
     assert model[0]["roc_auc"] is not None and model[0]["roc_auc"] > 0.9, report
+    assert s["sources"].get("PREVIOUS_VERSION", 0) > 0, report
 
     for name in ("config", "features", "predictions", "outcomes", "join", "metrics", "summary"):
         path = Path(s["files"][name])
