@@ -453,11 +453,13 @@ fn writer_main(cfg: LogConfig, rx: Receiver<Msg>, shared: &Shared) {
     let (close_tx, close_rx) = mpsc::sync_channel::<CloseJob>(2);
     let dir = cfg.dir.clone();
     let nice = cfg.writer_nice;
-    crate::priority::lower_current_thread(nice);
     std::thread::scope(|scope| {
+        // The closer starts before the writer lowers itself: a thread inherits its
+        // parent's nice value, and each lowers itself once from the serving level.
         let closer = std::thread::Builder::new()
             .name("prediction-log-close".into())
             .spawn_scoped(scope, move || close_main(dir, close_rx, shared, nice));
+        crate::priority::lower_current_thread(nice);
         let mut w = Writer {
             cfg,
             shared,
