@@ -73,7 +73,11 @@ pub(crate) fn encode(rec: &PredictionRecord, out: &mut Vec<u8>) {
 fn put_feature(out: &mut Vec<u8>, f: &FeatureUsed) {
     put_str(out, &f.name);
     let flags = if f.value.is_some() { HAS_VALUE } else { 0 }
-        | if f.event_time_us.is_some() { HAS_TIME } else { 0 };
+        | if f.event_time_us.is_some() {
+            HAS_TIME
+        } else {
+            0
+        };
     out.push(flags);
     if let Some(v) = f.value {
         out.extend_from_slice(&v.to_le_bytes());

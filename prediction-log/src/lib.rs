@@ -16,8 +16,8 @@
 //! ```
 //! See README.md for the file layout, the schema, the loss window and the DuckDB join.
 
-pub mod commands;
 mod codec;
+pub mod commands;
 mod config;
 mod error;
 pub mod join;

@@ -308,8 +308,9 @@ impl FeaturesBuilder {
 }
 
 /// Rows per row group: large enough for good compression, small enough that readers can
-/// stream a big segment.
-const ROW_GROUP_ROWS: usize = 64 * 1024;
+/// stream a big segment, and that the open segment's writer holds (and writes out) one
+/// row group of a few MB at a time rather than the whole segment when it closes.
+const ROW_GROUP_ROWS: usize = 16 * 1024;
 
 /// Rows handed to the Parquet writer at a time by an [`OpenParquet`]: each slice is
 /// encoded and compressed when it fills, so the work is spread over the segment's life

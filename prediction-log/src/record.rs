@@ -4,8 +4,8 @@
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::fmt;
-use std::sync::Arc;
 use std::str::FromStr;
+use std::sync::Arc;
 
 /// Where the answer came from (`PredictionRecord::source`). Free-form on purpose (the router
 /// owns the fallback chain); these are the values the mesh writes.

@@ -64,7 +64,12 @@ pub(crate) fn open_parquet(dir: &Path, date: &str, id: &str) -> Result<OpenParqu
 
 /// Finishes the Parquet file of segment `id` (fsynced), renames it into place and fsyncs
 /// the directory. Returns the final path.
-pub(crate) fn close_parquet(dir: &Path, date: &str, id: &str, file: OpenParquet) -> Result<PathBuf> {
+pub(crate) fn close_parquet(
+    dir: &Path,
+    date: &str,
+    id: &str,
+    file: OpenParquet,
+) -> Result<PathBuf> {
     let tmp = file.path().to_path_buf();
     file.finish()?;
     let final_path = parquet_path(dir, date, id);

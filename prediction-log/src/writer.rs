@@ -621,7 +621,12 @@ mod tests {
         let recs = records(crate::parquet_io::SLICE_ROWS * 3 + 17);
         let date = date_of_us(recs[0].ts_us);
         let mut p = segment::open_parquet(dir.path(), &date, "x").unwrap();
-        assert!(p.path().file_name().unwrap().to_string_lossy().starts_with('.'));
+        assert!(p
+            .path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with('.'));
         for r in &recs {
             p.append(r).unwrap();
         }

@@ -381,7 +381,12 @@ impl WithTs for mesh_prediction_log::PredictionRecord {
 async fn writer_threads_run_nicer_than_the_serving_threads() {
     fn nice_of(task: &std::path::Path) -> i64 {
         let stat = std::fs::read_to_string(task.join("stat")).unwrap();
-        let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .collect();
         fields[16].parse().unwrap()
     }
     let own = nice_of(std::path::Path::new("/proc/thread-self"));
@@ -389,7 +394,9 @@ async fn writer_threads_run_nicer_than_the_serving_threads() {
     let mut c = cfg(dir.path());
     c.writer_nice = 6;
     let (log, writer) = PredictionLog::start(c).unwrap();
-    log.record_wait(record(0, "1", Role::Primary)).await.unwrap();
+    log.record_wait(record(0, "1", Role::Primary))
+        .await
+        .unwrap();
     log.flush().await.unwrap();
     let want = (own + 6).min(19);
     let threads = || {

@@ -179,8 +179,14 @@ mod tests {
     fn writer_nice_defaults_to_the_logs_and_is_bounded() {
         let c = parse("dir = \"d\"").unwrap();
         assert_eq!(c.writer_nice, LogConfig::new("d").writer_nice);
-        assert_eq!(parse("dir = \"d\"\nwriter_nice = 0").unwrap().writer_nice, 0);
-        assert_eq!(parse("dir = \"d\"\nwriter_nice = 19").unwrap().writer_nice, 19);
+        assert_eq!(
+            parse("dir = \"d\"\nwriter_nice = 0").unwrap().writer_nice,
+            0
+        );
+        assert_eq!(
+            parse("dir = \"d\"\nwriter_nice = 19").unwrap().writer_nice,
+            19
+        );
         for bad in ["-1", "20"] {
             let e = parse(&format!("dir = \"d\"\nwriter_nice = {bad}")).unwrap_err();
             assert!(e.contains("writer_nice") && e.contains(bad), "{e}");

@@ -85,9 +85,16 @@ impl Running {
     pub async fn wait(&mut self) {
         let mut stopped = self.stop.subscribe();
         let any_task = futures::future::select_all(self.tasks.iter_mut());
-        tokio::select! {
-            _ = stopped.wait_for(|s| *s) => {}
-            _ = any_task => {}
+        let finished = tokio::select! {
+            _ = stopped.wait_for(|s| *s) => None,
+            (_, i, _) = any_task => Some(i),
+        };
+        // A task that finished here (a server stops at once when a stop is asked for,
+        // so both branches can be ready) must not be awaited again by `shutdown`: a
+        // JoinHandle polled after completion panics, and the process would die before
+        // it closed the prediction log.
+        if let Some(i) = finished {
+            drop(self.tasks.remove(i));
         }
     }
 
