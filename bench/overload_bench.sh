@@ -2,14 +2,15 @@
 # Overload: does the mesh keep answering usefully when offered more than it can do?
 # A compute-heavy model (bench/make_heavy_fraud.py: the fraud model's inputs, input
 # spec and thresholds, a 32-3072-3072-1 MLP on one runner thread) so that the model,
-# not the transport, saturates. For ModelInfer and Decide, each request with a 50 ms
-# deadline (grpc-timeout, counted from when it was due): the saturation throughput
-# (closed loop, 16 callers (two batches: one running, one waiting) and no deadline
-# of the callers' own, so that no refusal comes back at once to be sent again: the
-# model answers per second), then open loop at 1x, 2x and 4x of
-# it. Useful answers are model answers (Decide: MODEL or PREVIOUS_VERSION) within
-# the deadline; "late" are answers of any status more than 5 ms past it. Prints one
-# table; raw JSON reports go to $OUT.
+# not the transport, saturates. First its saturation throughput: ModelInfer in
+# closed loop, 16 callers (two batches: one running, one waiting), no deadline of
+# the callers' own (so no refusal comes back at once to be sent again): the model's
+# answers per second. Then ModelInfer and Decide in open loop at 1x, 2x and 4x of
+# it, each request with a 50 ms deadline (grpc-timeout, counted from when it was
+# due). Useful answers are model answers (Decide: MODEL or PREVIOUS_VERSION) within
+# the deadline, shown against the saturation throughput; "late" are answers of any
+# status more than 5 ms past the deadline. Prints one table; raw JSON reports and
+# the server's /metrics after each run go to $OUT.
 #
 #   cargo build --release -p mesh --bin mesh
 #   bench/overload_bench.sh [path/to/mesh]
@@ -70,11 +71,11 @@ r = json.load(open(sys.argv[1]))
 n = r['sources'].get('MODEL', 0) + r['sources'].get('PREVIOUS_VERSION', 0) if r['sources'] else r['codes'].get('OK', 0)
 print(n / r['seconds'])" "$1"; }
 
+bench warmup infer --concurrency 8 --seconds 2
+bench saturation infer --concurrency 16 --seconds "$SECS"
+sat=$(answers "$OUT/saturation.json")
 for target in $TARGETS; do
-    bench "$target-warmup" "$target" --concurrency 8 --seconds 2
-    bench "$target-saturation" "$target" --concurrency 16 --seconds "$SECS"
-    sat=$(answers "$OUT/$target-saturation.json")
-    echo "$sat" >"$OUT/$target-saturation.rate"
+    [ "$target" = decide ] && bench decide-warmup decide --concurrency 8 --seconds 2
     for m in $MULTS; do
         rate=$("$PYTHON" -c "print(max(1, round($sat * $m)))")
         bench "$target-${m}x" "$target" --rate "$rate" --concurrency 64 --seconds "$SECS" --deadline-ms "$DEADLINE_MS"
@@ -86,10 +87,10 @@ done
 import json, sys
 out, targets, mults = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
 print(f"{'run':<18}{'offered/s':>10}{'useful/s':>10}{'of sat':>8}{'p50 us':>9}{'p99 us':>9}{'max us':>9}{'late':>6}  statuses (Decide: sources)")
-for t in targets:
-    s = float(open(f"{out}/{t}-saturation.rate").read())
-    for name in ["saturation"] + [f"{m}x" for m in mults]:
-        r = json.load(open(f"{out}/{t}-{name}.json"))
+sat = json.load(open(f"{out}/saturation.json"))
+s = sat["codes"].get("OK", 0) / sat["seconds"]
+for t, name in [("infer", "saturation")] + [(t, f"{m}x") for t in targets for m in mults]:
+        r = json.load(open(f"{out}/{name if name == 'saturation' else t + '-' + name}.json"))
         # The saturation run has no deadline: its useful answers are its model answers.
         u = r.get("useful") or {"per_second": s, "late": 0}
         offered = r["requests"] / r["seconds"]
@@ -98,5 +99,5 @@ for t in targets:
             rest.update({f"src:{k}": v for k, v in r["sources"].items()})
         print(f"{t + ' ' + name:<18}{offered:>10.0f}{u['per_second']:>10.0f}{u['per_second'] / s:>8.0%}"
               f"{r['p50_us']:>9}{r['p99_us']:>9}{r['max_us']:>9}{u['late']:>6}  {rest}")
-print(f"saturation: closed loop, 16 callers, no deadline; the rest: open loop, deadline {json.load(open(f'{out}/{targets[0]}-1x.json'))['useful']['deadline_ms']} ms; raw reports in {out}")
+print(f"saturation: ModelInfer, closed loop, 16 callers, no deadline; the rest: open loop at multiples of it, deadline {json.load(open(f'{out}/{targets[0]}-{mults[0]}x.json'))['useful']['deadline_ms']} ms; raw reports in {out}")
 PY

@@ -142,19 +142,39 @@ impl Queue {
         Ok(())
     }
 
-    /// For runner `slot`: records that its last batch is done (`computed`: its rows
-    /// and forward-pass time, if it ran one), then blocks until there is a batch for
-    /// it. `None` once the queue closed.
-    pub fn next_batch(
-        &self,
-        slot: usize,
-        computed: Option<(usize, Duration)>,
-    ) -> Option<Vec<Pending>> {
+    /// Whether a request of `rows` rows with `deadline` would be admitted now (the
+    /// rule of [`Queue::push`], without queueing anything).
+    pub fn would_admit(&self, rows: usize, deadline: Instant) -> Result<(), Refusal> {
+        let now = Instant::now();
+        let s = self.state.lock();
+        if s.closed {
+            return Err(Refusal::Closed);
+        }
+        let load = s.load(now, rows, self.policy.max_batch_size);
+        drop(s);
+        let remaining = deadline.saturating_duration_since(now);
+        admit(&load, remaining).map_err(|expected| Refusal::Deadline {
+            expected,
+            remaining,
+            load,
+        })
+    }
+
+    /// For runner `slot`: its batch is done (`computed`: its rows and forward-pass
+    /// time, if it ran one). Called before its callers are answered, so that a
+    /// caller that sends again at once finds the runner free.
+    pub fn finished(&self, slot: usize, computed: Option<(usize, Duration)>) {
         let mut s = self.state.lock();
         s.running[slot] = None;
         if let Some((rows, took)) = computed {
             s.cost.observe(rows, took);
         }
+    }
+
+    /// For runner `slot`: blocks until there is a batch for it. `None` once the
+    /// queue closed.
+    pub fn next_batch(&self, slot: usize) -> Option<Vec<Pending>> {
+        let mut s = self.state.lock();
         loop {
             if s.closed {
                 return None;

@@ -123,6 +123,16 @@ impl VersionHandle {
             .batch_time(self.config.batching.max_batch_size.get())
     }
 
+    /// Whether a request of `rows` rows with `deadline` would be admitted now by
+    /// the deadline rule (`batching::admit`); nothing is queued. What a caller asks
+    /// before it spends work on a request (a decision's feature lookup) that the
+    /// model would refuse anyway.
+    pub fn would_admit(&self, rows: usize, deadline: Instant) -> Result<(), ModelError> {
+        self.queue
+            .would_admit(rows, deadline)
+            .map_err(|r| self.refused(r))
+    }
+
     /// Runs `batch` through the actor group. Fails at once with `InvalidInput` when
     /// the batch does not fit the model, with `Overloaded` when the queue is full,
     /// with `CannotMeetDeadline` when its answer is expected after `deadline`

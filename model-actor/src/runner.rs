@@ -68,19 +68,19 @@ pub(crate) struct Runner {
 impl Runner {
     /// Runs batches until the queue closes.
     pub fn run(mut self) {
-        let mut finished = None;
-        while let Some(items) = self.queue.next_batch(self.slot, finished) {
-            finished = self.run_batch(items);
+        while let Some(items) = self.queue.next_batch(self.slot) {
+            self.run_batch(items);
         }
     }
 
-    /// Computes one batch and answers its callers; its rows and forward-pass time,
-    /// or `None` when nothing was computed.
-    fn run_batch(&mut self, items: Vec<Pending>) -> Option<(usize, Duration)> {
+    /// Computes one batch, tells the queue (its cost, and that this runner is
+    /// free), and answers its callers.
+    fn run_batch(&mut self, items: Vec<Pending>) {
         // Everyone left while the batch formed: skip the work.
         if items.iter().all(|p| p.reply.is_closed()) {
             self.meters.cancelled.increment(items.len() as u64);
-            return None;
+            self.queue.finished(self.slot, None);
+            return;
         }
         let rows: Vec<usize> = items.iter().map(|p| p.rows).collect();
         let total: usize = rows.iter().sum();
@@ -97,6 +97,7 @@ impl Runner {
         }
         let result = self.model.forward(&batch);
         let compute = started.elapsed();
+        self.queue.finished(self.slot, Some((total, compute)));
         self.meters.compute.record(compute.as_secs_f64());
         self.meters.batch_size.record(batch.rows as f64);
         match result.and_then(|f| {
@@ -149,6 +150,5 @@ impl Runner {
                 }
             }
         }
-        Some((total, compute))
     }
 }

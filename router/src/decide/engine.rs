@@ -464,6 +464,9 @@ impl Engine {
             validate: us(started.elapsed()),
             ..Timings::default()
         };
+        // Admission first: when no version of the model would take a call now, the
+        // decisions go down the fallback chain without a feature lookup for nothing.
+        let refused = self.admission_probe(model, deadline);
 
         let arms = self.arms(model);
         let t0 = Instant::now();
@@ -472,15 +475,23 @@ impl Engine {
         let until = fallback::model_call_deadline(deadline, budget);
         let lookup_spec = arms.lookup_spec(&spec);
         let lookup_spec = lookup_spec.as_ref().unwrap_or(&spec);
-        let lookup = stages::lookup(self.features.as_deref(), lookup_spec, &items, until).await?;
+        let lookup = match refused {
+            None => stages::lookup(self.features.as_deref(), lookup_spec, &items, until).await?,
+            Some(_) => None,
+        };
         shared.features = us(t0.elapsed());
 
         let futs = items.iter().enumerate().map(|(i, it)| {
             let (spec, lookup, arms) = (&spec, lookup.as_ref(), &arms);
+            let refused = refused.as_deref();
             async move {
-                let mut o = self
-                    .decide_one(it, i, model, lookup, deadline, (spec, arms))
-                    .await;
+                let mut o = match refused {
+                    None => {
+                        self.decide_one(it, i, model, lookup, deadline, (spec, arms))
+                            .await
+                    }
+                    Some(why) => self.not_scored(it, model, why, spec, deadline).await,
+                };
                 o.timings.validate = shared.validate;
                 o.timings.features = shared.features;
                 o.timings.total = us(arrival.elapsed());
@@ -524,6 +535,71 @@ impl Engine {
     /// Item `i` from preprocess to postprocess: route (to the deployment's model or
     /// its other-model canary), build the row, score it (model, then previous
     /// versions), else the batch score; then the rules.
+
+    /// Why no version of `model` would take a model call with `deadline` now (each
+    /// local actor group asked, see `VersionHandle::would_admit`), or `None` when
+    /// one would, or when remote replicas may (they are not asked).
+    fn admission_probe(&self, model: &str, deadline: Instant) -> Option<String> {
+        let served = self.repo.model(model).ok()?;
+        if self.cfg.deployment(model).is_some_and(|d| !d.remote.is_empty()) {
+            return None;
+        }
+        let call_ends = fallback::model_call_deadline(deadline, self.cfg.deadline())
+            .min(Instant::now() + self.cfg.stack.per_try_timeout);
+        let mut why = None;
+        for (v, handles) in &served.replicas {
+            for h in handles.iter().filter(|h| h.is_ready()) {
+                match h.would_admit(1, call_ends) {
+                    Ok(()) => return None,
+                    Err(e) => why = Some(format!("model v{v}: {e}")),
+                }
+            }
+        }
+        why
+    }
+
+    /// A decision the model would refuse (`why`): the batch score, then the rules.
+    async fn not_scored(
+        &self,
+        it: &Item<'_>,
+        model: &str,
+        why: &str,
+        spec: &DecisionSpec,
+        deadline: Instant,
+    ) -> Outcome {
+        let mut o = Outcome::new(it.req, model, Role::Primary, self.cfg.default_decision);
+        o.reasons.push(format!("not scored: {why}"));
+        let bs = self.cfg.deployment(model).and_then(|d| d.batch_score.as_ref());
+        self.postprocess(&mut o, it, bs, None, spec, deadline).await;
+        o
+    }
+
+    /// Postprocess: the model's answer through the thresholds, or else the batch
+    /// score; then the rules.
+    async fn postprocess(
+        &self,
+        o: &mut Outcome,
+        it: &Item<'_>,
+        bs: Option<&super::config::BatchScore>,
+        answered: Option<(ModelAnswer, AnswerSource)>,
+        spec: &DecisionSpec,
+        deadline: Instant,
+    ) {
+        let t_post = Instant::now();
+        match answered {
+            Some((a, source)) => stages::score_answer(o, &a, source, &spec.thresholds),
+            None => {
+                let entities = &it.req.entities;
+                let features = self.features.as_deref();
+                if let Some(s) = fallback::batch_score(features, bs, entities, deadline).await {
+                    stages::score_batch(o, s, &spec.thresholds);
+                }
+            }
+        }
+        stages::apply_rules(o, &self.cfg.rules, &it.req.features);
+        o.timings.postprocess = us(t_post.elapsed());
+    }
+
     async fn decide_one(
         &self,
         it: &Item<'_>,
@@ -585,20 +661,8 @@ impl Engine {
             }
         };
 
-        let t_post = Instant::now();
-        match answered {
-            Some((a, source)) => stages::score_answer(&mut o, &a, source, &spec.thresholds),
-            None => {
-                let bs = deployment.and_then(|d| d.batch_score.as_ref());
-                let entities = &it.req.entities;
-                let features = self.features.as_deref();
-                if let Some(s) = fallback::batch_score(features, bs, entities, deadline).await {
-                    stages::score_batch(&mut o, s, &spec.thresholds);
-                }
-            }
-        }
-        stages::apply_rules(&mut o, &self.cfg.rules, &it.req.features);
-        o.timings.postprocess = us(t_post.elapsed());
+        let bs = deployment.and_then(|d| d.batch_score.as_ref());
+        self.postprocess(&mut o, it, bs, answered, spec, deadline).await;
         o
     }
 
