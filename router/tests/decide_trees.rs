@@ -44,10 +44,10 @@ fn samples() -> Vec<Sample> {
 
 /// The model's names of mcc code `i` and country code `i`.
 fn mcc(i: usize) -> String {
-    format!("mcc{:02}", i)
+    format!("mcc{i:02}")
 }
 fn country(i: usize) -> String {
-    format!("C{:02}", i)
+    format!("C{i:02}")
 }
 
 fn quoted(names: impl Iterator<Item = String>) -> String {
