@@ -16,7 +16,10 @@ fn copy_repo(dst: &Path) {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/models/fraud_mlp");
     std::fs::create_dir_all(dst.join("fraud_mlp/1")).unwrap();
     let toml = std::fs::read_to_string(src.join("model.toml")).unwrap();
-    assert!(toml.contains("latest = 2"), "the example's version policy moved");
+    assert!(
+        toml.contains("latest = 2"),
+        "the example's version policy moved"
+    );
     std::fs::write(
         dst.join("fraud_mlp/model.toml"),
         toml.replacen("latest = 2", "latest = 1", 1),

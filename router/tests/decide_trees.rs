@@ -44,10 +44,10 @@ fn samples() -> Vec<Sample> {
 
 /// The model's names of mcc code `i` and country code `i`.
 fn mcc(i: usize) -> String {
-    format!("mcc{:02}", i)
+    format!("mcc{i:02}")
 }
 fn country(i: usize) -> String {
-    format!("C{:02}", i)
+    format!("C{i:02}")
 }
 
 fn quoted(names: impl Iterator<Item = String>) -> String {
@@ -365,7 +365,7 @@ fn the_example_spec_is_checked_like_any_other() {
     let width: usize = spec.entries.iter().map(|e| e.width()).sum();
     assert_eq!(width, 34);
     let views =
-        mesh_feature_store::ViewsConfig::from_path(&root().join("examples/features/views.toml"))
+        mesh_feature_store::ViewsConfig::from_path(root().join("examples/features/views.toml"))
             .unwrap();
     let d = tempfile::tempdir().unwrap();
     let store = mesh_feature_store::FeatureStore::open(d.path().join("db"), &views).unwrap();

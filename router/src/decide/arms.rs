@@ -65,6 +65,7 @@ impl Arms {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::decide::testing;
