@@ -150,7 +150,8 @@ impl Cache {
         }
         shard.bytes += bytes;
         shard.order.push_back((key.into(), seq));
-        while shard.bytes > self.max_bytes_per_shard || shard.order.len() > 2 * shard.map.len() + 16 {
+        while shard.bytes > self.max_bytes_per_shard || shard.order.len() > 2 * shard.map.len() + 16
+        {
             let Some((k, s)) = shard.order.pop_front() else {
                 break;
             };

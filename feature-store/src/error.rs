@@ -117,9 +117,7 @@ impl From<FeatureStoreError> for tonic::Status {
             | FeatureStoreError::Open { .. } => Status::failed_precondition(msg),
             FeatureStoreError::Storage(_)
             | FeatureStoreError::Io { .. }
-            | FeatureStoreError::Backend(_) => {
-                Status::unavailable(msg)
-            }
+            | FeatureStoreError::Backend(_) => Status::unavailable(msg),
             FeatureStoreError::Decode { .. }
             | FeatureStoreError::Ingest { .. }
             | FeatureStoreError::Internal(_) => Status::internal(msg),

@@ -36,9 +36,7 @@ pub use ingest::{
     ingest_file, ingest_file_observed, parse_timestamp_in, read_file_observed, BatchCommitted,
     IngestOptions, IngestReport, ProgressUnit,
 };
-pub use lookup::{
-    ColumnValues, Degraded, FeatureColumn, KeyColumn, LookupRequest, LookupResponse,
-};
+pub use lookup::{ColumnValues, Degraded, FeatureColumn, KeyColumn, LookupRequest, LookupResponse};
 pub use redis_store::{
     RedisOptions, RedisTarget, DEFAULT_CACHE_MAX_AGE, DEFAULT_CACHE_MAX_BYTES,
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_LOOKUP_BUDGET, DEFAULT_WRITE_TIMEOUT,

@@ -273,9 +273,13 @@ impl FeatureStore {
         let plan = plan(&self.inner, req, &self.inner.options.limits)?;
         let resp = match &self.inner.backend {
             Backend::Sled(_) => fetch(&self.inner, req, &plan, 0..plan.rows, now)?,
-            Backend::Redis(r) => {
-                r.block_on(crate::redis_store::lookup::lookup(&self.inner, r, req, &plan, now))?
-            }
+            Backend::Redis(r) => r.block_on(crate::redis_store::lookup::lookup(
+                &self.inner,
+                r,
+                req,
+                &plan,
+                now,
+            ))?,
         };
         finish(
             &self.inner,

@@ -105,7 +105,9 @@ pub fn reconcile(
         detail,
     };
     let mut recorded = Recorded {
-        encoding: tree.get(KEY_ENCODING)?.map(|v| v.first().copied().unwrap_or(0)),
+        encoding: tree
+            .get(KEY_ENCODING)?
+            .map(|v| v.first().copied().unwrap_or(0)),
         next_view_id: 1,
         views: Vec::new(),
     };

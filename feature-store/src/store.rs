@@ -430,12 +430,11 @@ impl FeatureStore {
                     .scan_prefix(encoding::view_prefix(v.id))
                     .map(move |item| {
                         let (k, bytes) = item?;
-                        let (_, key) = encoding::decode_key(&k).ok_or_else(|| {
-                            FeatureStoreError::Decode {
+                        let (_, key) =
+                            encoding::decode_key(&k).ok_or_else(|| FeatureStoreError::Decode {
                                 view: v.name.clone(),
                                 what: "bad key".into(),
-                            }
-                        })?;
+                            })?;
                         decode_row(v, key, &bytes)
                     }),
             )),

@@ -244,9 +244,16 @@ fn crc16_xmodem(data: &[u8]) -> u16 {
 }
 
 fn moved(e: &str) -> bool {
-    ["MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN", "connection", "Connection"]
-        .iter()
-        .any(|w| e.contains(w))
+    [
+        "MOVED",
+        "ASK",
+        "CLUSTERDOWN",
+        "TRYAGAIN",
+        "connection",
+        "Connection",
+    ]
+    .iter()
+    .any(|w| e.contains(w))
 }
 
 /// Sends the commands `idx` of `cmds` as one pipeline through `send(pipeline,
@@ -310,7 +317,8 @@ async fn read_slot_map(conn: &ClusterConnection) -> redis::RedisResult<SlotMap> 
 }
 
 fn parse_slots(v: &Value) -> redis::RedisResult<SlotMap> {
-    let bad = || redis::RedisError::from((redis::ErrorKind::Parse, "unexpected CLUSTER SLOTS answer"));
+    let bad =
+        || redis::RedisError::from((redis::ErrorKind::Parse, "unexpected CLUSTER SLOTS answer"));
     let mut map = SlotMap {
         owner: vec![u16::MAX; SLOTS],
         nodes: Vec::new(),

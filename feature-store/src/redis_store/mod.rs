@@ -26,8 +26,8 @@ mod conn;
 pub(crate) mod keys;
 pub(crate) mod lookup;
 
-pub(crate) use conn::Failure;
 use conn::Conn;
+pub(crate) use conn::Failure;
 use keys::{entity_key, KeyRef, FIELD_VALUE};
 
 /// Where the Redis store is.
@@ -216,7 +216,8 @@ impl RedisStore {
         opts: RedisOptions,
         max_future_skew: Duration,
     ) -> Result<(Self, Vec<ViewInfo>)> {
-        opts.validate().map_err(|what| FeatureStoreError::Config { what })?;
+        opts.validate()
+            .map_err(|what| FeatureStoreError::Config { what })?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("mesh-redis")
@@ -292,9 +293,8 @@ impl RedisStore {
                         .map_err(backend_err)?;
                     let text = match cur {
                         Value::Nil => String::new(),
-                        Value::BulkString(b) => String::from_utf8(b).map_err(|_| {
-                            backend_err(format!("registry key {key} is not UTF-8"))
-                        })?,
+                        Value::BulkString(b) => String::from_utf8(b)
+                            .map_err(|_| backend_err(format!("registry key {key} is not UTF-8")))?,
                         other => {
                             return Err(backend_err(format!(
                                 "registry key {key} holds {other:?}, not a string"
@@ -334,9 +334,9 @@ impl RedisStore {
                     "registry key {key} kept changing under concurrent opens; try again"
                 )))
             };
-            tokio::time::timeout(deadline, step)
-                .await
-                .map_err(|_| backend_err("reading the registry timed out (redis_connect_timeout)"))?
+            tokio::time::timeout(deadline, step).await.map_err(|_| {
+                backend_err("reading the registry timed out (redis_connect_timeout)")
+            })?
         })
         .await?
     }
@@ -390,9 +390,7 @@ impl RedisStore {
                 .map(|a| match a? {
                     Value::Nil => Ok(None),
                     Value::BulkString(b) => Ok(Some(b)),
-                    other => Err(Failure::Error(
-                        format!("HGET answered {other:?}").into(),
-                    )),
+                    other => Err(Failure::Error(format!("HGET answered {other:?}").into())),
                 })
                 .collect(),
             Err(e) => vec![Err(Failure::Error(e.to_string().into())); n],
@@ -506,7 +504,11 @@ impl RedisStore {
                     let mut cursor: u64 = 0;
                     loop {
                         let mut cmd = redis::cmd("SCAN");
-                        cmd.arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(1000);
+                        cmd.arg(cursor)
+                            .arg("MATCH")
+                            .arg(&pattern)
+                            .arg("COUNT")
+                            .arg(1000);
                         let q = async {
                             match &node {
                                 None => core.conn.query(&cmd).await,
@@ -517,9 +519,8 @@ impl RedisStore {
                             .await
                             .map_err(|_| backend_err("SCAN timed out"))?
                             .map_err(backend_err)?;
-                        let (next, batch) = parse_scan(ans).ok_or_else(|| {
-                            backend_err("unexpected SCAN answer")
-                        })?;
+                        let (next, batch) =
+                            parse_scan(ans).ok_or_else(|| backend_err("unexpected SCAN answer"))?;
                         found.extend(batch);
                         cursor = next;
                         if cursor == 0 {
@@ -538,11 +539,12 @@ impl RedisStore {
                 let Some(bytes) = val.map_err(backend_err)? else {
                     continue;
                 };
-                let key = keys::decode_entity_key(&self.core.opts.key_prefix, v.id, k)
-                    .ok_or_else(|| FeatureStoreError::Decode {
+                let key = keys::decode_entity_key(&self.core.opts.key_prefix, v.id, k).ok_or_else(
+                    || FeatureStoreError::Decode {
                         view: v.name.clone(),
                         what: format!("bad key {:?}", String::from_utf8_lossy(k)),
-                    })?;
+                    },
+                )?;
                 out.push((key, bytes));
             }
         }
