@@ -150,8 +150,7 @@ impl Cache {
         }
         shard.bytes += bytes;
         shard.order.push_back((key.into(), seq));
-        while shard.bytes > self.max_bytes_per_shard || shard.order.len() > 2 * shard.map.len() + 16
-        {
+        while shard.bytes > self.max_bytes_per_shard {
             let Some((k, s)) = shard.order.pop_front() else {
                 break;
             };
@@ -160,6 +159,14 @@ impl Cache {
                     shard.bytes -= e.bytes;
                 }
             }
+        }
+        // Re-inserted keys leave stale queue slots behind; drop them once they
+        // outnumber the live ones (amortised: the queue at most doubles).
+        if shard.order.len() > 2 * shard.map.len() + 16 {
+            let map = &shard.map;
+            shard
+                .order
+                .retain(|(k, s)| map.get(k).is_some_and(|e| e.seq == *s));
         }
         self.account(before, shard.bytes);
     }
@@ -249,5 +256,25 @@ mod tests {
         let none = Cache::new(0, Duration::from_secs(1));
         none.insert(b"k", row(1), none.epoch(b"k"), now);
         assert!(none.get(b"k", now).is_none());
+    }
+
+    #[test]
+    fn refreshing_the_same_keys_keeps_them_and_bounds_the_queue() {
+        let c = Cache::new(1 << 20, Duration::from_secs(60));
+        let now = Instant::now();
+        for round in 0..50 {
+            for i in 0..100u64 {
+                let k = i.to_be_bytes();
+                c.insert(&k, row(round), c.epoch(&k), now);
+            }
+        }
+        for i in 0..100u64 {
+            assert!(
+                matches!(c.get(&i.to_be_bytes(), now), Some(Hit::Fresh(Some(r))) if r.event_time == 49),
+                "key {i}"
+            );
+        }
+        let queued: usize = c.shards.iter().map(|s| s.lock().order.len()).sum();
+        assert!(queued <= 2 * 100 + 16 * SHARDS, "{queued}");
     }
 }
