@@ -129,7 +129,9 @@ async fn time_raw_pipeline(url: &str, view_id: u32, n: i64, lookups: usize) -> R
     for _ in 0..lookups {
         let mut pipe = redis::pipe();
         for k in random_keys(n) {
-            pipe.cmd("HGET").arg(format!("mesh:{view_id}:{{i{k}}}")).arg("v");
+            pipe.cmd("HGET")
+                .arg(format!("mesh:{view_id}:{{i{k}}}"))
+                .arg("v");
         }
         let t = Instant::now();
         let _: Vec<Option<Vec<u8>>> = pipe.query_async(&mut conn).await?;
@@ -158,7 +160,14 @@ fn redis_benchmark_mget(port: u16, view_id: u32, lookups: usize) -> Result<Strin
         keys.push(copy);
     }
     let out = Command::new("redis-benchmark")
-        .args(["-p", &port.to_string(), "-c", "1", "-n", &lookups.to_string()])
+        .args([
+            "-p",
+            &port.to_string(),
+            "-c",
+            "1",
+            "-n",
+            &lookups.to_string(),
+        ])
         .args(["--csv", "MGET"])
         .args(&keys)
         .output()?;
@@ -227,8 +236,8 @@ async fn main() -> Result<()> {
     // Warm the cache with every key.
     let all: Vec<i64> = (1..=n).collect();
     for chunk in all.chunks(1000) {
-        let req =
-            LookupRequest::new(["bench:*"]).with_keys("entity_id", KeyColumn::Int64(chunk.to_vec()));
+        let req = LookupRequest::new(["bench:*"])
+            .with_keys("entity_id", KeyColumn::Int64(chunk.to_vec()));
         redis_cached.get_online_features(req).await?;
     }
 
@@ -244,10 +253,27 @@ async fn main() -> Result<()> {
     let view_id = redis_plain.view("bench")?.id;
     let mut lines = vec![
         time_store("sled, in process", &sled, n, lookups).await?,
-        time_store("redis server, cache off (1 pipeline)", &redis_plain, n, lookups).await?,
-        time_store("redis cluster x3, cache off (1 pipeline per master)", &redis_cluster, n, lookups)
-            .await?,
-        time_store("redis server, cache on and warm (all hits)", &redis_cached, n, lookups).await?,
+        time_store(
+            "redis server, cache off (1 pipeline)",
+            &redis_plain,
+            n,
+            lookups,
+        )
+        .await?,
+        time_store(
+            "redis cluster x3, cache off (1 pipeline per master)",
+            &redis_cluster,
+            n,
+            lookups,
+        )
+        .await?,
+        time_store(
+            "redis server, cache on and warm (all hits)",
+            &redis_cached,
+            n,
+            lookups,
+        )
+        .await?,
     ];
     lines.push(time_raw_pipeline(&server.url(), view_id, n, lookups).await?);
     let bench_line = redis_benchmark_mget(server.port, view_id, lookups)?;

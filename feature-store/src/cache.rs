@@ -13,7 +13,7 @@
 //!   it read back (a per-shard epoch, taken before the read, must be unchanged).
 //!   Writes by other processes are seen once the entry is older than `max_age`.
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -101,9 +101,7 @@ impl Cache {
     }
 
     fn shard(&self, key: &[u8]) -> &Mutex<Shard> {
-        let mut h = self.hasher.build_hasher();
-        key.hash(&mut h);
-        &self.shards[(h.finish() as usize) % SHARDS]
+        &self.shards[(self.hasher.hash_one(key) as usize) % SHARDS]
     }
 
     pub(crate) fn get(&self, key: &[u8], now: Instant) -> Option<Hit> {

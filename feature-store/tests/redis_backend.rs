@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use common::redis::{RedisCluster, RedisServer};
 use common::*;
 use mesh_feature_store::{
-    ColumnValues, Durability, FeatureStatus, FeatureStore, KeyColumn, LookupRequest,
-    RedisOptions, RedisTarget, StoreOptions, Value,
+    ColumnValues, Durability, FeatureStatus, FeatureStore, KeyColumn, LookupRequest, RedisOptions,
+    RedisTarget, StoreOptions, Value,
 };
 
 fn server_store(server: &RedisServer, tune: impl FnOnce(&mut RedisOptions)) -> FeatureStore {
@@ -42,7 +42,9 @@ fn f32s(c: &ColumnValues) -> &[f32] {
 fn write_cards(store: &FeatureStore, ids: std::ops::RangeInclusive<i64>, t: i64, seed: i64) {
     let rows: Vec<_> = ids.map(|i| card_row(i, t, seed)).collect();
     for chunk in rows.chunks(1000) {
-        store.write_rows("card", chunk, Durability::Buffered).unwrap();
+        store
+            .write_rows("card", chunk, Durability::Buffered)
+            .unwrap();
     }
 }
 
@@ -68,8 +70,14 @@ fn one_hash_per_entity_and_view_under_the_entity_hash_tag() {
     let time = String::from_utf8(fields["t"].clone()).unwrap();
     assert_eq!(time, format!("{:016x}", (t as u64) ^ (1 << 63)));
     // The registry is one JSON key next to the rows.
-    let reg: String = ::redis::cmd("GET").arg("mesh:registry").query(&mut conn).unwrap();
-    assert!(reg.contains("\"card\"") && reg.contains("\"merchant\""), "{reg}");
+    let reg: String = ::redis::cmd("GET")
+        .arg("mesh:registry")
+        .query(&mut conn)
+        .unwrap();
+    assert!(
+        reg.contains("\"card\"") && reg.contains("\"merchant\""),
+        "{reg}"
+    );
     // The row reads back through the store's own decoding.
     let row = store
         .read_row("card", &mesh_feature_store::EntityKey::Int64(42))
@@ -95,7 +103,9 @@ fn the_write_script_keeps_the_newest_across_writers_and_refuses_future_rows() {
             std::thread::spawn(move || {
                 for round in 0..20i64 {
                     let t = base + (round * 2 + parity) * 1000;
-                    let rows: Vec<_> = (1..=50).map(|i| card_row(i, t, round * 2 + parity)).collect();
+                    let rows: Vec<_> = (1..=50)
+                        .map(|i| card_row(i, t, round * 2 + parity))
+                        .collect();
                     s.write_rows("card", &rows, Durability::Buffered).unwrap();
                 }
             })
@@ -130,7 +140,10 @@ fn the_write_script_keeps_the_newest_across_writers_and_refuses_future_rows() {
         .query(&mut conn)
         .unwrap();
     assert_eq!(got, -1);
-    let exists: i64 = ::redis::cmd("EXISTS").arg("mesh:1:{i999}").query(&mut conn).unwrap();
+    let exists: i64 = ::redis::cmd("EXISTS")
+        .arg("mesh:1:{i999}")
+        .query(&mut conn)
+        .unwrap();
     assert_eq!(exists, 0);
 }
 
@@ -195,7 +208,12 @@ async fn a_stalled_server_answers_within_the_budget_from_the_cache_marked() {
         .get_online_features(amounts((1..=5).collect()))
         .await
         .unwrap();
-    assert!(warm.column("card:amount").unwrap().statuses.iter().all(|s| *s == FeatureStatus::Present));
+    assert!(warm
+        .column("card:amount")
+        .unwrap()
+        .statuses
+        .iter()
+        .all(|s| *s == FeatureStatus::Present));
     tokio::time::sleep(Duration::from_millis(60)).await; // past cache_max_age
     server.pause(true);
     for _ in 0..5 {
@@ -337,7 +355,9 @@ async fn killing_a_master_during_lookups_keeps_every_answer_within_the_budget() 
         }
         let ids: Vec<i64> = (0..100)
             .map(|_| {
-                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 1 + ((seed >> 33) % 300) as i64
             })
             .collect();

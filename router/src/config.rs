@@ -287,7 +287,9 @@ impl FeaturesConfig {
             return Ok(None);
         }
         if self.path.is_some() {
-            return Err("[features] path is the sled directory; with backend = \"redis\" remove it".into());
+            return Err(
+                "[features] path is the sled directory; with backend = \"redis\" remove it".into(),
+            );
         }
         let target = match (&self.redis_url, self.redis_cluster.is_empty()) {
             (Some(u), true) => RedisTarget::Server(u.clone()),

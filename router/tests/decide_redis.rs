@@ -79,7 +79,9 @@ fn config(dir: &Path, nodes: &[String]) -> MeshConfig {
 }
 
 fn request(id: usize, x: &[f32]) -> pb::DecideRequest {
-    let features: HashMap<String, f64> = (0..31).map(|i| (format!("f{i}"), f64::from(x[i]))).collect();
+    let features: HashMap<String, f64> = (0..31)
+        .map(|i| (format!("f{i}"), f64::from(x[i])))
+        .collect();
     pb::DecideRequest {
         request_id: format!("r{id}"),
         model: "fraud_mlp".into(),
@@ -151,14 +153,18 @@ async fn decisions_keep_their_deadline_when_a_redis_master_dies() {
         worst = worst.max(took);
         assert!(took < limit, "decision {i} took {took:?}");
         answers += 1;
-        let degraded = r.reasons.iter().any(|s| s.starts_with("features degraded: redis"));
+        let degraded = r
+            .reasons
+            .iter()
+            .any(|s| s.starts_with("features degraded: redis"));
         if degraded {
             marked += 1;
             // The stale value is not used: f31 took the spec's default, and says so.
             assert!(
                 r.reasons
                     .iter()
-                    .any(|s| s.contains("card OUTSIDE_MAX_AGE: f31") || s.contains("card UNAVAILABLE: f31")),
+                    .any(|s| s.contains("card OUTSIDE_MAX_AGE: f31")
+                        || s.contains("card UNAVAILABLE: f31")),
                 "{:?}",
                 r.reasons
             );

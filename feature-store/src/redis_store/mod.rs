@@ -603,6 +603,7 @@ async fn connect(o: &RedisOptions) -> redis::RedisResult<Conn> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
