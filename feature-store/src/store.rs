@@ -280,7 +280,7 @@ impl FeatureStore {
                 let v = self.view(view)?;
                 let encoded = self.validate_and_encode(v, view, &rows, WritePath::Push)?;
                 let duplicates = (rows.len() - encoded.len()) as u64;
-                let report = r.write(v, encoded, duplicates).await;
+                let report = r.write(v, encoded, duplicates, WritePath::Push).await;
                 self.after_write(view, WritePath::Push, report)
             }
         };
@@ -302,7 +302,7 @@ impl FeatureStore {
         let duplicates = (rows.len() - encoded.len()) as u64;
         let report = match &self.inner.backend {
             Backend::Sled(s) => s.write(view, encoded, duplicates, durability),
-            Backend::Redis(r) => r.block_on(r.write(v, encoded, duplicates)),
+            Backend::Redis(r) => r.block_on(r.write(v, encoded, duplicates, path)),
         };
         self.after_write(view, path, report)
     }

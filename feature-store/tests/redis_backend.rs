@@ -13,7 +13,7 @@ use common::redis::{RedisCluster, RedisServer};
 use common::*;
 use mesh_feature_store::{
     ColumnValues, Durability, FeatureStatus, FeatureStore, KeyColumn, LookupRequest, RedisOptions,
-    RedisTarget, StoreOptions, Value,
+    RedisTarget, StoreOptions,
 };
 
 fn server_store(server: &RedisServer, tune: impl FnOnce(&mut RedisOptions)) -> FeatureStore {
@@ -223,7 +223,7 @@ async fn a_stalled_server_answers_within_the_budget_from_the_cache_marked() {
             .await
             .unwrap();
         let took = start.elapsed();
-        assert!(took < budget + Duration::from_millis(60), "took {took:?}");
+        assert!(took < budget + Duration::from_millis(100), "took {took:?}");
         let amount = got.column("card:amount").unwrap();
         let want: Vec<FeatureStatus> = (1..=10)
             .map(|i| {
@@ -247,8 +247,6 @@ async fn a_stalled_server_answers_within_the_budget_from_the_cache_marked() {
         );
     }
     // Writes fail with a clear error instead of waiting forever.
-    let mut quick = RedisOptions::new(RedisTarget::Server(server.url()));
-    quick.write_timeout = Duration::from_millis(200);
     let e = store
         .push("card", vec![card_row(1, t + 1, 2)], Durability::Buffered)
         .await
@@ -311,18 +309,20 @@ async fn a_cluster_spreads_entities_over_its_masters_and_answers_in_one_batch() 
     let want: Vec<f32> = (101..=200).map(|i| i as f32 + 0.5).collect();
     assert_eq!(f32s(&amount.values), want.as_slice());
     let tier = got.column("merchant:tier").unwrap();
-    for i in 0..100 {
+    let ColumnValues::I64(tiers) = &tier.values else {
+        panic!("tier is not i64: {:?}", tier.values)
+    };
+    for (i, (status, value)) in tier.statuses.iter().zip(tiers).enumerate() {
         let m = i % 60;
         if m < 50 {
-            assert_eq!(tier.statuses[i], FeatureStatus::Present);
-            assert_eq!(tier.values, tier.values.clone());
+            assert_eq!(*status, FeatureStatus::Present);
+            assert_eq!(*value, m as i64, "m{m}");
         } else {
-            assert_eq!(tier.statuses[i], FeatureStatus::NotFound, "m{m}");
+            assert_eq!(*status, FeatureStatus::NotFound, "m{m}");
         }
     }
     let scanned = store.scan_view("card").unwrap().count();
     assert_eq!(scanned, 300);
-    let _ = Value::Bool(true);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -342,7 +342,7 @@ async fn killing_a_master_during_lookups_keeps_every_answer_within_the_budget() 
             .await
             .unwrap();
     }
-    let margin = Duration::from_millis(60);
+    let margin = Duration::from_millis(100);
     let stop = Instant::now() + Duration::from_secs(4);
     let killed_at = Instant::now() + Duration::from_millis(500);
     let mut killed = false;

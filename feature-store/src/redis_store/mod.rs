@@ -19,7 +19,7 @@ use crate::encoding;
 use crate::error::{FeatureStoreError, Result};
 use crate::metrics as m;
 use crate::registry::{self, Recorded, ViewInfo};
-use crate::store::{EncodedRow, WriteReport};
+use crate::store::{EncodedRow, WritePath, WriteReport};
 use crate::types::EntityKey;
 
 mod conn;
@@ -406,6 +406,7 @@ impl RedisStore {
         v: &ViewInfo,
         encoded: Vec<EncodedRow>,
         duplicates: u64,
+        path: WritePath,
     ) -> Result<WriteReport> {
         let prefix = &self.core.opts.key_prefix;
         let mut keys = Vec::with_capacity(encoded.len());
@@ -450,7 +451,12 @@ impl RedisStore {
             }
         }
         if refused > 0 {
-            m::record_rows_refused(&v.name, "push", "future_event_time_server_clock", refused);
+            m::record_rows_refused(
+                &v.name,
+                path.as_str(),
+                "future_event_time_server_clock",
+                refused,
+            );
         }
         if let Some(first) = failed.first() {
             m::record_backend_failure("write", first.reason());
