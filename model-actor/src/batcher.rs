@@ -1,162 +1,241 @@
-//! The batcher actor of one model version: owns the queue, forms batches with the
-//! pure planner in `batching`, and keeps the runners busy with one batch ready
-//! while another runs.
+//! The queue of one actor group: the mailbox its runner threads share. The async
+//! side pushes a request (admitted or refused at once, under the queue's lock) and
+//! awaits one reply; a runner that is free takes the next batch itself, formed by
+//! the pure planner in `batching`. A request crosses threads twice: into the queue,
+//! and back with its answer.
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actix::{
-    Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, SpawnHandle, WrapFuture,
-};
+use parking_lot::{Condvar, Mutex};
+use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
-use crate::batching::{assemble, decide, triage, Decision, Drop, Policy, Waiting};
+use crate::batching::{admit, decide, triage, Cost, Decision, Drop, Load, Policy, Waiting};
 use crate::error::ModelError;
-use crate::model::Batch;
-use crate::runner::{Pending, RunBatch, Runner};
+use crate::runner::Output;
+use crate::stats::Meters;
 
-impl Message for Pending {
-    type Result = ();
+/// A request waiting for its batch. Holding it holds one admission permit, so
+/// the permit returns when the request is answered or dropped.
+pub struct Pending {
+    pub data: Vec<f32>,
+    pub rows: usize,
+    pub enqueued_at: Instant,
+    pub deadline: Instant,
+    pub reply: oneshot::Sender<Result<Output, ModelError>>,
+    pub span: tracing::Span,
+    pub(crate) _permit: OwnedSemaphorePermit,
 }
 
-pub(crate) struct Batcher {
-    queue: VecDeque<Pending>,
-    runner: Addr<Runner>,
+impl Pending {
+    fn waiting(&self) -> Waiting {
+        Waiting {
+            rows: self.rows,
+            enqueued_at: self.enqueued_at,
+            deadline: self.deadline,
+            cancelled: self.reply.is_closed(),
+        }
+    }
+}
+
+/// Why a request was not queued.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// The group is stopping.
+    Closed,
+    /// Its answer is expected after its deadline.
+    Deadline {
+        expected: Duration,
+        remaining: Duration,
+        load: Load,
+    },
+}
+
+struct State {
+    waiting: VecDeque<Pending>,
+    rows_waiting: usize,
+    /// The batch each runner (by slot) computes, if any: when it started, its rows.
+    running: Vec<Option<(Instant, usize)>>,
+    /// What a batch costs (learned): admission's unit of work, and the time kept
+    /// free before a member's deadline when a batch waits for company.
+    cost: Cost,
+    closed: bool,
+}
+
+impl State {
+    fn load(&self, now: Instant, rows: usize, max_batch_size: usize) -> Load {
+        let mut busy = 0;
+        let mut running_left = Duration::ZERO;
+        for (started, n) in self.running.iter().flatten() {
+            busy += 1;
+            running_left += self
+                .cost
+                .time(*n)
+                .saturating_sub(now.saturating_duration_since(*started));
+        }
+        let mut load = Load {
+            rows_waiting: self.rows_waiting,
+            rows,
+            max_batch_size,
+            runners: self.running.len(),
+            busy,
+            running_left,
+            batch_time: self.cost.time(max_batch_size),
+            own_batch: Duration::ZERO,
+        };
+        load.own_batch = self.cost.time(load.own_batch_rows());
+        load
+    }
+}
+
+pub(crate) struct Queue {
+    state: Mutex<State>,
+    /// Signalled when a request arrives or the queue closes.
+    work: Condvar,
     policy: Policy,
-    cols: usize,
-    in_flight: usize,
-    /// Runner instances + 1: every runner busy and one batch ready behind them.
-    max_in_flight: usize,
-    /// The armed wake-up, if any, and when it fires.
-    timer: Option<(Instant, SpawnHandle)>,
-    /// Smoothed forward-pass time, kept free before deadlines.
-    compute_ewma: Duration,
-    meters: std::sync::Arc<crate::stats::Meters>,
+    meters: Arc<Meters>,
 }
 
-impl Batcher {
-    pub fn new(
-        runner: Addr<Runner>,
-        policy: Policy,
-        cols: usize,
-        instances: usize,
-        meters: std::sync::Arc<crate::stats::Meters>,
-    ) -> Self {
+impl Queue {
+    /// A queue for `runners` runner threads; `policy.compute_reserve` is the first
+    /// batch-time estimate, before any batch ran.
+    pub fn new(policy: Policy, runners: usize, meters: Arc<Meters>) -> Self {
         Self {
-            queue: VecDeque::new(),
-            runner,
+            state: Mutex::new(State {
+                waiting: VecDeque::new(),
+                rows_waiting: 0,
+                running: vec![None; runners.max(1)],
+                cost: Cost::new(policy.compute_reserve),
+                closed: false,
+            }),
+            work: Condvar::new(),
             policy,
-            cols,
-            in_flight: 0,
-            max_in_flight: instances + 1,
-            timer: None,
-            compute_ewma: policy.compute_reserve,
             meters,
         }
     }
 
-    fn waiting(p: &Pending) -> Waiting {
-        Waiting {
-            rows: p.rows,
-            enqueued_at: p.enqueued_at,
-            deadline: p.deadline,
-            cancelled: p.reply.is_closed(),
+    /// Queues `p` unless its answer is expected after its deadline (see
+    /// [`admit`]); a refused request is dropped here, its permit with it.
+    pub fn push(&self, p: Pending) -> Result<(), Refusal> {
+        let now = Instant::now();
+        let mut s = self.state.lock();
+        if s.closed {
+            return Err(Refusal::Closed);
         }
+        let load = s.load(now, p.rows, self.policy.max_batch_size);
+        let remaining = p.deadline.saturating_duration_since(now);
+        if let Err(expected) = admit(&load, remaining) {
+            drop(s);
+            self.meters.cannot_meet_deadline.increment(1);
+            return Err(Refusal::Deadline {
+                expected,
+                remaining,
+                load,
+            });
+        }
+        s.rows_waiting += p.rows;
+        s.waiting.push_back(p);
+        let len = s.waiting.len();
+        drop(s);
+        self.meters.queue_length.set(len as f64);
+        self.work.notify_one();
+        Ok(())
     }
 
-    /// Drops dead requests, then dispatches every batch the planner allows.
-    fn pump(&mut self, ctx: &mut Context<Self>) {
-        let now = Instant::now();
-        let mut i = 0;
-        while i < self.queue.len() {
-            match triage(&Self::waiting(&self.queue[i]), now) {
-                None => i += 1,
-                Some(why) => {
-                    if let Some(p) = self.queue.remove(i) {
-                        let reason = match why {
-                            Drop::Expired => {
-                                let _ = p.reply.send(Err(ModelError::DeadlineExceeded(
-                                    "while waiting in the batch queue",
-                                )));
-                                "expired"
-                            }
-                            Drop::Cancelled => "cancelled",
-                        };
-                        match reason {
-                            "expired" => self.meters.expired.increment(1),
-                            _ => self.meters.cancelled.increment(1),
-                        }
-                    }
-                }
-            }
+    /// For runner `slot`: records that its last batch is done (`computed`: its rows
+    /// and forward-pass time, if it ran one), then blocks until there is a batch for
+    /// it. `None` once the queue closed.
+    pub fn next_batch(
+        &self,
+        slot: usize,
+        computed: Option<(usize, Duration)>,
+    ) -> Option<Vec<Pending>> {
+        let mut s = self.state.lock();
+        s.running[slot] = None;
+        if let Some((rows, took)) = computed {
+            s.cost.observe(rows, took);
         }
-        let policy = Policy {
-            compute_reserve: self.compute_ewma,
-            ..self.policy
-        };
-        while self.in_flight < self.max_in_flight {
-            match decide(self.queue.iter().map(Self::waiting), now, &policy) {
-                Decision::Idle => break,
+        loop {
+            if s.closed {
+                return None;
+            }
+            let now = Instant::now();
+            self.prune_head(&mut s, now);
+            let policy = Policy {
+                compute_reserve: s.cost.time(self.policy.max_batch_size),
+                ..self.policy
+            };
+            match decide(s.waiting.iter().map(Pending::waiting), now, &policy) {
+                Decision::Idle => self.work.wait(&mut s),
                 Decision::WaitUntil(at) => {
-                    self.arm(at, ctx);
-                    break;
+                    self.work.wait_until(&mut s, at);
                 }
                 Decision::Dispatch { count, rows } => {
-                    let items: Vec<Pending> = self.queue.drain(..count).collect();
-                    self.dispatch(items, rows, ctx);
+                    let items: Vec<Pending> = s.waiting.drain(..count).collect();
+                    s.rows_waiting -= rows;
+                    s.running[slot] = Some((now, rows));
+                    let len = s.waiting.len();
+                    drop(s);
+                    self.meters.queue_length.set(len as f64);
+                    return Some(items);
                 }
             }
         }
-        self.meters.queue_length.set(self.queue.len() as f64);
     }
 
-    fn arm(&mut self, at: Instant, ctx: &mut Context<Self>) {
-        if let Some((when, handle)) = self.timer {
-            if when <= at {
-                return;
-            }
-            ctx.cancel_future(handle);
+    /// Drops the requests among those the next batch would take that are dead
+    /// (caller gone, deadline passed) or would be answered late (a batch started now
+    /// would end after their deadline), so that the planner sees only ones worth
+    /// computing. Requests further back are looked at when they come up. The last
+    /// request of the queue is never dropped as "would be late": the runner has
+    /// nothing better to do, and running it corrects a cost estimate that an
+    /// outlier spoiled (were every request dropped on it, nothing would run again).
+    fn prune_head(&self, s: &mut State, now: Instant) {
+        let batch_time = s
+            .cost
+            .time(s.rows_waiting.min(self.policy.max_batch_size));
+        let mut i = 0;
+        let mut rows = 0;
+        while i < s.waiting.len() && rows < self.policy.max_batch_size {
+            let w = s.waiting[i].waiting();
+            let why = match triage(&w, now, batch_time) {
+                Some(Drop::WouldBeLate) if s.waiting.len() == 1 => None,
+                other => other,
+            };
+            let Some(why) = why else {
+                rows += w.rows;
+                i += 1;
+                continue;
+            };
+            let Some(p) = s.waiting.remove(i) else { break };
+            s.rows_waiting -= p.rows;
+            let answer = match why {
+                Drop::Expired => "while waiting in the batch queue",
+                Drop::WouldBeLate => "before its batch could finish (dropped from the batch queue)",
+                Drop::Cancelled => {
+                    self.meters.cancelled.increment(1);
+                    continue;
+                }
+            };
+            self.meters.expired.increment(1);
+            let _ = p.reply.send(Err(ModelError::DeadlineExceeded(answer)));
         }
-        let handle = ctx.run_later(at.saturating_duration_since(Instant::now()), |act, ctx| {
-            act.timer = None;
-            act.pump(ctx);
-        });
-        self.timer = Some((at, handle));
     }
 
-    fn dispatch(&mut self, items: Vec<Pending>, rows: usize, ctx: &mut Context<Self>) {
-        let data = assemble(items.iter().map(|p| &p.data[..]), rows * self.cols);
-        let msg = RunBatch {
-            batch: Batch {
-                rows,
-                cols: self.cols,
-                data,
-            },
-            items,
-        };
-        self.in_flight += 1;
-        ctx.spawn(self.runner.send(msg).into_actor(self).map(|res, act, ctx| {
-            act.in_flight -= 1;
-            if let Ok(Some(took)) = res {
-                // EWMA with weight 1/8 on the newest batch.
-                act.compute_ewma = (act.compute_ewma * 7 + took) / 8;
-            }
-            act.pump(ctx);
-        }));
-    }
-}
-
-impl Actor for Batcher {
-    type Context = Context<Self>;
-
-    fn stopped(&mut self, _: &mut Self::Context) {
+    /// Stops the runners once they finish the batch in hand; requests still waiting
+    /// are dropped (their callers get `Unavailable`).
+    pub fn close(&self) {
+        let mut s = self.state.lock();
+        s.closed = true;
+        s.waiting.clear();
+        s.rows_waiting = 0;
+        drop(s);
         self.meters.queue_length.set(0.0);
+        self.work.notify_all();
     }
-}
 
-impl Handler<Pending> for Batcher {
-    type Result = ();
-
-    fn handle(&mut self, p: Pending, ctx: &mut Self::Context) {
-        self.queue.push_back(p);
-        self.pump(ctx);
+    /// The expected time of a batch of `rows` rows now.
+    pub fn batch_time(&self, rows: usize) -> Duration {
+        self.state.lock().cost.time(rows)
     }
 }

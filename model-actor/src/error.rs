@@ -1,5 +1,11 @@
 //! The one error type of the model-actor crate.
 use std::path::PathBuf;
+use std::time::Duration;
+
+/// A duration as milliseconds with three decimals, for messages.
+fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1e3)
+}
 
 /// Everything that can go wrong loading or calling a model.
 ///
@@ -22,6 +28,21 @@ pub enum ModelError {
         model: String,
         version: u64,
         capacity: usize,
+    },
+    /// Admission by deadline: the answer is expected after the request's deadline
+    /// (see `batching::admit`), so the request is refused instead of queued.
+    #[error(
+        "model '{model}' version {version} cannot answer in time: expected answer in {} ({batches_ahead} full batches ahead of {} each, on {runners} runners), but only {} of the request's deadline is left",
+        ms(*expected), ms(*batch_time), ms(*remaining)
+    )]
+    CannotMeetDeadline {
+        model: String,
+        version: u64,
+        expected: Duration,
+        remaining: Duration,
+        batches_ahead: usize,
+        batch_time: Duration,
+        runners: usize,
     },
     #[error("deadline exceeded {0}")]
     DeadlineExceeded(&'static str),
@@ -59,7 +80,7 @@ impl ModelError {
             Self::ModelNotFound(_) | Self::VersionNotFound { .. } => "not_found",
             Self::NotReady(_) | Self::Unavailable { .. } => "unavailable",
             Self::InvalidInput(_) => "invalid_argument",
-            Self::Overloaded { .. } => "resource_exhausted",
+            Self::Overloaded { .. } | Self::CannotMeetDeadline { .. } => "resource_exhausted",
             Self::DeadlineExceeded(_) => "deadline_exceeded",
             Self::Config { .. } | Self::Load { .. } | Self::Compute(_) | Self::Io { .. } => {
                 "internal"

@@ -1,30 +1,30 @@
-//! A served model version: admission, the call into its batcher, and its stats.
+//! A served model version: admission, the call into its actor group's queue, and
+//! its stats.
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actix::{Actor, Addr, SyncArbiter};
 use metrics::gauge;
 use tokio::sync::{oneshot, Semaphore};
 use tracing::Instrument;
 
-use crate::batcher::Batcher;
+use crate::batcher::{Pending, Queue, Refusal};
 use crate::batching::Policy;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::model::{Batch, ModelFactory};
-use crate::runner::{Labels, Output, Pending, Runner};
+use crate::runner::{Labels, Output, Runner};
 use crate::stats::{names, VersionStats};
 use crate::system::ActorSystem;
 
-/// One loaded version of a model. Cheap to share; dropping the last handle stops
-/// its actors once the requests they hold are answered.
+/// One loaded version of a model (one actor group of it). Cheap to share; dropping
+/// the handle stops its runners once they finish the batch in hand.
 pub struct VersionHandle {
     pub config: Arc<ModelConfig>,
     pub version: u64,
     /// Which actor group of the version this is (0-based).
     pub replica: usize,
-    batcher: Addr<Batcher>,
+    queue: Arc<Queue>,
     permits: Arc<Semaphore>,
     capacity: usize,
     pub stats: Arc<VersionStats>,
@@ -43,8 +43,9 @@ impl std::fmt::Debug for VersionHandle {
 }
 
 impl VersionHandle {
-    /// Starts the batcher and `runner_instances` runners of one version on `system`.
-    /// The version is not ready until [`VersionHandle::mark_ready`] (after warmup).
+    /// Starts the queue and `runner_instances` runner threads of one version on
+    /// `system`. The version is not ready until [`VersionHandle::mark_ready`] (after
+    /// warmup).
     pub fn spawn(
         system: &ActorSystem,
         config: Arc<ModelConfig>,
@@ -64,30 +65,31 @@ impl VersionHandle {
         let labels = Labels::new(Arc::from(config.name.as_str()), version, replica);
         let stats = Arc::new(VersionStats::default());
         let meters = Arc::new(crate::stats::Meters::new(&config.name, version, replica));
-        let (st, lb, m1, m2) = (
-            stats.clone(),
-            labels.clone(),
-            meters.clone(),
-            meters.clone(),
-        );
-        let batcher = system
-            .run(move || {
-                let runner = SyncArbiter::start(instances, move || {
-                    Runner::new(factory(), st.clone(), lb.clone(), m1.clone())
-                });
-                Batcher::new(runner, policy, cols, instances, m2).start()
+        let queue = Arc::new(Queue::new(policy, instances, meters.clone()));
+        let runners = (0..instances)
+            .map(|slot| Runner {
+                model: factory(),
+                queue: queue.clone(),
+                slot,
+                cols,
+                stats: stats.clone(),
+                labels: labels.clone(),
+                meters: meters.clone(),
             })
+            .collect();
+        system
+            .spawn_group(&queue, runners)
             .map_err(|e| ModelError::Load {
                 model: config.name.clone(),
                 version,
-                msg: e.to_string(),
+                msg: format!("starting the runner threads: {e}"),
             })?;
         gauge!(names::QUEUE_CAPACITY, &labels.pairs()).set(capacity as f64);
         Ok(Self {
             config,
             version,
             replica,
-            batcher,
+            queue,
             permits: Arc::new(Semaphore::new(capacity)),
             capacity,
             stats,
@@ -115,10 +117,18 @@ impl VersionHandle {
         self.capacity - self.permits.available_permits()
     }
 
-    /// Runs `batch` through the batcher. Fails at once with `Overloaded` when the
-    /// queue is full, with `InvalidInput` when the batch does not fit the model, and
-    /// with `DeadlineExceeded` at `deadline` (default: the model's timeout) whatever
-    /// the state of the queue.
+    /// The expected time of a full batch now (what admission counts in).
+    pub fn batch_time(&self) -> Duration {
+        self.queue
+            .batch_time(self.config.batching.max_batch_size.get())
+    }
+
+    /// Runs `batch` through the actor group. Fails at once with `InvalidInput` when
+    /// the batch does not fit the model, with `Overloaded` when the queue is full,
+    /// with `CannotMeetDeadline` when its answer is expected after `deadline`
+    /// (default: the model's timeout; see `batching::admit`), and with
+    /// `DeadlineExceeded` at `deadline` whatever the state of the queue. An answer
+    /// computed after the deadline is `DeadlineExceeded` too, never `Ok`.
     pub async fn infer(
         &self,
         batch: Batch,
@@ -170,7 +180,7 @@ impl VersionHandle {
         let deadline = deadline.unwrap_or(now + self.config.batching.default_timeout());
         let (tx, rx) = oneshot::channel();
         let span = tracing::debug_span!("model", model = %self.config.name, version = self.version);
-        self.batcher.do_send(Pending {
+        let pushed = self.queue.push(Pending {
             data: batch.data,
             rows: batch.rows,
             enqueued_at: Instant::now(),
@@ -179,6 +189,10 @@ impl VersionHandle {
             span: span.clone(),
             _permit: permit,
         });
+        if let Err(refusal) = pushed {
+            self.meters.in_flight.set(self.in_flight() as f64);
+            return Err(self.refused(refusal));
+        }
         let res = tokio::time::timeout_at(deadline.into(), rx)
             .instrument(span)
             .await;
@@ -191,5 +205,33 @@ impl VersionHandle {
             }),
             Ok(Ok(r)) => r,
         }
+    }
+
+    fn refused(&self, r: Refusal) -> ModelError {
+        match r {
+            Refusal::Closed => ModelError::Unavailable {
+                model: self.config.name.clone(),
+                version: self.version,
+            },
+            Refusal::Deadline {
+                expected,
+                remaining,
+                load,
+            } => ModelError::CannotMeetDeadline {
+                model: self.config.name.clone(),
+                version: self.version,
+                expected,
+                remaining,
+                batches_ahead: load.batches_ahead(),
+                batch_time: load.batch_time,
+                runners: load.runners,
+            },
+        }
+    }
+}
+
+impl Drop for VersionHandle {
+    fn drop(&mut self) {
+        self.queue.close();
     }
 }

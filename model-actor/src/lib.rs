@@ -1,10 +1,12 @@
 //! Model repository, candle models, tree ensembles (`mesh-trees`), ONNX models (ONNX
-//! Runtime through `ort`) and dynamic-batching actix actors.
+//! Runtime through `ort`) and dynamic-batching model actors.
 //!
 //! A [`ModelRepository`] serves the versions of each model in a directory. Each
-//! version is a [`VersionHandle`]: admission (a semaphore sized to the queue
-//! capacity) in front of a batcher actor that forms batches and hands them to
-//! runner actors (a `SyncArbiter`), each owning a copy of the model on its device.
+//! version is one or more actor groups, each a [`VersionHandle`]: admission (a
+//! semaphore sized to the queue capacity, then the deadline rule of
+//! `batching::admit`) in front of a queue that the group's runner threads share;
+//! each runner owns a copy of the model on its device and takes its next batch from
+//! the queue itself.
 mod batcher;
 pub mod batching;
 pub mod config;

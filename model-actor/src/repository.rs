@@ -47,11 +47,16 @@ impl ServedModel {
         self.versions.values().rev().find(|v| v.is_ready())
     }
 
-    /// A replica of `version`, round-robin (direct calls that bypass the router's balancer).
+    /// A replica of `version` for direct calls that bypass the router's balancer
+    /// (OIP): the one with the fewest requests admitted, so that admission by
+    /// deadline refuses only when every replica is busy; ties go round-robin.
     pub fn pick(&self, version: u64) -> Option<&Arc<VersionHandle>> {
         let r = self.replicas.get(&version)?;
-        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        r.get(i % r.len().max(1))
+        let n = r.len().max(1);
+        let start = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        (0..n)
+            .filter_map(|k| r.get((start + k) % n))
+            .min_by_key(|h| h.in_flight())
     }
 }
 

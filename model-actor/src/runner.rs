@@ -1,15 +1,14 @@
-//! The runner: a SyncArbiter actor that owns one instance of the model (and its
-//! device) and runs one batch at a time, answering each caller directly.
+//! The runner: a thread that owns one instance of the model (and its device),
+//! takes the next batch from its group's queue itself, runs it, and answers each
+//! caller directly.
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actix::{Actor, Handler, Message, SyncContext};
-use tokio::sync::{oneshot, OwnedSemaphorePermit};
-
-use crate::batching::split;
+use crate::batcher::{Pending, Queue};
+use crate::batching::{assemble, split};
 use crate::error::ModelError;
 use crate::model::{Batch, Model};
-use crate::stats::VersionStats;
+use crate::stats::{Meters, VersionStats};
 
 /// The answer to one request.
 #[derive(Debug, Clone)]
@@ -26,18 +25,6 @@ pub struct Output {
     pub compute: Duration,
     /// Rows in that batch.
     pub batch_rows: usize,
-}
-
-/// A request waiting for its batch. Holding it holds one admission permit, so
-/// the permit returns when the request is answered or dropped.
-pub struct Pending {
-    pub data: Vec<f32>,
-    pub rows: usize,
-    pub enqueued_at: Instant,
-    pub deadline: Instant,
-    pub reply: oneshot::Sender<Result<Output, ModelError>>,
-    pub span: tracing::Span,
-    pub(crate) _permit: OwnedSemaphorePermit,
 }
 
 /// Metric labels of one model version.
@@ -67,54 +54,41 @@ impl Labels {
     }
 }
 
-/// One formed batch and the requests it answers.
-pub(crate) struct RunBatch {
-    pub batch: Batch,
-    pub items: Vec<Pending>,
-}
-
-impl Message for RunBatch {
-    /// The forward-pass time, or `None` when nothing was computed.
-    type Result = Option<Duration>;
-}
-
 pub(crate) struct Runner {
-    model: Box<dyn Model>,
-    stats: Arc<VersionStats>,
-    labels: Labels,
-    meters: Arc<crate::stats::Meters>,
+    pub model: Box<dyn Model>,
+    pub queue: Arc<Queue>,
+    /// Which of the group's runners this is (its slot in the queue's bookkeeping).
+    pub slot: usize,
+    pub cols: usize,
+    pub stats: Arc<VersionStats>,
+    pub labels: Labels,
+    pub meters: Arc<Meters>,
 }
 
 impl Runner {
-    pub fn new(
-        model: Box<dyn Model>,
-        stats: Arc<VersionStats>,
-        labels: Labels,
-        meters: Arc<crate::stats::Meters>,
-    ) -> Self {
-        Self {
-            model,
-            stats,
-            labels,
-            meters,
+    /// Runs batches until the queue closes.
+    pub fn run(mut self) {
+        let mut finished = None;
+        while let Some(items) = self.queue.next_batch(self.slot, finished) {
+            finished = self.run_batch(items);
         }
     }
-}
 
-impl Actor for Runner {
-    type Context = SyncContext<Self>;
-}
-
-impl Handler<RunBatch> for Runner {
-    type Result = Option<Duration>;
-
-    fn handle(&mut self, msg: RunBatch, _: &mut Self::Context) -> Self::Result {
-        let RunBatch { batch, items } = msg;
-        // Everyone left while the batch waited for this runner: skip the work.
+    /// Computes one batch and answers its callers; its rows and forward-pass time,
+    /// or `None` when nothing was computed.
+    fn run_batch(&mut self, items: Vec<Pending>) -> Option<(usize, Duration)> {
+        // Everyone left while the batch formed: skip the work.
         if items.iter().all(|p| p.reply.is_closed()) {
             self.meters.cancelled.increment(items.len() as u64);
             return None;
         }
+        let rows: Vec<usize> = items.iter().map(|p| p.rows).collect();
+        let total: usize = rows.iter().sum();
+        let batch = Batch {
+            rows: total,
+            cols: self.cols,
+            data: assemble(items.iter().map(|p| &p.data[..]), total * self.cols),
+        };
         let started = Instant::now();
         for p in &items {
             let waited = started.saturating_duration_since(p.enqueued_at);
@@ -125,7 +99,6 @@ impl Handler<RunBatch> for Runner {
         let compute = started.elapsed();
         self.meters.compute.record(compute.as_secs_f64());
         self.meters.batch_size.record(batch.rows as f64);
-        let rows: Vec<usize> = items.iter().map(|p| p.rows).collect();
         match result.and_then(|f| {
             let parts = split(&f.data, f.cols, &rows).ok_or_else(|| {
                 ModelError::Compute(format!(
@@ -144,17 +117,28 @@ impl Handler<RunBatch> for Runner {
                     f.infer,
                     f.output,
                 );
+                let done = Instant::now();
                 for (p, data) in items.into_iter().zip(parts) {
                     tracing::trace!(parent: &p.span, rows = p.rows, batch_rows = batch.rows, "computed");
-                    let _ = p.reply.send(Ok(Output {
-                        data,
-                        rows: p.rows,
-                        cols: f.cols,
-                        version: self.labels.version,
-                        queue: started.saturating_duration_since(p.enqueued_at),
-                        compute,
-                        batch_rows: batch.rows,
-                    }));
+                    // An answer ready after the deadline is not an answer: the caller
+                    // has stopped waiting, and it must not count as served.
+                    let answer = if done > p.deadline {
+                        self.meters.late.increment(1);
+                        Err(ModelError::DeadlineExceeded(
+                            "the answer was ready after the deadline",
+                        ))
+                    } else {
+                        Ok(Output {
+                            data,
+                            rows: p.rows,
+                            cols: f.cols,
+                            version: self.labels.version,
+                            queue: started.saturating_duration_since(p.enqueued_at),
+                            compute,
+                            batch_rows: batch.rows,
+                        })
+                    };
+                    let _ = p.reply.send(answer);
                 }
             }
             Err(e) => {
@@ -165,6 +149,6 @@ impl Handler<RunBatch> for Runner {
                 }
             }
         }
-        Some(compute)
+        Some((total, compute))
     }
 }

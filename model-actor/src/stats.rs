@@ -21,8 +21,11 @@ pub mod names {
     pub const IN_FLIGHT: &str = "mesh_model_in_flight_requests";
     /// Gauge: the queue capacity (so dashboards can show how full it is).
     pub const QUEUE_CAPACITY: &str = "mesh_model_queue_capacity";
-    /// Counter: requests that left the queue uncomputed, by `reason`
-    /// (`expired`, `cancelled`, `overloaded`).
+    /// Counter: requests not answered by the model, by `reason`: `overloaded` (the
+    /// queue was full), `cannot_meet_deadline` (refused at admission: the answer was
+    /// expected after the deadline), `expired` (the deadline passed while it waited
+    /// in the queue, or would have before its batch could finish), `cancelled` (the caller went away), `late` (computed, but the
+    /// answer was ready after the deadline, so it was not given).
     pub const DROPPED: &str = "mesh_model_dropped_requests_total";
     /// Gauge: 1 for each version that is loaded and ready.
     pub const READY: &str = "mesh_model_ready";
@@ -57,6 +60,8 @@ pub struct Meters {
     pub expired: metrics::Counter,
     pub cancelled: metrics::Counter,
     pub overloaded: metrics::Counter,
+    pub cannot_meet_deadline: metrics::Counter,
+    pub late: metrics::Counter,
 }
 
 impl Meters {
@@ -76,6 +81,8 @@ impl Meters {
             expired: dropped("expired"),
             cancelled: dropped("cancelled"),
             overloaded: dropped("overloaded"),
+            cannot_meet_deadline: dropped("cannot_meet_deadline"),
+            late: dropped("late"),
         }
     }
 }

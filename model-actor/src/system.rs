@@ -1,56 +1,59 @@
-//! The actix system that hosts the batcher actors, on a thread of its own so the
-//! tokio runtime of the servers and the actors' event loop never share a thread.
-use std::sync::mpsc;
+//! Where the model actors run: each runner of an actor group is a thread of its own
+//! (named `mesh-runner`), so the tokio runtime of the servers and the models never
+//! share a thread, and a runner blocks on nothing but its group's queue. The
+//! system keeps track of the groups it started so that [`ActorSystem::stop`] stops
+//! them all.
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 
-use actix::{Arbiter, ArbiterHandle, System};
+use parking_lot::Mutex;
 
-/// A running actix system. Actor addresses taken from it can be used from any
-/// thread or runtime (`Addr::do_send` and `Addr::send` are channel operations).
-#[derive(Clone)]
+use crate::batcher::Queue;
+use crate::runner::Runner;
+
+/// The model actors of a process. Cheap to clone; every clone is the same system.
+#[derive(Clone, Default)]
 pub struct ActorSystem {
-    system: System,
-    arbiter: ArbiterHandle,
+    groups: Arc<Mutex<Vec<Weak<Queue>>>>,
+    stopped: Arc<AtomicBool>,
 }
 
 impl ActorSystem {
-    /// Starts the system thread.
+    /// A system with no actors yet.
     pub fn start() -> std::io::Result<Self> {
-        let (tx, rx) = mpsc::channel();
-        std::thread::Builder::new()
-            .name("mesh-actors".into())
-            .spawn(move || {
-                let sys = System::new();
-                sys.block_on(async {
-                    let _ = tx.send((System::current(), Arbiter::current()));
-                });
-                if let Err(e) = sys.run() {
-                    tracing::error!(error = %e, "actor system stopped with an error");
-                }
-            })?;
-        let (system, arbiter) = rx
-            .recv()
-            .map_err(|_| std::io::Error::other("the actor system thread exited before starting"))?;
-        Ok(Self { system, arbiter })
+        Ok(Self::default())
     }
 
-    /// Runs `f` on the actor system's arbiter (where actors may be started) and
-    /// returns its result.
-    pub fn run<R: Send + 'static>(
-        &self,
-        f: impl FnOnce() -> R + Send + 'static,
-    ) -> std::io::Result<R> {
-        let (tx, rx) = mpsc::sync_channel(1);
-        if !self.arbiter.spawn_fn(move || {
-            let _ = tx.send(f());
-        }) {
+    /// Starts one thread per runner of the group that `queue` feeds.
+    pub(crate) fn spawn_group(&self, queue: &Arc<Queue>, runners: Vec<Runner>) -> std::io::Result<()> {
+        if self.stopped.load(Ordering::Acquire) {
             return Err(std::io::Error::other("the actor system has stopped"));
         }
-        rx.recv()
-            .map_err(|_| std::io::Error::other("the actor system dropped a task"))
+        {
+            let mut groups = self.groups.lock();
+            groups.retain(|g| g.strong_count() > 0);
+            groups.push(Arc::downgrade(queue));
+        }
+        for r in runners {
+            let spawned = std::thread::Builder::new()
+                .name("mesh-runner".into())
+                .spawn(move || r.run());
+            if let Err(e) = spawned {
+                queue.close();
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
-    /// Stops the system; actors finish the message in hand and stop.
+    /// Stops every group: runners finish the batch in hand and exit; requests still
+    /// queued are answered `Unavailable`. Nothing starts on this system afterwards.
     pub fn stop(&self) {
-        self.system.stop();
+        self.stopped.store(true, Ordering::Release);
+        for g in self.groups.lock().drain(..) {
+            if let Some(q) = g.upgrade() {
+                q.close();
+            }
+        }
     }
 }

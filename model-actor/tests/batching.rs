@@ -181,3 +181,89 @@ async fn requests_whose_caller_left_are_not_computed() {
     );
     assert!(computed.contains(&4.0));
 }
+
+/// Waits until the handle has admitted `n` requests (waiting or running).
+async fn until_in_flight(h: &VersionHandle, n: usize) {
+    let t = Instant::now();
+    while h.in_flight() < n {
+        assert!(t.elapsed() < Duration::from_secs(5), "never reached {n}");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_refuses_at_once_what_cannot_be_answered_in_time() {
+    // One runner, one row a batch, 100 ms a batch.
+    let (h, seen) = start(config(1, 0, 64, 1), Duration::from_millis(100));
+    // The first batch teaches the group its batch time.
+    h.infer(row(0.0), in_secs(5)).await.unwrap();
+    assert!(h.batch_time() >= Duration::from_millis(100));
+    // One running (about 100 ms left), one waiting: a third request's answer is
+    // expected in about 300 ms.
+    let h1 = h.clone();
+    let running = tokio::spawn(async move { h1.infer(row(1.0), in_secs(5)).await });
+    until_in_flight(&h, 1).await;
+    let h2 = h.clone();
+    let waiting = tokio::spawn(async move { h2.infer(row(2.0), in_secs(5)).await });
+    until_in_flight(&h, 2).await;
+    let t = Instant::now();
+    let tight = h
+        .infer(row(3.0), Some(Instant::now() + Duration::from_millis(150)))
+        .await;
+    let took = t.elapsed();
+    match &tight {
+        Err(e @ ModelError::CannotMeetDeadline {
+            expected,
+            remaining,
+            batches_ahead: 1,
+            runners: 1,
+            ..
+        }) => {
+            assert!(*expected > Duration::from_millis(250), "{e}");
+            assert!(*remaining <= Duration::from_millis(150), "{e}");
+            let msg = e.to_string();
+            assert!(
+                msg.starts_with("model 'fake' version 1 cannot answer in time: expected answer in "),
+                "{msg}"
+            );
+            assert!(msg.contains("(1 full batches ahead of "), "{msg}");
+            assert!(msg.contains("of the request's deadline is left"), "{msg}");
+            assert_eq!(e.code(), "resource_exhausted");
+        }
+        other => panic!("expected CannotMeetDeadline, got {other:?}"),
+    }
+    // Refused at admission, not after waiting behind the 100 ms batches.
+    assert!(took < Duration::from_millis(50), "refusal took {took:?}");
+    // A request with time enough is still admitted behind them.
+    let ok = h.infer(row(4.0), in_secs(5)).await.unwrap();
+    assert_eq!(ok.data, vec![5.0]);
+    running.await.unwrap().unwrap();
+    waiting.await.unwrap().unwrap();
+    let computed: Vec<f32> = seen.lock().iter().map(|b| b[0]).collect();
+    assert!(!computed.contains(&3.0), "a refused request was computed: {computed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_expires_in_the_queue_is_not_computed_nor_counted_ok() {
+    // A fresh group knows no batch time yet, so a request with a short deadline
+    // is admitted behind a 300 ms batch, and its deadline passes while it waits.
+    let (h, seen) = start(config(1, 0, 64, 1), Duration::from_millis(300));
+    let h1 = h.clone();
+    let first = tokio::spawn(async move { h1.infer(row(1.0), in_secs(5)).await });
+    until_in_flight(&h, 1).await;
+    let t = Instant::now();
+    let r = h
+        .infer(row(55.0), Some(Instant::now() + Duration::from_millis(60)))
+        .await;
+    assert!(matches!(r, Err(ModelError::DeadlineExceeded(_))), "{r:?}");
+    assert!(t.elapsed() < Duration::from_millis(250), "{:?}", t.elapsed());
+    first.await.unwrap().unwrap();
+    // The runner, free again, drops it instead of computing it.
+    let after = h.infer(row(2.0), in_secs(5)).await.unwrap();
+    assert_eq!(after.data, vec![3.0]);
+    let computed: Vec<f32> = seen.lock().iter().map(|b| b[0]).collect();
+    assert_eq!(computed, vec![1.0, 2.0], "the expired request was computed");
+    // Two answered, one failed: the expired request is not a success.
+    assert_eq!(h.stats.success.get().0, 2);
+    assert_eq!(h.stats.fail.get().0, 1);
+}

@@ -17,11 +17,13 @@
 //! See README.md for the file layout, the schema, the loss window and the DuckDB join.
 
 pub mod commands;
+mod codec;
 mod config;
 mod error;
 pub mod join;
 pub mod lock;
 mod parquet_io;
+mod priority;
 mod reader;
 mod record;
 mod segment;

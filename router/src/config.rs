@@ -37,6 +37,9 @@
 //! # redis_connect_timeout = "5s"
 //! # cache_max_bytes = 67108864  # decoded rows cached in process; 0 = none
 //! # cache_max_age = "1s"        # how long a cached row answers without Redis
+//! # remote = "http://features.mesh.svc:8001"  # instead of path: a --role features
+//! remote_wait = "10s"           # with remote: how long the start waits for its views
+//! # lookup_timeout = "20ms"     # with remote: a cap on one lookup
 //!
 //! [prediction_log]              # off when absent
 //! dir = "data/predictions"
@@ -96,6 +99,9 @@ impl<'de> Deserialize<'de> for MeshConfig {
         let (file, deprecations) = mesh_stack::collect_deprecations(|| File::deserialize(d));
         let f = file?;
         f.tls
+            .validate()
+            .map_err(<D::Error as serde::de::Error>::custom)?;
+        f.features
             .validate()
             .map_err(<D::Error as serde::de::Error>::custom)?;
         if let Some(r) = f
@@ -218,8 +224,10 @@ impl std::str::FromStr for Role {
     }
 }
 
-/// `[features]`: the online feature store of this process.
-#[derive(Debug, Clone, Deserialize, Default)]
+/// `[features]`: where decisions read stored features: the online feature store
+/// of this process (`path`, `views`), or a `mesh serve --role features` elsewhere
+/// (`remote`), never both.
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FeaturesConfig {
     /// `"sled"` (the default: embedded, in `path`) or `"redis"` (`redis_url` or
@@ -257,6 +265,75 @@ pub struct FeaturesConfig {
     /// (default 1s; writes through this process invalidate at once).
     #[serde(deserialize_with = "duration::option")]
     pub cache_max_age: Option<Duration>,
+    /// A features role to read from instead of a store of this process
+    /// (`http://host:port`, or `https://` with `[tls.client]`).
+    pub remote: Option<String>,
+    /// How long the start waits for the remote's `ListViews` (it is retried
+    /// while the features role is not up yet). Default 10 s.
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub remote_wait: Duration,
+    /// A cap on one remote lookup; unset, a lookup may take what is left of the
+    /// decision's deadline less the fallback reserve.
+    #[serde(deserialize_with = "duration::option")]
+    pub lookup_timeout: Option<Duration>,
+}
+
+impl Default for FeaturesConfig {
+    fn default() -> Self {
+        Self {
+            backend: FeatureBackend::Sled,
+            path: None,
+            views: None,
+            max_keys_per_lookup: None,
+            redis_url: None,
+            redis_cluster: Vec::new(),
+            redis_key_prefix: None,
+            lookup_budget: None,
+            redis_write_timeout: None,
+            redis_connect_timeout: None,
+            cache_max_bytes: None,
+            cache_max_age: None,
+            remote: None,
+            remote_wait: Duration::from_secs(10),
+            lookup_timeout: None,
+        }
+    }
+}
+
+/// The most `[features] remote_wait` may be.
+pub const MAX_REMOTE_WAIT: Duration = Duration::from_secs(600);
+
+impl FeaturesConfig {
+    /// `path` and `remote` exclude each other; `remote` must be a URL of a
+    /// features role; the durations must be usable.
+    pub fn validate(&self) -> Result<(), String> {
+        if let (Some(_), Some(remote)) = (&self.path, &self.remote) {
+            return Err(format!(
+                "[features] path and remote = \"{remote}\" are both set: a process reads \
+                 features from its own store (path) or from a features role (remote), not both"
+            ));
+        }
+        if let (FeatureBackend::Redis, Some(remote)) = (self.backend, &self.remote) {
+            return Err(format!(
+                "[features] backend = \"redis\" and remote = \"{remote}\" are both set: a \
+                 process reads features from its own store or from a features role, not both"
+            ));
+        }
+        if let Some(remote) = &self.remote {
+            crate::decide::discovery::Target::parse(remote)
+                .map_err(|e| format!("[features] {e}"))?;
+        }
+        if self.remote_wait > MAX_REMOTE_WAIT {
+            return Err(format!(
+                "[features] remote_wait must be at most {}",
+                format_duration(MAX_REMOTE_WAIT)
+            ));
+        }
+        if self.lookup_timeout.is_some_and(|t| t.is_zero()) {
+            return Err("[features] lookup_timeout must be more than 0".into());
+        }
+        Ok(())
+    }
 }
 
 /// `[features] backend`.

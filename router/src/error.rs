@@ -19,6 +19,10 @@ pub enum RouterError {
     TooLarge(String),
     #[error("{0}")]
     Unavailable(String),
+    /// The request's deadline passed: before its work started, or before its
+    /// answer was ready.
+    #[error("deadline exceeded: {0}")]
+    DeadlineExceeded(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -37,6 +41,7 @@ impl RouterError {
             Self::NotFound(_) => Code::NotFound,
             Self::ResourceExhausted(_) | Self::TooLarge(_) => Code::ResourceExhausted,
             Self::Unavailable(_) => Code::Unavailable,
+            Self::DeadlineExceeded(_) => Code::DeadlineExceeded,
             Self::Internal(_) => Code::Internal,
             Self::Stack(e) => match e.kind() {
                 mesh_stack::ErrorKind::Overloaded => Code::ResourceExhausted,
@@ -48,7 +53,9 @@ impl RouterError {
                 ModelError::ModelNotFound(_) | ModelError::VersionNotFound { .. } => Code::NotFound,
                 ModelError::NotReady(_) | ModelError::Unavailable { .. } => Code::Unavailable,
                 ModelError::InvalidInput(_) => Code::InvalidArgument,
-                ModelError::Overloaded { .. } => Code::ResourceExhausted,
+                ModelError::Overloaded { .. } | ModelError::CannotMeetDeadline { .. } => {
+                    Code::ResourceExhausted
+                }
                 ModelError::DeadlineExceeded(_) => Code::DeadlineExceeded,
                 ModelError::Config { .. }
                 | ModelError::Load { .. }
@@ -109,6 +116,11 @@ pub fn code_label(code: Code) -> &'static str {
         Code::OutOfRange => "out_of_range",
         _ => "internal",
     }
+}
+
+/// A duration as milliseconds with three decimals, for messages.
+pub fn ms(d: std::time::Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1e3)
 }
 
 /// Longest error message a caller gets, bytes.

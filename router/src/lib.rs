@@ -4,9 +4,11 @@
 //! server wiring. The `mesh` binary (crate `mesh`) is its command line.
 //!
 //! Modules depend one way: `server` wires `oip`, `decide` and `admin`; those use
-//! `request` (what both front doors share), `plog` (prediction-log records),
+//! `request` (what both front doors share), `arrival` (when a request arrived, the
+//! start of its deadline), `plog` (prediction-log records),
 //! `telemetry` (metric names) and `error`.
 pub mod admin;
+pub mod arrival;
 pub mod auth;
 pub mod budget;
 pub mod config;

@@ -1,5 +1,6 @@
-//! What the OIP and Decide front doors share about a request: its deadline budget
-//! (`grpc-timeout`), its id, the version it names, and its one log line.
+//! What the OIP and Decide front doors share about a request: its deadline (from
+//! its arrival, see [`crate::arrival`], and its `grpc-timeout`), its id, the version
+//! it names, and its one log line.
 use std::time::{Duration, Instant};
 
 use crate::error::RouterError;
@@ -67,6 +68,50 @@ pub fn parse_version(model: &str, v: &str) -> Result<Option<u64>, RouterError> {
     })
 }
 
+/// When a request must be answered by: its arrival plus the caller's budget
+/// (`grpc-timeout`, `x-mesh-timeout-ms`) or else `default`, never more than `cap`
+/// (`[server] max_timeout` for OIP, `[decisions] deadline` for Decide). The clock
+/// starts at arrival, before decoding: time a request spent waiting for a thread
+/// counts against its deadline.
+pub fn deadline(
+    arrival: Instant,
+    caller: Option<Duration>,
+    default: Duration,
+    cap: Duration,
+) -> Instant {
+    let budget = caller.unwrap_or(default).min(cap);
+    arrival.checked_add(budget).unwrap_or(arrival)
+}
+
+/// A request whose deadline has passed before its work started (it waited longer
+/// than its budget before a handler ran): answered DEADLINE_EXCEEDED at once,
+/// without doing the work, saying how late it is.
+pub fn check_not_expired(arrival: Instant, deadline: Instant) -> Result<(), RouterError> {
+    let now = Instant::now();
+    if now < deadline {
+        return Ok(());
+    }
+    Err(RouterError::DeadlineExceeded(format!(
+        "the request's deadline of {} after its arrival passed before its work started ({} after arrival)",
+        crate::error::ms(deadline.saturating_duration_since(arrival)),
+        crate::error::ms(now.saturating_duration_since(arrival)),
+    )))
+}
+
+/// An answer that is ready only after the deadline is not an answer: the caller
+/// has stopped waiting, and it must not count as served.
+pub fn check_in_time(arrival: Instant, deadline: Instant) -> Result<(), RouterError> {
+    let now = Instant::now();
+    if now <= deadline {
+        return Ok(());
+    }
+    Err(RouterError::DeadlineExceeded(format!(
+        "the answer was ready {} after the request's deadline ({} after its arrival)",
+        crate::error::ms(now.saturating_duration_since(deadline)),
+        crate::error::ms(deadline.saturating_duration_since(arrival)),
+    )))
+}
+
 /// The caller's deadline budget from a gRPC request's `grpc-timeout` header.
 pub fn timeout_of<T>(req: &tonic::Request<T>) -> Option<Duration> {
     req.metadata()
@@ -101,6 +146,36 @@ mod tests {
         assert_eq!(parse_grpc_timeout("5u"), Some(Duration::from_micros(5)));
         assert_eq!(parse_grpc_timeout("x"), None);
         assert_eq!(parse_grpc_timeout(""), None);
+    }
+
+    #[test]
+    fn deadline_counts_from_arrival_and_is_capped() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        assert_eq!(deadline(t0, Some(ms(20)), ms(1000), ms(50)), t0 + ms(20));
+        assert_eq!(deadline(t0, Some(ms(80)), ms(1000), ms(50)), t0 + ms(50));
+        assert_eq!(deadline(t0, None, ms(30), ms(50)), t0 + ms(30));
+        assert_eq!(deadline(t0, None, ms(1000), ms(50)), t0 + ms(50));
+        // A request that waited 30 ms before its handler with a 20 ms budget is
+        // already late; one with 50 ms is not, and has 20 ms left.
+        let arrived = Instant::now() - ms(30);
+        let e = check_not_expired(arrived, deadline(arrived, Some(ms(20)), ms(1000), ms(1000)))
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::DeadlineExceeded);
+        assert!(
+            e.message().contains("20.000 ms after its arrival passed"),
+            "{e}"
+        );
+        assert!(
+            check_not_expired(arrived, deadline(arrived, Some(ms(50)), ms(1000), ms(1000))).is_ok()
+        );
+        let e = check_in_time(arrived, arrived + ms(10)).unwrap_err();
+        assert!(
+            e.message()
+                .starts_with("deadline exceeded: the answer was ready 2"),
+            "{e}"
+        );
+        assert!(check_in_time(arrived, arrived + ms(60)).is_ok());
     }
 
     #[test]

@@ -19,6 +19,9 @@ use mesh_proto::mesh::v1::decisions_server::DecisionsServer;
 use crate::admin::Admin;
 use crate::auth::{GrpcGuardLayer, ModelControl, Planes};
 use crate::config::{FeaturesConfig, MeshConfig, Role, ServerConfig};
+use crate::decide::discovery::{Resolve, SystemResolver};
+use crate::decide::feature_source::FeatureSource;
+use crate::decide::remote_features::RemoteFeatures;
 use crate::decide::service::DecisionService;
 use crate::decide::Engine;
 use crate::error::RouterError;
@@ -174,16 +177,38 @@ struct Parts {
     budget: crate::budget::InFlightBytes,
 }
 
+/// Where this process's decisions read stored features: its own store, or the
+/// features role of `[features] remote` (connected now: its views are read).
+async fn feature_source(
+    mesh: &MeshConfig,
+    store: Option<&Arc<FeatureStore>>,
+) -> Result<Option<Arc<FeatureSource>>, RouterError> {
+    let f = &mesh.features;
+    let Some(url) = &f.remote else {
+        return Ok(store.map(|s| Arc::new(FeatureSource::Local(s.clone()))));
+    };
+    let remote = RemoteFeatures::connect(url, f.remote_wait, f.lookup_timeout)
+        .await
+        .map_err(RouterError::Unavailable)?;
+    Ok(Some(Arc::new(FeatureSource::Remote(Box::new(remote)))))
+}
+
 impl Parts {
     /// The actor system, the store, the log, the models and the decision engine
     /// that `mesh.server.role` asks for.
-    async fn build(mesh: &MeshConfig) -> Result<Self, RouterError> {
+    async fn build(mesh: &MeshConfig, resolver: Arc<dyn Resolve>) -> Result<Self, RouterError> {
         let cfg = &mesh.server;
         let planes = Arc::new(
             Planes::load(&mesh.admin, &mesh.writer).map_err(RouterError::InvalidArgument)?,
         );
         let system = ActorSystem::start().map_err(|e| startup("starting the actor system", e))?;
         let serves_models = cfg.role != Role::Features;
+        if cfg.role == Role::Features && mesh.features.remote.is_some() {
+            return Err(RouterError::InvalidArgument(
+                "--role features serves its own store: set [features] path and views, not remote"
+                    .into(),
+            ));
+        }
         let store = match cfg.role {
             Role::Model => None,
             _ => open_store(&mesh.features).await?,
@@ -214,11 +239,13 @@ impl Parts {
                 });
                 let engine = Engine::new(
                     core.repo.clone(),
-                    store.clone(),
+                    feature_source(mesh, store.as_ref()).await?,
                     mesh.decisions.clone(),
                     sink,
+                    resolver,
                 )?;
                 engine.check_specs()?;
+                engine.start_discovery().await;
                 Some(engine)
             }
             _ => None,
@@ -287,6 +314,14 @@ async fn bind(
 
 /// Starts what `cfg.server.role` asks for on its ports (0 = any free port).
 pub async fn start_mesh(mesh: &MeshConfig) -> Result<Running, RouterError> {
+    start_mesh_with(mesh, Arc::new(SystemResolver)).await
+}
+
+/// [`start_mesh`], resolving the names of `remote` replicas with `resolver`.
+pub async fn start_mesh_with(
+    mesh: &MeshConfig,
+    resolver: Arc<dyn Resolve>,
+) -> Result<Running, RouterError> {
     let cfg = &mesh.server;
     let metrics = crate::telemetry::metrics();
     // TLS files and client settings first: a bad file fails the start before
@@ -299,7 +334,7 @@ pub async fn start_mesh(mesh: &MeshConfig) -> Result<Running, RouterError> {
     crate::decide::replica::set_client_tls(
         crate::tls::client_tls(&mesh.tls.client).map_err(RouterError::InvalidArgument)?,
     );
-    let parts = Parts::build(mesh).await?;
+    let parts = Parts::build(mesh, resolver).await?;
     parts.log_planes();
     let (grpc_listener, grpc_addr) = bind(cfg.host, cfg.grpc_port, "gRPC").await?;
     let (http_listener, http_addr) = bind(cfg.host, cfg.http_port, "HTTP").await?;
@@ -330,7 +365,7 @@ pub async fn start_mesh(mesh: &MeshConfig) -> Result<Running, RouterError> {
         .flat_map(|c| c.repo.models())
         .map(|m| m.config.name.clone())
         .collect();
-    tracing::info!(%grpc_addr, %http_addr, role = ?cfg.role, ?models, feature_store = parts.store.is_some(), tls = mesh.tls.serves(), "mesh serving");
+    tracing::info!(%grpc_addr, %http_addr, role = ?cfg.role, ?models, feature_store = parts.store.is_some(), remote_features = mesh.features.remote.as_deref(), tls = mesh.tls.serves(), "mesh serving");
     Ok(Running {
         grpc_addr,
         http_addr,
@@ -402,6 +437,8 @@ async fn grpc_server(
         .http2_keepalive_interval(Some(conns.keepalive_interval))
         .http2_keepalive_timeout(Some(conns.keepalive_timeout))
         .max_connection_age(conns.max_connection_age)
+        // Outermost: the arrival time, where every deadline starts (crate::arrival).
+        .layer(crate::arrival::ArrivalLayer)
         .layer(tower::util::MapResponseLayer::new(transport_statuses))
         // Admin- and writer-plane RPCs need their credential (see crate::auth).
         .layer(GrpcGuardLayer(parts.planes.clone()))
@@ -445,6 +482,8 @@ fn http_server(
             }
         },
     ));
+    // Outermost (axum's last layer): the arrival time, where deadlines start.
+    let app = app.layer(crate::arrival::ArrivalLayer);
     tokio::spawn(async move {
         if let Err(e) = axum::serve(
             listener,

@@ -214,7 +214,7 @@ proptest! {
             categorical: [("merchant_category".to_owned(), category)].into(),
             ..Default::default()
         };
-        let out = w.rt.block_on(engine.decide_batch(std::slice::from_ref(&req), None));
+        let out = w.rt.block_on(engine.decide_batch(std::slice::from_ref(&req), (std::time::Instant::now(), None)));
         match out {
             Err(e) => prop_assert!(caller_error(e.code()), "{e}"),
             Ok(outcomes) => {

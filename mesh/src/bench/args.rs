@@ -37,6 +37,11 @@ pub struct BenchArgs {
     /// Stop after this many requests (with --seconds too: whichever comes first).
     #[arg(long)]
     pub requests: Option<u64>,
+    /// Give every request this deadline (its grpc-timeout), counted from when it was
+    /// due (open loop) or sent (closed loop); the report then counts the useful
+    /// answers: model answers that arrived within it.
+    #[arg(long, value_name = "MS")]
+    pub deadline_ms: Option<u64>,
     /// Entity key range for Decide (card_id 1..=N, merchant m000001..).
     #[arg(long, default_value_t = 10_000)]
     pub cards: i64,
@@ -75,15 +80,23 @@ impl BenchArgs {
     /// How the load was driven, as the report says it.
     pub fn mode(&self) -> String {
         format!(
-            "{}{}",
+            "{}{}{}",
             match self.rate {
                 Some(r) => format!("open loop at {r} req/s"),
                 None => format!("closed loop, {} callers", self.concurrency),
             },
             self.requests
                 .map(|n| format!(", {n} requests"))
+                .unwrap_or_default(),
+            self.deadline_ms
+                .map(|d| format!(", {d} ms deadline"))
                 .unwrap_or_default()
         )
+    }
+
+    /// `--deadline-ms` as a duration.
+    pub fn deadline(&self) -> Option<std::time::Duration> {
+        self.deadline_ms.map(std::time::Duration::from_millis)
     }
 }
 
@@ -125,5 +138,8 @@ pub(super) mod tests {
         let a = parse(&["--target", "infer", "--rate", "500", "--requests", "100"]);
         assert_eq!(a.target_name(), "infer");
         assert_eq!(a.mode(), "open loop at 500 req/s, 100 requests");
+        let a = parse(&["--rate", "500", "--deadline-ms", "50"]);
+        assert_eq!(a.mode(), "open loop at 500 req/s, 50 ms deadline");
+        assert_eq!(a.deadline(), Some(std::time::Duration::from_millis(50)));
     }
 }

@@ -205,6 +205,7 @@ mod tests {
             codes: BTreeMap::from([("OK".into(), 1490), ("Unavailable".into(), 10)]),
             sources: BTreeMap::from([("MODEL".into(), 1490)]),
             stages_us: BTreeMap::from([("compute".into(), 110.5), ("validate".into(), 3.0)]),
+            useful: None,
             windows: (0..2)
                 .map(|i| Window {
                     t_s: i as f64,

@@ -120,7 +120,25 @@ impl Clients {
     }
 }
 
-/// Sends one request; records latency from `intended` and the outcome.
+/// `msg` as a request with what is left of `--deadline-ms` since `intended` as its
+/// grpc-timeout; `None` when nothing is left (the bench itself fell behind).
+fn with_deadline<T>(msg: T, args: &BenchArgs, intended: Instant) -> Option<tonic::Request<T>> {
+    let mut req = tonic::Request::new(msg);
+    if let Some(d) = args.deadline() {
+        let left = d.checked_sub(intended.elapsed()).filter(|l| !l.is_zero())?;
+        req.set_timeout(left);
+    }
+    Some(req)
+}
+
+/// Whether an answer came from a model: any OK for Infer; for Decide, the sources
+/// MODEL and PREVIOUS_VERSION.
+fn from_model(code: &str, source: Option<&str>) -> bool {
+    code == "OK" && source.is_none_or(|s| s == "MODEL" || s == "PREVIOUS_VERSION")
+}
+
+/// Sends one request; records latency from `intended` and the outcome. With a
+/// deadline that has passed before it could be sent, it is counted `NotSent`.
 async fn one(
     c: &mut Clients,
     args: &BenchArgs,
@@ -129,22 +147,30 @@ async fn one(
     intended: Instant,
     tally: &Mutex<Tally>,
 ) {
+    let not_sent = || ("NotSent".to_owned(), None, None);
     let (code, source, timings) = match args.target {
-        Target::Decide => match c.decide.decide(decide_request(rng, i, args)).await {
-            Ok(r) => {
-                let r = r.into_inner();
-                ("OK".to_owned(), Some(source_name(r.source)), r.timings)
-            }
-            Err(s) => (format!("{:?}", s.code()), None, None),
+        Target::Decide => match with_deadline(decide_request(rng, i, args), args, intended) {
+            None => not_sent(),
+            Some(req) => match c.decide.decide(req).await {
+                Ok(r) => {
+                    let r = r.into_inner();
+                    ("OK".to_owned(), Some(source_name(r.source)), r.timings)
+                }
+                Err(s) => (format!("{:?}", s.code()), None, None),
+            },
         },
-        Target::Infer => match c.infer.model_infer(infer_request(rng, &args.model)).await {
-            Ok(_) => ("OK".to_owned(), None, None),
-            Err(s) => (format!("{:?}", s.code()), None, None),
+        Target::Infer => match with_deadline(infer_request(rng, &args.model), args, intended) {
+            None => not_sent(),
+            Some(req) => match c.infer.model_infer(req).await {
+                Ok(_) => ("OK".to_owned(), None, None),
+                Err(s) => (format!("{:?}", s.code()), None, None),
+            },
         },
     };
     let us = intended.elapsed().as_micros() as u64;
     let mut t = tally.lock();
     t.record(intended, us, code == "OK");
+    t.useful(us, from_model(&code, source.as_deref()));
     let stages = timings.as_ref().map(stages);
     t.count(code, source, stages.as_ref().map_or(&[], |s| &s[..]));
 }
@@ -281,6 +307,19 @@ mod tests {
     use super::super::args::tests::parse;
     use super::*;
 
+    /// A grpc-timeout value in µs (tonic writes the most precise unit).
+    fn timeout_us(v: &str) -> u64 {
+        let (n, unit) = v.split_at(v.len() - 1);
+        let n: u64 = n.parse().unwrap();
+        match unit {
+            "n" => n / 1_000,
+            "u" => n,
+            "m" => n * 1_000,
+            "S" => n * 1_000_000,
+            other => panic!("unit {other}"),
+        }
+    }
+
     #[test]
     fn bench_server_stats_are_per_inference_over_the_run() {
         let before = ServerStats {
@@ -328,5 +367,22 @@ mod tests {
         assert_eq!(r.raw_input_contents[0].len(), 32 * 4);
         assert_eq!(r.inputs[0].shape, vec![1, 32]);
         assert_eq!(source_name(pb::AnswerSource::Model as i32), "MODEL");
+    }
+
+    #[test]
+    fn bench_deadlines_count_from_the_due_time_and_useful_means_a_model() {
+        assert!(from_model("OK", None));
+        assert!(from_model("OK", Some("PREVIOUS_VERSION")));
+        assert!(!from_model("OK", Some("DEFAULT")));
+        assert!(!from_model("ResourceExhausted", None));
+        // A deadline counts from when the request was due.
+        let a = parse(&["--deadline-ms", "50"]);
+        let due = Instant::now();
+        let req = with_deadline((), &a, due).unwrap();
+        let t = req.metadata().get("grpc-timeout").unwrap().to_str().unwrap();
+        let left = timeout_us(t);
+        assert!((40_000..=50_000).contains(&left), "{t}");
+        assert!(with_deadline((), &a, due - std::time::Duration::from_millis(60)).is_none());
+        assert!(with_deadline((), &parse(&[]), due).unwrap().metadata().get("grpc-timeout").is_none());
     }
 }

@@ -34,7 +34,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     let max_requests = args.requests.unwrap_or(u64::MAX);
     let server_before = ServerStats::fetch(&clients, &args).await;
     let started = Instant::now();
-    let tally = Arc::new(Mutex::new(Tally::new(started, load_s)?));
+    let tally = Arc::new(Mutex::new(
+        Tally::new(started, load_s)?.with_deadline(args.deadline()),
+    ));
     let args = Arc::new(args);
     let end = started + Duration::from_secs_f64(load_s);
     let progress = spawn_progress(tally.clone(), started);

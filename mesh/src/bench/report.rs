@@ -23,11 +23,25 @@ pub struct Report {
     pub sources: BTreeMap<String, u64>,
     /// Decide only: mean server-side stage times, µs.
     pub stages_us: BTreeMap<String, f64>,
+    /// `--deadline-ms` runs: the model answers that arrived within the deadline.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub useful: Option<Useful>,
     /// One entry per second of load, from the start of the bench; a request
     /// counts in the second it was sent (open loop: when it was due).
     pub windows: Vec<Window>,
     /// The latency distribution of all requests in log-spaced buckets.
     pub histogram: Vec<Bucket>,
+}
+
+/// Useful answers: answered by a model (Infer: any OK; Decide: source MODEL or
+/// PREVIOUS_VERSION) within the deadline, counted from when the request was due.
+#[derive(Debug, Clone, Serialize)]
+pub struct Useful {
+    pub deadline_ms: u64,
+    pub answers: u64,
+    pub per_second: f64,
+    /// Answers of any status that arrived more than 5 ms after the deadline.
+    pub late: u64,
 }
 
 /// The requests sent in one window `[t_s, t_s + seconds)` of the bench.
@@ -70,6 +84,13 @@ impl std::fmt::Display for Report {
             self.p50_us, self.p90_us, self.p99_us, self.p999_us, self.max_us
         )?;
         writeln!(f, "status      {:?}", self.codes)?;
+        if let Some(u) = &self.useful {
+            writeln!(
+                f,
+                "useful      {}  ({:.0}/s): model answers within the {} ms deadline; {} answers over 5 ms late",
+                u.answers, u.per_second, u.deadline_ms, u.late
+            )?;
+        }
         if !self.sources.is_empty() {
             writeln!(f, "sources     {:?}", self.sources)?;
         }
@@ -104,6 +125,7 @@ mod tests {
             codes: BTreeMap::from([("OK".into(), 10)]),
             sources: sources.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             stages_us: stages.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            useful: None,
             windows: Vec::new(),
             histogram: Vec::new(),
         }
@@ -124,6 +146,18 @@ mod tests {
         assert!(
             full.ends_with("server µs   compute 12  total 81\n"),
             "{full}"
+        );
+        let mut with_deadline = report(&[], &[]);
+        with_deadline.useful = Some(Useful {
+            deadline_ms: 50,
+            answers: 9,
+            per_second: 6.0,
+            late: 1,
+        });
+        let text = with_deadline.to_string();
+        assert!(
+            text.ends_with("useful      9  (6/s): model answers within the 50 ms deadline; 1 answers over 5 ms late\n"),
+            "{text}"
         );
     }
 }

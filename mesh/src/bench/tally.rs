@@ -6,7 +6,11 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
-use super::report::{Bucket, Report, Window};
+use super::report::{Bucket, Report, Useful, Window};
+
+/// An answer is `late` when it arrives more than this after its deadline: a
+/// server that keeps deadlines answers within them plus the way back.
+pub const LATE_GRACE: Duration = Duration::from_millis(5);
 
 /// Width of a time-series window.
 const WINDOW: Duration = Duration::from_secs(1);
@@ -25,6 +29,9 @@ pub struct Tally {
     codes: BTreeMap<String, u64>,
     sources: BTreeMap<String, u64>,
     stages: BTreeMap<&'static str, u64>,
+    /// With a deadline: the deadline, model answers that arrived within it, and
+    /// answers of any status later than it by more than [`LATE_GRACE`].
+    useful: Option<(Duration, u64, u64)>,
 }
 
 impl Tally {
@@ -37,7 +44,29 @@ impl Tally {
             codes: BTreeMap::new(),
             sources: BTreeMap::new(),
             stages: BTreeMap::new(),
+            useful: None,
         })
+    }
+
+    /// Counts useful answers against `deadline` from now on.
+    pub fn with_deadline(mut self, deadline: Option<Duration>) -> Self {
+        self.useful = deadline.map(|d| (d, 0, 0));
+        self
+    }
+
+    /// Counts one answer (`us` from when it was due) as useful if it came from a
+    /// model (`from_model`) within the deadline, and as late if it came more than
+    /// [`LATE_GRACE`] after it, whatever it was.
+    pub fn useful(&mut self, us: u64, from_model: bool) {
+        if let Some((d, useful, late)) = &mut self.useful {
+            let us = u128::from(us);
+            if from_model && us <= d.as_micros() {
+                *useful += 1;
+            }
+            if us > (*d + LATE_GRACE).as_micros() {
+                *late += 1;
+            }
+        }
     }
 
     /// Records one latency, in the window of `intended`.
@@ -131,6 +160,12 @@ impl Tally {
             max_us: self.hist.max(),
             codes: self.codes.clone(),
             sources: self.sources.clone(),
+            useful: self.useful.map(|(d, answers, late)| Useful {
+                deadline_ms: d.as_millis() as u64,
+                answers,
+                per_second: answers as f64 / secs,
+                late,
+            }),
             stages_us: if self.stages.is_empty() {
                 server_stages
             } else {
@@ -289,6 +324,25 @@ mod tests {
         assert_eq!(r.windows.len(), 2);
         assert!((r.windows[1].seconds - 0.5).abs() < 1e-9);
         assert_eq!(r.histogram.iter().map(|b| b.count).sum::<u64>(), 4);
+        assert!(r.useful.is_none());
+        // With a deadline: model answers within it are useful; late ones and
+        // fallbacks are not.
+        let mut t = Tally::new(start, 2.0)
+            .unwrap()
+            .with_deadline(Some(Duration::from_millis(50)));
+        t.useful(49_000, true);
+        t.useful(50_000, true);
+        t.useful(50_001, true);
+        t.useful(100, false);
+        t.useful(55_000, false);
+        t.useful(55_001, false);
+        let u = t
+            .report("decide".into(), String::new(), 2.0, BTreeMap::new())
+            .useful
+            .unwrap();
+        assert_eq!((u.deadline_ms, u.answers, u.per_second), (50, 2, 1.0));
+        // Only the answer more than 5 ms past the deadline is late.
+        assert_eq!(u.late, 1);
         // Without stage times in the answers (Infer), the server's are reported.
         let mut t = Tally::new(start, 1.0).unwrap();
         t.record(start, 100, true);

@@ -5,6 +5,8 @@
 //! deadline = "50ms"             # budget of one decision (capped by the caller's grpc-timeout)
 //! default_decision = "review"   # the last fallback
 //! max_batch_items = 256         # DecideBatch limit
+//! resolve_interval = "5s"       # remote names are resolved again this often
+//! max_addresses_per_name = 64   # replicas one remote name may stand for
 //!
 //! [decisions.stack]             # retry budget, breakers, per-try timeout: see stack/README.md
 //! per_try_timeout = "20ms"
@@ -20,7 +22,8 @@
 //! primary = 1                   # default: the newest ready version
 //! canary = { version = 2, weight = 0.1 }
 //! shadow = 3                    # gets a copy of each request; logged, never returned
-//! remote = ["http://10.1.2.3:8001"]   # `mesh serve --role model` replicas
+//! remote = ["http://10.1.2.3:8001", "http://model.mesh.svc:8001"]   # `mesh serve --role model`
+//!                               # replicas: an IP is one replica, a name one per address
 //! batch_score = { view = "fraud_scores", feature = "score" }
 //! max_defaulted_features = 4    # more defaulted features than this: not scored, falls back
 //! ```
@@ -41,6 +44,12 @@ use serde::Deserialize;
 use super::spec::Verdict;
 use crate::config::{millis, resolve_renamed};
 
+/// The shortest `[decisions] resolve_interval` (a bound on the resolver's load).
+pub const MIN_RESOLVE_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The largest `[decisions] max_addresses_per_name`.
+pub const MAX_ADDRESSES_PER_NAME: usize = 1024;
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(try_from = "DecisionsFile")]
 pub struct DecisionsConfig {
@@ -51,6 +60,11 @@ pub struct DecisionsConfig {
     pub default_decision: Verdict,
     /// Most items in one `DecideBatch`.
     pub max_batch_items: usize,
+    /// How often a `remote` entry's host name is resolved again. Default 5 s.
+    pub resolve_interval: Duration,
+    /// Most addresses (replicas) one `remote` name may stand for; the lowest are
+    /// kept past it. Default 64.
+    pub max_addresses_per_name: usize,
     /// The model-call stack (`[decisions.stack]`).
     pub stack: StackConfig,
     pub rules: Vec<Rule>,
@@ -63,6 +77,8 @@ impl Default for DecisionsConfig {
             deadline: Duration::from_millis(50),
             default_decision: Verdict::Review,
             max_batch_items: 256,
+            resolve_interval: Duration::from_secs(5),
+            max_addresses_per_name: 64,
             stack: StackConfig::default(),
             rules: Vec::new(),
             deployments: Vec::new(),
@@ -79,6 +95,9 @@ struct DecisionsFile {
     deadline_ms: Option<u64>,
     default_decision: Verdict,
     max_batch_items: usize,
+    #[serde(deserialize_with = "duration::deserialize")]
+    resolve_interval: Duration,
+    max_addresses_per_name: usize,
     stack: StackTable,
     rules: Vec<Rule>,
     deployments: Vec<Deployment>,
@@ -92,6 +111,8 @@ impl Default for DecisionsFile {
             deadline_ms: None,
             default_decision: d.default_decision,
             max_batch_items: d.max_batch_items,
+            resolve_interval: d.resolve_interval,
+            max_addresses_per_name: d.max_addresses_per_name,
             stack: StackTable::default(),
             rules: d.rules,
             deployments: d.deployments,
@@ -114,6 +135,8 @@ impl TryFrom<DecisionsFile> for DecisionsConfig {
             deadline: deadline.unwrap_or(DecisionsConfig::default().deadline),
             default_decision: f.default_decision,
             max_batch_items: f.max_batch_items,
+            resolve_interval: f.resolve_interval,
+            max_addresses_per_name: f.max_addresses_per_name,
             stack: f.stack.config,
             rules: f.rules,
             deployments: f.deployments,
@@ -278,6 +301,14 @@ impl DecisionsConfig {
         self.deadline
     }
 
+    /// How `remote` names are kept fresh.
+    pub fn discovery(&self) -> super::discovery::DiscoveryConfig {
+        super::discovery::DiscoveryConfig {
+            interval: self.resolve_interval,
+            max_addresses: self.max_addresses_per_name,
+        }
+    }
+
     pub fn deployment(&self, model: &str) -> Option<&Deployment> {
         self.deployments.iter().find(|d| d.model == model)
     }
@@ -301,6 +332,23 @@ impl DecisionsConfig {
         }
         if self.max_batch_items == 0 {
             return Err("[decisions] max_batch_items must be at least 1".into());
+        }
+        if self.resolve_interval < MIN_RESOLVE_INTERVAL {
+            return Err(format!(
+                "[decisions] resolve_interval must be at least {}",
+                mesh_stack::format_duration(MIN_RESOLVE_INTERVAL)
+            ));
+        }
+        if !(1..=MAX_ADDRESSES_PER_NAME).contains(&self.max_addresses_per_name) {
+            return Err(format!(
+                "[decisions] max_addresses_per_name must be within 1..={MAX_ADDRESSES_PER_NAME}"
+            ));
+        }
+        for d in &self.deployments {
+            for url in &d.remote {
+                super::discovery::Target::parse(url)
+                    .map_err(|e| format!("deployment '{}': {e}", d.model))?;
+            }
         }
         Ok(())
     }

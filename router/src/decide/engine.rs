@@ -2,22 +2,25 @@
 //! features, preprocess, postprocess, log; `fallback`: routing, the model call,
 //! the time budgets and the fallback chain) to the model repository, the feature
 //! store and the model-call stacks, and sends the shadow copies.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mesh_feature_store::{FeatureStore, LookupResponse};
+use mesh_feature_store::LookupResponse;
 use mesh_model_actor::{ModelConfig, ModelRepository, ServedModel, VersionHandle};
 use mesh_prediction_log::Role;
 use mesh_proto::mesh::v1 as pb;
-use mesh_stack::{model_call_stack, ModelCallStack, ReplicaId};
+use mesh_stack::{model_call_stack_with_updates, ModelCallStack, ReplicaId};
 use metrics::counter;
 use parking_lot::Mutex;
 use tower::ServiceExt;
 
 use super::cache::VersionCache;
 use super::config::DecisionsConfig;
+use super::discovery::{self, Discovery, ReplicaMaker, Resolve, Target};
 use super::fallback;
+use super::feature_source::FeatureSource;
 use super::features::FeatureUsed;
 use super::outcome::entities;
 pub use super::outcome::{AnswerSource, Outcome, OutcomeSink, Timings};
@@ -30,9 +33,13 @@ use crate::telemetry::names;
 
 type Stack = ModelCallStack<ModelCall, ModelAnswer>;
 
+/// Fault switches by replica id.
+type Faults = Arc<Mutex<BTreeMap<String, Arc<Fault>>>>;
+
 pub struct Engine {
     repo: Arc<ModelRepository>,
-    store: Option<Arc<FeatureStore>>,
+    /// Where stored features come from (this process's store or a features role).
+    features: Option<Arc<FeatureSource>>,
     cfg: DecisionsConfig,
     /// Input specs by model, rebuilt when a reload replaced the model's config.
     specs: VersionCache<Arc<DecisionSpec>>,
@@ -45,9 +52,14 @@ pub struct Engine {
     /// Model-call stacks by model and version, rebuilt when a reload replaced the
     /// version's actor groups. A stack is cloned out per call (cheap, `Clone`).
     stacks: VersionCache<Stack>,
-    /// Fault switches by replica id; taken when a stack is built and by the admin
-    /// plane, never per call.
-    faults: Mutex<BTreeMap<String, Arc<Fault>>>,
+    /// Fault switches by replica id; taken when a stack is built (or a replica
+    /// joins it) and by the admin plane, never per call.
+    faults: Faults,
+    /// Resolves the names of `remote` entries.
+    resolver: Arc<dyn Resolve>,
+    /// The address sets of `remote` names, by (host, port); started at
+    /// [`Engine::start_discovery`], or when a stack first needs one.
+    discoveries: Mutex<HashMap<(String, u16), Discovery>>,
     sink: Option<Arc<dyn OutcomeSink>>,
     /// Itself, for the shadow tasks that outlive a request.
     me: std::sync::Weak<Engine>,
@@ -101,7 +113,7 @@ pub(crate) fn check_scores(a: &ModelAnswer) -> Result<(), RouterError> {
 /// configured) store sources are not checked: they all take defaults, which each
 /// decision names in its reasons.
 pub fn check_model(
-    store: Option<&FeatureStore>,
+    store: Option<&FeatureSource>,
     cfg: &DecisionsConfig,
     config: &ModelConfig,
 ) -> Result<(), String> {
@@ -164,31 +176,75 @@ impl Engine {
         self.repo.model(model).is_ok() || self.last_specs.load().contains_key(model)
     }
 
+    /// The engine over `repo`, reading stored features from `features`, resolving
+    /// `remote` names with `resolver` ([`discovery::SystemResolver`] in a server).
     pub fn new(
         repo: Arc<ModelRepository>,
-        store: Option<Arc<FeatureStore>>,
+        features: Option<Arc<FeatureSource>>,
         cfg: DecisionsConfig,
         sink: Option<Arc<dyn OutcomeSink>>,
+        resolver: Arc<dyn Resolve>,
     ) -> Result<Arc<Self>, RouterError> {
         cfg.validate().map_err(RouterError::InvalidArgument)?;
         // Every later load and reload checks the model's decision config first;
         // a refusal keeps what is served serving (the repository's rule).
-        let (check_store, check_cfg) = (store.clone(), cfg.clone());
+        let (check_store, check_cfg) = (features.clone(), cfg.clone());
         repo.set_validator(Arc::new(move |config: &ModelConfig| {
             check_model(check_store.as_deref(), &check_cfg, config)
         }));
+        if let Some(f) = &features {
+            f.describe();
+        }
         let engine = Arc::new_cyclic(|me| Self {
             repo,
-            store,
+            features,
             cfg,
             specs: VersionCache::default(),
             last_specs: Default::default(),
             stacks: VersionCache::default(),
-            faults: Mutex::new(BTreeMap::new()),
+            faults: Faults::default(),
+            resolver,
+            discoveries: Mutex::new(HashMap::new()),
             sink,
             me: me.clone(),
         });
         Ok(engine)
+    }
+
+    /// Resolves every `remote` name of the deployments once (each within
+    /// [`discovery::RESOLVE_TIMEOUT`]) and keeps them fresh from then on, so the
+    /// first decisions already balance over every address. A name that does not
+    /// resolve yet starts with no address (a warning says so) and joins later.
+    pub async fn start_discovery(&self) {
+        for d in &self.cfg.deployments {
+            for url in &d.remote {
+                let Ok(t) = Target::parse(url) else { continue };
+                if t.ip.is_some()
+                    || self
+                        .discoveries
+                        .lock()
+                        .contains_key(&(t.host.clone(), t.port))
+                {
+                    continue;
+                }
+                let disc =
+                    Discovery::start(&t.host, t.port, self.resolver.clone(), self.cfg.discovery())
+                        .await;
+                tracing::info!(remote = %url, addresses = ?disc.current(), "remote replicas by name");
+                self.discoveries.lock().insert((t.host, t.port), disc);
+            }
+        }
+    }
+
+    /// The discovery of a `remote` name, started now if it was not.
+    fn discovery(&self, t: &Target) -> Discovery {
+        self.discoveries
+            .lock()
+            .entry((t.host.clone(), t.port))
+            .or_insert_with(|| {
+                Discovery::spawn(&t.host, t.port, self.resolver.clone(), self.cfg.discovery())
+            })
+            .clone()
     }
 
     /// Checks the decision config of every served model ([`check_model`]: spec,
@@ -206,7 +262,7 @@ impl Engine {
             }
         }
         for m in self.repo.models() {
-            check_model(self.store.as_deref(), &self.cfg, &m.config).map_err(|e| {
+            check_model(self.features.as_deref(), &self.cfg, &m.config).map_err(|e| {
                 RouterError::InvalidArgument(format!("model '{}' (model.toml): {e}", m.config.name))
             })?;
             if m.config.extra.contains_key("input_spec") {
@@ -311,7 +367,9 @@ impl Engine {
     }
 
     /// The replicas of a version (its local actor groups, the deployment's remote
-    /// endpoints), each with its fault switch, under one stack.
+    /// endpoints: one per IP address, one per address a name resolves to), each
+    /// with its fault switch, under one stack. A name's replicas follow its
+    /// addresses for as long as the stack lives ([`discovery::follow`]).
     fn build_stack(
         &self,
         model: &str,
@@ -326,22 +384,43 @@ impl Engine {
             let local = LocalReplica {
                 handle: h.clone(),
                 fault: fault(&id),
+                try_timeout: self.cfg.stack.per_try_timeout,
             };
             replicas.push((ReplicaId::from(id), Replica::Local(local)));
         }
+        let mut names = Vec::new();
+        let input = &served.config.input().name;
         for url in self
             .cfg
             .deployment(model)
             .map_or(&[][..], |d| d.remote.as_slice())
         {
-            let id = format!("{model}/v{version}/{url}");
-            let mut r = RemoteReplica::new(url, model, version, &served.config.input().name)
-                .map_err(RouterError::InvalidArgument)?;
-            r.fault = fault(&id);
-            replicas.push((ReplicaId::from(id), Replica::Remote(r)));
+            let target = Target::parse(url).map_err(RouterError::InvalidArgument)?;
+            if target.ip.is_some() {
+                let id = format!("{model}/v{version}/{url}");
+                let mut r = RemoteReplica::new(url, model, version, input)
+                    .map_err(RouterError::InvalidArgument)?;
+                r.fault = fault(&id);
+                replicas.push((ReplicaId::from(id), Replica::Remote(r)));
+                continue;
+            }
+            let maker = RemoteMaker {
+                model: model.to_owned(),
+                version,
+                url: url.clone(),
+                input: input.clone(),
+                faults: self.faults.clone(),
+            };
+            let (now, rx) = self.discovery(&target).subscribe();
+            replicas.extend(now.iter().filter_map(|a| maker.make(*a)));
+            names.push((maker, now, rx));
         }
-        model_call_stack(replicas, &self.cfg.stack)
-            .map_err(|e| RouterError::Internal(e.to_string()))
+        let (stack, updates) = model_call_stack_with_updates(replicas, &self.cfg.stack)
+            .map_err(|e| RouterError::Internal(e.to_string()))?;
+        for (maker, now, rx) in names {
+            discovery::follow(rx, now, updates.clone(), maker);
+        }
+        Ok(stack)
     }
 
     async fn call_model(
@@ -355,25 +434,41 @@ impl Engine {
     }
 
     /// Decides every request (same model) with one feature lookup; model calls run
-    /// concurrently and meet in the model's batcher.
+    /// concurrently and meet in the model's batcher. The deadline counts from
+    /// `arrival` (see [`crate::arrival`]): the caller's timeout capped by `[decisions]
+    /// deadline`. When it passed before the work started, or before the decisions
+    /// were ready, the call fails with `DeadlineExceeded` and each decision is logged
+    /// with the source `DEADLINE` (never as an answer).
     pub async fn decide_batch(
         &self,
         reqs: &[pb::DecideRequest],
-        caller_timeout: Option<Duration>,
+        (arrival, caller_timeout): (Instant, Option<Duration>),
     ) -> Result<Vec<Outcome>, RouterError> {
         let started = Instant::now();
         let budget = self.cfg.deadline();
-        let deadline = started + caller_timeout.map_or(budget, |t| t.min(budget));
+        let deadline = crate::request::deadline(arrival, caller_timeout, budget, budget);
         let items = stages::validate(reqs, self.cfg.max_batch_items)?;
         let model = &reqs[0].model;
         let spec = self.spec_of(model)?;
+        if let Err(late) = crate::request::check_not_expired(arrival, deadline) {
+            for it in &items {
+                let mut o = Outcome::new(it.req, model, Role::Primary, self.cfg.default_decision);
+                o.timings.total = us(arrival.elapsed());
+                stages::mark_late(&mut o, &late);
+                stages::log(&o, self.sink.as_deref());
+            }
+            return Err(late);
+        }
         let mut shared = Timings {
             validate: us(started.elapsed()),
             ..Timings::default()
         };
 
         let t0 = Instant::now();
-        let lookup = stages::lookup(self.store.as_deref(), &spec, &items).await?;
+        // The lookup may use the time the model call would have: a remote store
+        // that does not answer by then leaves the fallback reserve untouched.
+        let until = fallback::model_call_deadline(deadline, budget);
+        let lookup = stages::lookup(self.features.as_deref(), &spec, &items, until).await?;
         shared.features = us(t0.elapsed());
 
         let futs = items.iter().enumerate().map(|(i, it)| {
@@ -383,14 +478,19 @@ impl Engine {
                 o.model.clone_from(model);
                 o.timings.validate = shared.validate;
                 o.timings.features = shared.features;
-                o.timings.total = us(started.elapsed());
+                o.timings.total = us(arrival.elapsed());
                 o
             }
         });
-        let outcomes = futures::future::join_all(futs).await;
-        for o in &outcomes {
+        let mut outcomes = futures::future::join_all(futs).await;
+        let in_time = crate::request::check_in_time(arrival, deadline);
+        for o in &mut outcomes {
+            if let Err(late) = &in_time {
+                stages::mark_late(o, late);
+            }
             stages::log(o, self.sink.as_deref());
         }
+        in_time?;
         Ok(outcomes)
     }
 
@@ -444,7 +544,8 @@ impl Engine {
             None => {
                 let bs = deployment.and_then(|d| d.batch_score.as_ref());
                 let entities = &it.req.entities;
-                if let Some(s) = fallback::batch_score(self.store.as_deref(), bs, entities).await {
+                let features = self.features.as_deref();
+                if let Some(s) = fallback::batch_score(features, bs, entities, deadline).await {
                     stages::score_batch(&mut o, s, &spec.thresholds);
                 }
             }
@@ -518,6 +619,52 @@ impl Engine {
     }
 }
 
+/// The replicas of one `remote` name in one version's stack: one per address,
+/// each with its fault switch (dropped when the address leaves).
+struct RemoteMaker {
+    model: String,
+    version: u64,
+    url: String,
+    input: String,
+    faults: Faults,
+}
+
+impl RemoteMaker {
+    /// `<model>/v<version>/<url>@<address>`.
+    fn id(&self, addr: SocketAddr) -> String {
+        format!(
+            "{}/v{}/{}@{}",
+            self.model,
+            self.version,
+            self.url,
+            addr.ip()
+        )
+    }
+}
+
+impl ReplicaMaker<Replica> for RemoteMaker {
+    fn make(&self, addr: SocketAddr) -> Option<(ReplicaId, Replica)> {
+        let id = self.id(addr);
+        match RemoteReplica::at(&self.url, addr, &self.model, self.version, &self.input) {
+            Ok(mut r) => {
+                r.fault = self.faults.lock().entry(id.clone()).or_default().clone();
+                Some((ReplicaId::from(id), Replica::Remote(r)))
+            }
+            Err(e) => {
+                tracing::warn!(replica = %id, error = %e, "remote replica not added");
+                None
+            }
+        }
+    }
+
+    fn retire(&self, addr: SocketAddr) -> ReplicaId {
+        let id = self.id(addr);
+        self.faults.lock().remove(&id);
+        tracing::info!(replica = %id, "remote replica retired: its address left the name");
+        ReplicaId::from(id)
+    }
+}
+
 /// A request copied to the shadow version.
 struct Shadow {
     request_id: String,
@@ -567,7 +714,7 @@ impl Shadow {
 mod tests {
     use super::*;
     use crate::decide::testing::answer;
-    use mesh_stack::{StackConfig, StackError};
+    use mesh_stack::{model_call_stack, StackConfig, StackError};
     use std::sync::Mutex as StdMutex;
 
     #[test]

@@ -1,6 +1,7 @@
 //! Preprocessing: one looked-up row of features plus the request's own features
 //! become the model's input row, following the model's input spec.
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use mesh_feature_store::{ColumnValues, FeatureStatus, LookupResponse};
 use mesh_prediction_log::status;
@@ -10,7 +11,8 @@ use super::spec::{DecisionSpec, OnMissing, Source};
 /// One feature as used for a prediction (for the prediction log).
 #[derive(Debug, Clone, PartialEq)]
 pub struct FeatureUsed {
-    pub name: String,
+    /// The spec entry's name (`view:feature`, `request:name`), shared with the spec.
+    pub name: Arc<str>,
     /// The raw value before transforms (`None` when missing).
     pub value: Option<f64>,
     /// One of `mesh_prediction_log::status`: `PRESENT`, `NOT_FOUND`, `NULL`,
@@ -79,7 +81,7 @@ pub fn build_row(
     let mut out = Vec::with_capacity(spec.entries.len());
     let mut used = Vec::with_capacity(spec.entries.len());
     for e in &spec.entries {
-        let name = e.name();
+        let name = e.label.clone();
         let (raw, status, event_time) = match &e.source {
             Source::Const(c) => (Some(Raw::Number(*c)), status::PRESENT, None),
             Source::Request(n) => match (req.numeric.get(n), req.categorical.get(n)) {

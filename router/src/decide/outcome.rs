@@ -14,6 +14,9 @@ pub enum AnswerSource {
     BatchScore,
     Rules,
     Default,
+    /// Not an answer: the deadline passed before the decision was ready (or before
+    /// its work started). The caller got DEADLINE_EXCEEDED; the log keeps the record.
+    Deadline,
 }
 
 impl AnswerSource {
@@ -24,6 +27,7 @@ impl AnswerSource {
             Self::BatchScore => "BATCH_SCORE",
             Self::Rules => "RULES",
             Self::Default => "DEFAULT",
+            Self::Deadline => "DEADLINE",
         }
     }
     fn proto(self) -> pb::AnswerSource {
@@ -33,6 +37,8 @@ impl AnswerSource {
             Self::BatchScore => pb::AnswerSource::BatchScore,
             Self::Rules => pb::AnswerSource::Rules,
             Self::Default => pb::AnswerSource::Default,
+            // Never sent: a late decision is a DEADLINE_EXCEEDED status.
+            Self::Deadline => pb::AnswerSource::Unspecified,
         }
     }
 }

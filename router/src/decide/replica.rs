@@ -1,6 +1,7 @@
 //! Replicas of a model version as tower services: a local actor group, or a
 //! remote `mesh serve --role model` reached over OIP gRPC. Both carry a fault
 //! switch (added delay, forced failure) for drills, the demo and tests.
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -73,7 +74,11 @@ impl Fault {
 /// The stack's view of a model-actor error: which failures may be retried elsewhere.
 pub fn classify(e: ModelError) -> StackError {
     match e {
-        ModelError::Overloaded { .. } => StackError::ReplicaOverloaded(Box::new(e)),
+        // Refused at admission (queue full, or the answer expected after the
+        // deadline): back-pressure, retried on another replica while time allows.
+        ModelError::Overloaded { .. } | ModelError::CannotMeetDeadline { .. } => {
+            StackError::ReplicaOverloaded(Box::new(e))
+        }
         ModelError::Unavailable { .. } | ModelError::NotReady(_) => {
             StackError::ReplicaUnavailable(Box::new(e))
         }
@@ -88,6 +93,10 @@ pub fn classify(e: ModelError) -> StackError {
 pub struct LocalReplica {
     pub handle: Arc<VersionHandle>,
     pub fault: Arc<Fault>,
+    /// The stack's per-try timeout: the call is abandoned then, so admission asks
+    /// for an answer by then (or by the call's deadline, if sooner). Work that would
+    /// finish after the try gave up is refused, not done.
+    pub try_timeout: Duration,
 }
 
 impl tower::Service<ModelCall> for LocalReplica {
@@ -101,6 +110,7 @@ impl tower::Service<ModelCall> for LocalReplica {
 
     fn call(&mut self, call: ModelCall) -> Self::Future {
         let (h, fault) = (self.handle.clone(), self.fault.clone());
+        let try_ends = Instant::now() + self.try_timeout;
         Box::pin(async move {
             fault.apply().await?;
             let batch = Batch {
@@ -108,8 +118,9 @@ impl tower::Service<ModelCall> for LocalReplica {
                 cols: call.cols,
                 data: call.data.as_ref().clone(),
             };
+            let deadline = call.deadline.min(try_ends);
             let out = h
-                .infer(batch, Some(call.deadline.into_std()))
+                .infer(batch, Some(deadline.into_std()))
                 .await
                 .map_err(classify)?;
             Ok(ModelAnswer {
@@ -145,29 +156,86 @@ pub struct RemoteReplica {
 }
 
 impl RemoteReplica {
-    /// A lazily connected client: an unreachable endpoint fails calls (and trips
-    /// its breaker), not the start of the router.
+    /// A lazily connected client of `url`: an unreachable endpoint fails calls
+    /// (and trips its breaker), not the start of the router.
     pub fn new(url: &str, model: &str, version: u64, input: &str) -> Result<Self, String> {
-        let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
-            .map_err(|e| format!("remote replica '{url}': {e}"))?;
-        if url.starts_with("https://") {
-            let tls = CLIENT_TLS.read().clone().ok_or_else(|| {
-                format!("remote replica '{url}' is https but [tls.client] ca is not set")
-            })?;
-            endpoint = endpoint
-                .tls_config(tls)
-                .map_err(|e| format!("remote replica '{url}': TLS: {e}"))?;
-        }
-        let channel = endpoint
-            .connect_timeout(Duration::from_secs(1))
-            .tcp_nodelay(true)
-            .connect_lazy();
+        Self::with_channel(remote_channel(url, None)?, model, version, input)
+    }
+
+    /// Like [`RemoteReplica::new`], but always connecting to `addr` (one address
+    /// of the name in `url`, which stays the HTTP authority and the TLS name).
+    pub fn at(
+        url: &str,
+        addr: SocketAddr,
+        model: &str,
+        version: u64,
+        input: &str,
+    ) -> Result<Self, String> {
+        Self::with_channel(remote_channel(url, Some(addr))?, model, version, input)
+    }
+
+    fn with_channel(
+        channel: Channel,
+        model: &str,
+        version: u64,
+        input: &str,
+    ) -> Result<Self, String> {
         Ok(Self {
             client: GrpcInferenceServiceClient::new(channel),
             model: model.to_owned(),
             version,
             input: input.to_owned(),
             fault: Arc::default(),
+        })
+    }
+}
+
+/// How long connecting to a remote role may take.
+pub const REMOTE_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A lazily connected channel to a remote role (`http://` or `https://` with
+/// `[tls.client]`), to `url`'s host, or to `addr` when given (the URL's host then
+/// still names the server: HTTP authority, TLS name).
+pub fn remote_channel(url: &str, addr: Option<SocketAddr>) -> Result<Channel, String> {
+    let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
+        .map_err(|e| format!("remote '{url}': {e}"))?;
+    if url.starts_with("https://") {
+        let tls = CLIENT_TLS
+            .read()
+            .clone()
+            .ok_or_else(|| format!("remote '{url}' is https but [tls.client] ca is not set"))?;
+        endpoint = endpoint
+            .tls_config(tls)
+            .map_err(|e| format!("remote '{url}': TLS: {e}"))?;
+    }
+    let endpoint = endpoint
+        .connect_timeout(REMOTE_CONNECT_TIMEOUT)
+        .tcp_nodelay(true);
+    Ok(match addr {
+        None => endpoint.connect_lazy(),
+        Some(addr) => endpoint.connect_with_connector_lazy(FixedAddr(addr)),
+    })
+}
+
+/// Connects to one address whatever the URI's host says.
+#[derive(Debug, Clone, Copy)]
+struct FixedAddr(SocketAddr);
+
+impl tower::Service<http::Uri> for FixedAddr {
+    type Response = hyper_util::rt::TokioIo<tokio::net::TcpStream>;
+    type Error = std::io::Error;
+    type Future = BoxFuture<'static, std::io::Result<Self::Response>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: http::Uri) -> Self::Future {
+        let addr = self.0;
+        Box::pin(async move {
+            let s = tokio::net::TcpStream::connect(addr).await?;
+            s.set_nodelay(true)?;
+            Ok(hyper_util::rt::TokioIo::new(s))
         })
     }
 }

@@ -65,12 +65,12 @@ impl Decisions for DecisionService {
         req: Request<pb::DecideRequest>,
     ) -> Result<Response<pb::DecideResponse>, Status> {
         let timeout = crate::request::timeout_of(&req);
+        let started = crate::arrival::Arrival::of_grpc(&req);
         let r = req.into_inner();
         let span = tracing::debug_span!("decide", request_id = %r.request_id, model = %r.model);
-        let started = Instant::now();
         let out = self
             .engine
-            .decide_batch(std::slice::from_ref(&r), timeout)
+            .decide_batch(std::slice::from_ref(&r), (started, timeout))
             .instrument(span.clone())
             .await;
         span.in_scope(|| crate::request::log_result(&out, started, &r.request_id));
@@ -84,6 +84,7 @@ impl Decisions for DecisionService {
         req: Request<pb::DecideBatchRequest>,
     ) -> Result<Response<pb::DecideBatchResponse>, Status> {
         let timeout = crate::request::timeout_of(&req);
+        let started = crate::arrival::Arrival::of_grpc(&req);
         let r = req.into_inner();
         // Each item's request_id is on its own log lines; the batch carries the first.
         let first = r
@@ -93,10 +94,9 @@ impl Decisions for DecisionService {
             .unwrap_or("");
         let span =
             tracing::debug_span!("decide_batch", request_id = %first, items = r.requests.len());
-        let started = Instant::now();
         let out = self
             .engine
-            .decide_batch(&r.requests, timeout)
+            .decide_batch(&r.requests, (started, timeout))
             .instrument(span.clone())
             .await;
         span.in_scope(|| crate::request::log_result(&out, started, first));

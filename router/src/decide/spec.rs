@@ -20,6 +20,7 @@
 //! decline_at = 0.9                  # score >= decline_at -> decline
 //! ```
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use mesh_feature_store::{FeatureType, ViewInfo};
 use mesh_model_actor::ModelConfig;
@@ -83,6 +84,8 @@ pub enum Source {
 #[derive(Debug, Clone)]
 pub struct Entry {
     pub source: Source,
+    /// [`Entry::name`], made once: every decision's features (and its log record) share it.
+    pub label: Arc<str>,
     pub transforms: Vec<Transform>,
     pub default: f64,
     pub on_missing: OnMissing,
@@ -98,11 +101,17 @@ impl Entry {
 
     /// `view:feature` or `request:name` (for logs and messages).
     pub fn name(&self) -> String {
-        match &self.source {
+        self.label.to_string()
+    }
+
+    /// The name of an entry reading `source` (what [`Entry::label`] holds).
+    pub fn label_of(source: &Source) -> Arc<str> {
+        match source {
             Source::Request(n) => format!("request:{n}"),
             Source::Store { view, feature } => format!("{view}:{feature}"),
             Source::Const(c) => format!("const:{c}"),
         }
+        .into()
     }
 
     /// Applies the transforms in order.
@@ -245,6 +254,7 @@ impl DecisionSpec {
                 return Err(ctx("one_hot needs at least one category".into()));
             }
             entries.push(Entry {
+                label: Entry::label_of(&source),
                 source,
                 transforms,
                 default: e.default.unwrap_or(0.0),

@@ -359,6 +359,7 @@ impl GrpcInferenceService for OipGrpc {
         req: Request<pb::ModelInferRequest>,
     ) -> Result<Response<pb::ModelInferResponse>, Status> {
         let timeout = crate::request::timeout_of(&req);
+        let arrival = crate::arrival::Arrival::of_grpc(&req);
         let mut r = req.into_inner();
         let version = parse_version(&r.model_name, &r.model_version)?;
         let requested: Vec<String> = r.outputs.iter().map(|o| o.name.clone()).collect();
@@ -375,7 +376,7 @@ impl GrpcInferenceService for OipGrpc {
                     let inputs = decode_inputs(&mut r, h.config.input().datatype)?;
                     to_batch(&h.config, inputs)
                 },
-                timeout,
+                (arrival, timeout),
             )
             .await?;
         let spec = h.config.output();

@@ -163,8 +163,9 @@ async fn readiness(State(s): State<HttpState>, model: String, version: String) -
     Ok(StatusCode::OK.into_response())
 }
 
+/// The body of an OIP REST inference request, as the mesh parses it.
 #[derive(Deserialize)]
-struct InferRequestJson {
+pub struct InferRequestJson {
     #[serde(default)]
     id: Option<String>,
     inputs: Vec<InputJson>,
@@ -275,30 +276,64 @@ fn json_elements(name: &str, dt: DataType, data: &FlatNumbers) -> Result<Element
     })
 }
 
+/// Parses an OIP REST inference request body (tensor data flattened while parsing).
+/// Public so that the do-nothing REST server of the benchmarks parses exactly as the
+/// mesh does.
+pub fn parse_infer_body(body: &[u8]) -> Result<InferRequestJson, RouterError> {
+    serde_json::from_slice(body).map_err(|e| {
+        RouterError::invalid(format!(
+            "request body is not a valid inference request: {e}"
+        ))
+    })
+}
+
+impl InferRequestJson {
+    /// The request's id, its inputs' names and element counts (for servers that only
+    /// look at the request).
+    pub fn summary(&self) -> (Option<&str>, Vec<(&str, usize)>) {
+        let inputs = self
+            .inputs
+            .iter()
+            .map(|t| (t.name.as_str(), t.data.0.len()))
+            .collect();
+        (self.id.as_deref(), inputs)
+    }
+}
+
 pub(crate) type Body = Result<Bytes, BytesRejection>;
+
+/// When the request arrived (stamped by the server's outermost layer; now, when
+/// the router is called without it).
+type ArrivedAt = Option<axum::Extension<crate::arrival::Arrival>>;
+
+fn arrival(a: ArrivedAt) -> std::time::Instant {
+    a.map_or_else(std::time::Instant::now, |a| a.0 .0)
+}
 
 async fn infer(
     s: State<HttpState>,
     Path(model): Path<String>,
+    arrived: ArrivedAt,
     headers: HeaderMap,
     body: Body,
 ) -> HttpResult {
-    do_infer(s, model, String::new(), headers, body).await
+    do_infer(s, model, String::new(), (arrival(arrived), headers), body).await
 }
 async fn infer_v(
     s: State<HttpState>,
     Path((model, version)): Path<(String, String)>,
+    arrived: ArrivedAt,
     headers: HeaderMap,
     body: Body,
 ) -> HttpResult {
-    do_infer(s, model, version, headers, body).await
+    do_infer(s, model, version, (arrival(arrived), headers), body).await
 }
 
 async fn do_infer(
     State(s): State<HttpState>,
     model: String,
     version: String,
-    headers: HeaderMap,
+    (arrival, headers): (std::time::Instant, HeaderMap),
     body: Body,
 ) -> HttpResult {
     let body = body.map_err(|e| match e.status() {
@@ -311,11 +346,7 @@ async fn do_infer(
             None => RouterError::invalid(format!("request body: {e}")),
         },
     })?;
-    let req: InferRequestJson = serde_json::from_slice(&body).map_err(|e| {
-        RouterError::invalid(format!(
-            "request body is not a valid inference request: {e}"
-        ))
-    })?;
+    let req = parse_infer_body(&body)?;
     // Optional per-request timeout in milliseconds, the REST analogue of grpc-timeout.
     let timeout = headers
         .get("x-mesh-timeout-ms")
@@ -347,7 +378,7 @@ async fn do_infer(
                     .collect::<Result<Vec<_>, RouterError>>()?;
                 to_batch(&h.config, inputs)
             },
-            timeout,
+            (arrival, timeout),
         )
         .await?;
     let spec = h.config.output();

@@ -44,7 +44,10 @@ pub struct Core {
 
 impl Core {
     /// Resolves the version and runs the batch through its actors, recording the
-    /// request metrics. `timeout` is the caller's (already capped by `max_timeout`).
+    /// request metrics. The deadline counts from `arrival` (see [`crate::arrival`]):
+    /// the caller's `timeout`, else the model's default, capped by `max_timeout`. A
+    /// request already past it is refused before its inputs are decoded; an answer
+    /// ready after it is `DEADLINE_EXCEEDED`, never `ok`.
     pub async fn infer(
         &self,
         protocol: &'static str,
@@ -52,9 +55,9 @@ impl Core {
         version: Option<u64>,
         request_id: &str,
         make_batch: impl FnOnce(&VersionHandle) -> Result<Batch, RouterError>,
-        timeout: Option<Duration>,
+        (arrival, timeout): (Instant, Option<Duration>),
     ) -> Result<(Arc<VersionHandle>, Output), RouterError> {
-        let started = Instant::now();
+        let started = arrival;
         let mut validate = Duration::ZERO;
         // The id that logs and the prediction log share. Generated only when the caller
         // sent none and something will record it: the hot path stays allocation-free.
@@ -84,12 +87,17 @@ impl Core {
             }
             check_request_id(request_id)?;
             let handle = self.repo.get(model, version)?;
+            let deadline = crate::request::deadline(
+                arrival,
+                timeout,
+                handle.config.batching.default_timeout(),
+                self.limits.max_timeout,
+            );
+            crate::request::check_not_expired(arrival, deadline)?;
             let batch = make_batch(&handle)?;
             validate = started.elapsed();
-            let timeout = timeout
-                .unwrap_or_else(|| handle.config.batching.default_timeout())
-                .min(self.limits.max_timeout);
-            let out = handle.infer(batch, Some(started + timeout)).await?;
+            let out = handle.infer(batch, Some(deadline)).await?;
+            crate::request::check_in_time(arrival, deadline)?;
             Ok::<_, RouterError>((handle, out))
         }
         .instrument(span.clone())

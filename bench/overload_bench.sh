@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Overload: does the mesh keep answering usefully when offered more than it can do?
+# A compute-heavy model (bench/make_heavy_fraud.py: the fraud model's inputs, input
+# spec and thresholds, a 32-3072-3072-1 MLP on one runner thread) so that the model,
+# not the transport, saturates. For ModelInfer and Decide, each request with a 50 ms
+# deadline (grpc-timeout, counted from when it was due): the saturation throughput
+# (closed loop, 16 callers (two batches: one running, one waiting) and no deadline
+# of the callers' own, so that no refusal comes back at once to be sent again: the
+# model answers per second), then open loop at 1x, 2x and 4x of
+# it. Useful answers are model answers (Decide: MODEL or PREVIOUS_VERSION) within
+# the deadline; "late" are answers of any status more than 5 ms past it. Prints one
+# table; raw JSON reports go to $OUT.
+#
+#   cargo build --release -p mesh --bin mesh
+#   bench/overload_bench.sh [path/to/mesh]
+#
+# MESH_BIN (or the first argument) is the mesh binary that sends the load; SERVER_BIN
+# (default: the same) is the one that serves, so an older build can be measured
+# with the same client. SECS (8) per run, DEADLINE_MS (50), MULTS ("1 2 4"),
+# TARGETS ("infer decide"), HIDDEN (3072: the model's width), PYTHON (python3 with
+# numpy). The prediction log is off (its cost is bench/plog_bench.sh's subject).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${1:-${MESH_BIN:-${CARGO_TARGET_DIR:-target}/release/mesh}}
+SERVER_BIN=${SERVER_BIN:-$BIN}
+OUT=${OUT:-$(mktemp -d)}
+SECS=${SECS:-8}
+DEADLINE_MS=${DEADLINE_MS:-50}
+MULTS=${MULTS:-1 2 4}
+TARGETS=${TARGETS:-infer decide}
+HIDDEN=${HIDDEN:-3072}
+PYTHON=${PYTHON:-python3}
+GRPC=${GRPC_PORT:-8501}
+HTTP=${HTTP_PORT:-8500}
+"$PYTHON" -c 'import numpy' 2>/dev/null || { echo "needs numpy: set PYTHON to a python3 that has it" >&2; exit 1; }
+[ -x "$BIN" ] || { echo "no mesh binary at $BIN (cargo build --release -p mesh --bin mesh)" >&2; exit 1; }
+pid=
+cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null || true; }
+trap cleanup EXIT
+wait_port() { for _ in $(seq 300); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.2; done; echo "port $1 never opened (see $OUT/serve.log)" >&2; exit 1; }
+
+mkdir -p "$OUT/models"
+"$PYTHON" bench/make_heavy_fraud.py "$OUT/models" "$HIDDEN"
+"$BIN" features demo --store "$OUT/features" --views examples/features/views.toml --cards 10000 --merchants 1000 >/dev/null
+# examples/mesh.toml with absolute paths, the heavy model deployed, no log, and a
+# per-try timeout that spans the decision's budget less the fallback reserve (a
+# batch of this model takes a good part of the example's 20 ms).
+sed -e "s#^models = .*#models = \"$OUT/models\"#" \
+    -e "s#^views = .*#views = \"$PWD/examples/features/views.toml\"#" \
+    -e "s#^path = .*#path = \"$OUT/features\"#" \
+    -e "s#^model = \"fraud_mlp\"#model = \"heavy_fraud\"#" \
+    -e "s#^deadline = .*#deadline = \"${DEADLINE_MS}ms\"#" \
+    -e "s#^per_try_timeout = .*#per_try_timeout = \"$((DEADLINE_MS - 5))ms\"#" \
+    -e "s#grpc_port = 8001#grpc_port = $GRPC#" -e "s#http_port = 8000#http_port = $HTTP#" \
+    examples/mesh.toml | sed '/^\[prediction_log\]/,/^$/d' >"$OUT/mesh.toml"
+"$SERVER_BIN" serve --config "$OUT/mesh.toml" >"$OUT/serve.log" 2>&1 &
+pid=$!
+wait_port "$GRPC"
+
+bench() { # name target args...
+    local name=$1 target=$2
+    shift 2
+    "$BIN" bench --addr "http://127.0.0.1:$GRPC" --target "$target" --model heavy_fraud \
+        --json "$@" >"$OUT/$name.json" 2>"$OUT/$name.err"
+}
+# Model answers per second of a report: Infer's OK, Decide's MODEL and PREVIOUS_VERSION.
+answers() { "$PYTHON" -c "
+import json, sys
+r = json.load(open(sys.argv[1]))
+n = r['sources'].get('MODEL', 0) + r['sources'].get('PREVIOUS_VERSION', 0) if r['sources'] else r['codes'].get('OK', 0)
+print(n / r['seconds'])" "$1"; }
+
+for target in $TARGETS; do
+    bench "$target-warmup" "$target" --concurrency 8 --seconds 2
+    bench "$target-saturation" "$target" --concurrency 16 --seconds "$SECS"
+    sat=$(answers "$OUT/$target-saturation.json")
+    echo "$sat" >"$OUT/$target-saturation.rate"
+    for m in $MULTS; do
+        rate=$("$PYTHON" -c "print(max(1, round($sat * $m)))")
+        bench "$target-${m}x" "$target" --rate "$rate" --concurrency 64 --seconds "$SECS" --deadline-ms "$DEADLINE_MS"
+        curl -s "http://127.0.0.1:$HTTP/metrics" >"$OUT/$target-${m}x.metrics" || true
+    done
+done
+
+"$PYTHON" - "$OUT" "$TARGETS" "$MULTS" <<'PY'
+import json, sys
+out, targets, mults = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
+print(f"{'run':<18}{'offered/s':>10}{'useful/s':>10}{'of sat':>8}{'p50 us':>9}{'p99 us':>9}{'max us':>9}{'late':>6}  statuses (Decide: sources)")
+for t in targets:
+    s = float(open(f"{out}/{t}-saturation.rate").read())
+    for name in ["saturation"] + [f"{m}x" for m in mults]:
+        r = json.load(open(f"{out}/{t}-{name}.json"))
+        # The saturation run has no deadline: its useful answers are its model answers.
+        u = r.get("useful") or {"per_second": s, "late": 0}
+        offered = r["requests"] / r["seconds"]
+        rest = dict(r["codes"])
+        if r["sources"]:
+            rest.update({f"src:{k}": v for k, v in r["sources"].items()})
+        print(f"{t + ' ' + name:<18}{offered:>10.0f}{u['per_second']:>10.0f}{u['per_second'] / s:>8.0%}"
+              f"{r['p50_us']:>9}{r['p99_us']:>9}{r['max_us']:>9}{u['late']:>6}  {rest}")
+print(f"saturation: closed loop, 16 callers, no deadline; the rest: open loop, deadline {json.load(open(f'{out}/{targets[0]}-1x.json'))['useful']['deadline_ms']} ms; raw reports in {out}")
+PY
