@@ -265,6 +265,10 @@ fn the_redis_backend_keys_parse_and_refuse_what_cannot_work() {
             "redis_key_prefix",
         ),
         ("[features]\nbackend = \"memcached\"\n", "memcached"),
+        (
+            "[features]\nbackend = \"redis\"\nredis_url = \"redis://h:1\"\nremote = \"http://h:2\"\n",
+            "not both",
+        ),
     ] {
         let e = MeshConfig::from_toml(text).unwrap_err().to_string();
         assert!(e.contains(says), "{text}: {e}");

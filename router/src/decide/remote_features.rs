@@ -322,8 +322,10 @@ mod tests {
         let missing = pb::FeatureStatus::NotFound as i32;
         let resp = pb::GetOnlineFeaturesResponse {
             columns: vec![column("card:f31", vec![present, missing], vec![0.25, 0.0])],
+            ..Default::default()
         };
         let r = lookup_from_proto(resp, 2, &["card:f31".into()]).unwrap();
+        assert_eq!(r.degraded, None);
         let c = r.column("card:f31").unwrap();
         assert_eq!(
             c.statuses,
@@ -334,8 +336,28 @@ mod tests {
         // A view's wildcard admits its columns.
         let resp = pb::GetOnlineFeaturesResponse {
             columns: vec![column("card:f31", vec![present], vec![1.0])],
+            ..Default::default()
         };
         assert!(lookup_from_proto(resp, 1, &["card:*".into()]).is_ok());
+        // A features role on Redis that missed its lookup budget: UNAVAILABLE, and
+        // the reason reaches every row.
+        let unavailable = pb::FeatureStatus::Unavailable as i32;
+        let resp = pb::GetOnlineFeaturesResponse {
+            columns: vec![column(
+                "card:f31",
+                vec![unavailable, present],
+                vec![0.0, 1.0],
+            )],
+            degraded_reason: "redis: no answer within the budget".into(),
+        };
+        let r = lookup_from_proto(resp, 2, &["card:f31".into()]).unwrap();
+        assert_eq!(
+            r.column("card:f31").unwrap().statuses,
+            [FeatureStatus::Unavailable, FeatureStatus::Present]
+        );
+        let d = r.degraded.unwrap();
+        assert_eq!(d.rows, [true, true]);
+        assert!(d.reason.starts_with("redis"), "{}", d.reason);
     }
 
     #[test]
@@ -370,7 +392,10 @@ mod tests {
         ];
         for (c, want) in cases {
             let e = lookup_from_proto(
-                pb::GetOnlineFeaturesResponse { columns: vec![c] },
+                pb::GetOnlineFeaturesResponse {
+                    columns: vec![c],
+                    ..Default::default()
+                },
                 2,
                 &asked,
             )
