@@ -33,14 +33,18 @@ pub mod status {
     pub const MISSING: &str = "MISSING";
     /// The feature store could not be read (no store, or the lookup failed): the default was used.
     pub const UNAVAILABLE: &str = "UNAVAILABLE";
+    /// A categorical value that is not one of the input spec entry's categories:
+    /// treated as missing (the entry's `on_missing`: its default, NaN, or no score).
+    pub const UNSEEN: &str = "UNSEEN";
     /// Every status the mesh writes.
-    pub const ALL: [&str; 6] = [
+    pub const ALL: [&str; 7] = [
         PRESENT,
         NOT_FOUND,
         NULL,
         OUTSIDE_MAX_AGE,
         MISSING,
         UNAVAILABLE,
+        UNSEEN,
     ];
 
     /// The one spelling of a status: logs written before statuses were upper case

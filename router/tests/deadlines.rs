@@ -403,6 +403,7 @@ async fn a_decision_past_its_deadline_is_not_an_answer() {
         None,
         Default::default(),
         Some(kept.clone() as Arc<dyn OutcomeSink>),
+        Arc::new(mesh_router::decide::discovery::SystemResolver),
     )
     .unwrap();
     // Arrived 80 ms ago with the default 50 ms budget: DEADLINE_EXCEEDED without

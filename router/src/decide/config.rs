@@ -26,7 +26,19 @@
 //!                               # replicas: an IP is one replica, a name one per address
 //! batch_score = { view = "fraud_scores", feature = "score" }
 //! max_defaulted_features = 4    # more defaulted features than this: not scored, falls back
+//!
+//! [[decisions.deployments]]     # canary and shadow may be other models, of any kind
+//! model = "fraud_lgbm"
+//! canary = { model = "fraud_xgb", weight = 0.2 }   # version: default the newest ready
+//! shadow = { model = "fraud_mlp", version = 1 }
 //! ```
+//!
+//! A canary or shadow that names another model (`model = "..."`) is decided with that
+//! model's own `[input_spec]` and `[decision]` thresholds: the one feature lookup of a
+//! request reads the features of every model of the deployment, the answer and the
+//! log name the model and version that answered, with its role, and the canary's
+//! fallbacks are that model's previous versions, then the deployment's batch score,
+//! the rules and the default. A request that pins a version is the primary model's.
 //!
 //! Old spellings of the deadline, still read with a deprecation notice:
 //! `[decisions] deadline_ms = 50` and `[decisions.stack] deadline = "50ms"`
@@ -278,14 +290,29 @@ fn default_score_feature() -> String {
     "score".to_owned()
 }
 
+/// A canary or shadow that is another model of the repository (any kind).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelArm {
+    pub model: String,
+    /// Default: the newest ready version.
+    pub version: Option<u64>,
+    /// The canary's share of traffic (1.0 for a shadow: it gets every copy).
+    pub weight: f64,
+}
+
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "RawDeployment")]
 pub struct Deployment {
     pub model: String,
     pub primary: Option<u64>,
+    /// A canary version of this model.
     pub canary: Option<Canary>,
+    /// A shadow version of this model.
     pub shadow: Option<u64>,
-    #[serde(default)]
+    /// A canary that is another model (`canary = { model = "...", weight = ... }`).
+    pub canary_model: Option<ModelArm>,
+    /// A shadow that is another model (`shadow = { model = "..." }`).
+    pub shadow_model: Option<ModelArm>,
     pub remote: Vec<String>,
     pub batch_score: Option<BatchScore>,
     /// Most features a decision may fill with the spec's defaults (unknown entity,
@@ -293,6 +320,117 @@ pub struct Deployment {
     /// be scored; past it the model is not called and the fallback chain answers.
     /// Default: no limit (every default is still named in the reasons and counted).
     pub max_defaulted_features: Option<usize>,
+}
+
+/// A deployment as written: `canary` and `shadow` may name another model.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDeployment {
+    model: String,
+    primary: Option<u64>,
+    canary: Option<RawCanary>,
+    shadow: Option<RawShadow>,
+    #[serde(default)]
+    remote: Vec<String>,
+    batch_score: Option<BatchScore>,
+    max_defaulted_features: Option<usize>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCanary {
+    model: Option<String>,
+    version: Option<u64>,
+    weight: f64,
+}
+
+#[derive(Deserialize)]
+#[serde(
+    untagged,
+    expecting = "a version number or { model = \"...\", version = N }"
+)]
+enum RawShadow {
+    Version(u64),
+    Arm(RawShadowArm),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawShadowArm {
+    model: Option<String>,
+    version: Option<u64>,
+}
+
+impl TryFrom<RawDeployment> for Deployment {
+    type Error = String;
+
+    fn try_from(d: RawDeployment) -> Result<Self, String> {
+        let other = |m: &Option<String>| m.as_ref().filter(|m| **m != d.model).cloned();
+        let (mut canary, mut canary_model) = (None, None);
+        if let Some(c) = d.canary {
+            match (other(&c.model), c.version) {
+                (Some(model), version) => {
+                    canary_model = Some(ModelArm {
+                        model,
+                        version,
+                        weight: c.weight,
+                    })
+                }
+                (None, Some(version)) => {
+                    canary = Some(Canary {
+                        version,
+                        weight: c.weight,
+                    })
+                }
+                (None, None) => {
+                    return Err(format!(
+                        "deployment '{}': a canary of the same model names its version (canary = {{ version = N, weight = W }})",
+                        d.model
+                    ))
+                }
+            }
+        }
+        let (mut shadow, mut shadow_model) = (None, None);
+        match d.shadow {
+            None => {}
+            Some(RawShadow::Version(v)) => shadow = Some(v),
+            Some(RawShadow::Arm(a)) => match (other(&a.model), a.version) {
+                (Some(model), version) => {
+                    shadow_model = Some(ModelArm {
+                        model,
+                        version,
+                        weight: 1.0,
+                    })
+                }
+                (None, Some(v)) => shadow = Some(v),
+                (None, None) => return Err(format!(
+                    "deployment '{}': a shadow of the same model names its version (shadow = N)",
+                    d.model
+                )),
+            },
+        }
+        Ok(Self {
+            model: d.model,
+            primary: d.primary,
+            canary,
+            shadow,
+            canary_model,
+            shadow_model,
+            remote: d.remote,
+            batch_score: d.batch_score,
+            max_defaulted_features: d.max_defaulted_features,
+        })
+    }
+}
+
+impl Deployment {
+    /// The models this deployment decides with: its own, then its other-model
+    /// canary and shadow.
+    pub fn models(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.model.as_str())
+            .chain(self.canary_model.as_ref().map(|a| a.model.as_str()))
+            .chain(self.shadow_model.as_ref().map(|a| a.model.as_str()))
+    }
 }
 
 impl DecisionsConfig {
@@ -313,6 +451,14 @@ impl DecisionsConfig {
         self.deployments.iter().find(|d| d.model == model)
     }
 
+    /// Whether a deployment decides with `model` (as its model, or its other-model
+    /// canary or shadow).
+    pub fn decides_with(&self, model: &str) -> bool {
+        self.deployments
+            .iter()
+            .any(|d| d.models().any(|m| m == model))
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         if self.deadline.is_zero() {
             return Err("[decisions] deadline must be more than 0".into());
@@ -321,11 +467,16 @@ impl DecisionsConfig {
             .validate()
             .map_err(|e| format!("[decisions.stack]: {e}"))?;
         for d in &self.deployments {
-            if let Some(c) = &d.canary {
-                if !(0.0..=1.0).contains(&c.weight) {
+            let weight = d
+                .canary
+                .as_ref()
+                .map(|c| c.weight)
+                .or(d.canary_model.as_ref().map(|a| a.weight));
+            if let Some(w) = weight {
+                if !(0.0..=1.0).contains(&w) {
                     return Err(format!(
-                        "deployment '{}': canary weight {} is not within 0..=1",
-                        d.model, c.weight
+                        "deployment '{}': canary weight {w} is not within 0..=1",
+                        d.model
                     ));
                 }
             }

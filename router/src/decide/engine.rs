@@ -16,6 +16,7 @@ use metrics::counter;
 use parking_lot::Mutex;
 use tower::ServiceExt;
 
+use super::arms::Arms;
 use super::cache::VersionCache;
 use super::config::DecisionsConfig;
 use super::discovery::{self, Discovery, ReplicaMaker, Resolve, Target};
@@ -119,7 +120,7 @@ pub fn check_model(
 ) -> Result<(), String> {
     let spec = DecisionSpec::from_model(config)?;
     let Some(spec) = spec else {
-        if cfg.deployment(&config.name).is_some() {
+        if cfg.decides_with(&config.name) {
             return Err(format!(
                 "model '{}' is in [[decisions.deployments]] but its model.toml has no [input_spec], so it cannot take decisions",
                 config.name
@@ -253,9 +254,9 @@ impl Engine {
     /// the repository before they are swapped in.
     pub fn check_specs(&self) -> Result<(), RouterError> {
         for d in &self.cfg.deployments {
-            if self.repo.model(&d.model).is_err() {
+            if let Some(m) = d.models().find(|m| self.repo.model(m).is_err()) {
                 return Err(RouterError::InvalidArgument(format!(
-                    "[[decisions.deployments]] model = \"{}\": no such model in the repository ({})",
+                    "[[decisions.deployments]] model = \"{}\": no model '{m}' in the repository ({})",
                     d.model,
                     self.repo.root().display()
                 )));
@@ -464,18 +465,22 @@ impl Engine {
             ..Timings::default()
         };
 
+        let arms = self.arms(model);
         let t0 = Instant::now();
         // The lookup may use the time the model call would have: a remote store
         // that does not answer by then leaves the fallback reserve untouched.
         let until = fallback::model_call_deadline(deadline, budget);
-        let lookup = stages::lookup(self.features.as_deref(), &spec, &items, until).await?;
+        let lookup_spec = arms.lookup_spec(&spec);
+        let lookup_spec = lookup_spec.as_ref().unwrap_or(&spec);
+        let lookup = stages::lookup(self.features.as_deref(), lookup_spec, &items, until).await?;
         shared.features = us(t0.elapsed());
 
         let futs = items.iter().enumerate().map(|(i, it)| {
-            let (spec, lookup) = (&spec, lookup.as_ref());
+            let (spec, lookup, arms) = (&spec, lookup.as_ref(), &arms);
             async move {
-                let mut o = self.decide_one(it, i, model, lookup, deadline, spec).await;
-                o.model.clone_from(model);
+                let mut o = self
+                    .decide_one(it, i, model, lookup, deadline, (spec, arms))
+                    .await;
                 o.timings.validate = shared.validate;
                 o.timings.features = shared.features;
                 o.timings.total = us(arrival.elapsed());
@@ -494,8 +499,31 @@ impl Engine {
         Ok(outcomes)
     }
 
-    /// Item `i` from preprocess to postprocess: route, build the row, score it
-    /// (model, then previous versions), else the batch score; then the rules.
+    /// The other-model canary and shadow of `model`'s deployment, with their specs
+    /// (an arm whose model is not served, or has no usable spec, is left out: the
+    /// primary answers those requests).
+    fn arms(&self, model: &str) -> Arms {
+        let Some(d) = self.cfg.deployment(model) else {
+            return Arms::default();
+        };
+        let with_spec = |a: &super::config::ModelArm| {
+            let served = self.repo.model(&a.model).ok()?;
+            Some((a.clone(), self.spec(&served.config).ok()?))
+        };
+        Arms {
+            canary: d.canary_model.as_ref().and_then(with_spec),
+            shadow: d.shadow_model.as_ref().and_then(with_spec),
+        }
+    }
+
+    /// The version of `model` an arm names, or its newest ready one.
+    fn arm_version(&self, model: &str, version: Option<u64>) -> Option<u64> {
+        self.repo.get(model, version).ok().map(|h| h.version)
+    }
+
+    /// Item `i` from preprocess to postprocess: route (to the deployment's model or
+    /// its other-model canary), build the row, score it (model, then previous
+    /// versions), else the batch score; then the rules.
     async fn decide_one(
         &self,
         it: &Item<'_>,
@@ -503,13 +531,28 @@ impl Engine {
         model: &str,
         lookup: Option<&LookupResponse>,
         deadline: Instant,
-        spec: &DecisionSpec,
+        (spec, arms): (&DecisionSpec, &Arms),
     ) -> Outcome {
         let deployment = self.cfg.deployment(model);
-        let newest = self.repo.get(model, None).ok().map(|h| h.version);
-        let ready = |v| self.repo.get(model, Some(v)).is_ok();
-        let (version, role) =
-            fallback::route(deployment, it.pinned, newest, ready, rand::random::<f64>);
+        let canary = arms
+            .canary_for(it.pinned, rand::random::<f64>)
+            .and_then(|(a, s)| {
+                Some((
+                    a.model.as_str(),
+                    s.as_ref(),
+                    self.arm_version(&a.model, a.version)?,
+                ))
+            });
+        let (model, spec, version, role) = match canary {
+            Some((m, s, v)) => (m, s, Some(v), Role::Canary),
+            None => {
+                let newest = self.repo.get(model, None).ok().map(|h| h.version);
+                let ready = |v| self.repo.get(model, Some(v)).is_ok();
+                let (version, role) =
+                    fallback::route(deployment, it.pinned, newest, ready, rand::random::<f64>);
+                (model, spec, version, role)
+            }
+        };
         let mut o = Outcome::new(it.req, model, role, self.cfg.default_decision);
 
         let t_pre = Instant::now();
@@ -523,8 +566,13 @@ impl Engine {
                 match stages::note_defaults(&mut o, limit) {
                     Ok(()) => {
                         let route = (version, role);
-                        self.score(it, model, route, Arc::new(row), deadline, &mut o.reasons)
-                            .await
+                        let a = self
+                            .score(it, model, route, Arc::new(row), deadline, &mut o.reasons)
+                            .await;
+                        if role == Role::Primary && it.pinned.is_none() {
+                            self.shadow_model(it, i, lookup, arms);
+                        }
+                        a
                     }
                     Err(refusal) => {
                         o.reasons.push(format!("not scored: {refusal}"));
@@ -590,6 +638,27 @@ impl Engine {
         else {
             return;
         };
+        self.send_shadow(it, model, version, row);
+    }
+
+    /// Sends a copy to the deployment's other-model shadow: its own row, built with
+    /// its own spec from the same lookup. A row its spec refuses is not sent.
+    fn shadow_model(&self, it: &Item<'_>, i: usize, lookup: Option<&LookupResponse>, arms: &Arms) {
+        let Some((arm, spec)) = &arms.shadow else {
+            return;
+        };
+        let Some(version) = self.arm_version(&arm.model, arm.version) else {
+            return;
+        };
+        match stages::preprocess(spec, it, lookup, i) {
+            Ok((row, _)) => self.send_shadow(it, &arm.model, version, &Arc::new(row)),
+            Err(refusal) => {
+                tracing::debug!(request_id = %it.req.request_id, model = %arm.model, %refusal, "shadow not sent")
+            }
+        }
+    }
+
+    fn send_shadow(&self, it: &Item<'_>, model: &str, version: u64, row: &Arc<Vec<f32>>) {
         let Some(me) = self.me.upgrade() else { return };
         let shadow = Shadow {
             request_id: it.req.request_id.clone(),

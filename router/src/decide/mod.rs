@@ -9,6 +9,7 @@
 //! ([`feature_source`]: this process's store, or a features role through
 //! [`remote_features`]) and the model-call stacks (kept in [`cache`]; remote
 //! replica names are resolved by [`discovery`]).
+pub mod arms;
 pub mod cache;
 pub mod config;
 pub mod discovery;

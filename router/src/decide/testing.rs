@@ -73,6 +73,7 @@ pub fn entry(source: Source, on_missing: OnMissing) -> Entry {
         default: -1.0,
         on_missing,
         one_hot: None,
+        categories: None,
     }
 }
 
@@ -95,6 +96,7 @@ pub fn spec() -> DecisionSpec {
         },
         store_features: vec!["card:f31".into()],
         views: BTreeSet::from(["card".to_owned()]),
+        columns: Default::default(),
     }
 }
 
