@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use mesh_feature_store::service::FeatureStoreService;
-use mesh_feature_store::{FeatureStore, Limits as FsLimits, ViewsConfig};
+use mesh_feature_store::{FeatureStore, Limits as FsLimits, StoreOptions, ViewsConfig};
 use mesh_proto::mesh::v1::decisions_server::DecisionsServer;
 
 use crate::admin::Admin;
@@ -135,20 +135,30 @@ pub async fn start(cfg: &ServerConfig) -> Result<Running, RouterError> {
     .await
 }
 
-/// Opens the feature store of `[features]`, if configured. A database sled cannot
-/// open fails the start with the store's own explanation.
+/// Opens the feature store of `[features]`, if configured: sled at `path`, or
+/// Redis (`backend = "redis"`). A database sled cannot open, or a Redis that
+/// cannot be reached, fails the start with the store's own explanation.
 pub async fn open_store(cfg: &FeaturesConfig) -> Result<Option<Arc<FeatureStore>>, RouterError> {
-    let Some(path) = cfg.path.clone() else {
+    if !cfg.configured() {
         return Ok(None);
-    };
+    }
+    let redis = cfg.redis_options().map_err(RouterError::InvalidArgument)?;
     let views_path = cfg.views.clone().ok_or_else(|| {
         RouterError::InvalidArgument(
-            "[features] path is set but views (the views file) is not".into(),
+            "[features] has a store (path or backend = \"redis\") but views (the views file) is not set"
+                .into(),
         )
     })?;
+    let path = cfg.path.clone();
     let store = tokio::task::spawn_blocking(move || {
         let views = ViewsConfig::from_path(&views_path)?;
-        FeatureStore::open(&path, &views)
+        match (redis, path) {
+            (Some(r), _) => FeatureStore::open_redis(&views, r, StoreOptions::default()),
+            (None, Some(path)) => FeatureStore::open(&path, &views),
+            (None, None) => Err(mesh_feature_store::FeatureStoreError::Config {
+                what: "no store configured".into(),
+            }),
+        }
     })
     .await
     .map_err(|e| startup("opening the feature store", e))?

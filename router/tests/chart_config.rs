@@ -58,7 +58,10 @@ fn every_golden_mesh_toml_is_accepted_by_the_mesh() {
         match MeshConfig::from_toml(&text) {
             Ok(cfg) => {
                 if !cfg.deprecations.is_empty() {
-                    failures.push(format!("{name}: deprecated spellings {:?}", cfg.deprecations));
+                    failures.push(format!(
+                        "{name}: deprecated spellings {:?}",
+                        cfg.deprecations
+                    ));
                 }
                 if let Err(e) = cfg.decisions.validate() {
                     failures.push(format!("{name}: [decisions]: {e}"));

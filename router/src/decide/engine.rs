@@ -633,6 +633,7 @@ impl Engine {
 
         let t_pre = Instant::now();
         let row = stages::preprocess(spec, it, lookup, i);
+        stages::note_degraded(&mut o, lookup, i);
         o.timings.preprocess = us(t_pre.elapsed());
         let limit = deployment.and_then(|d| d.max_defaulted_features);
         let answered = match row {

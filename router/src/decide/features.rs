@@ -64,6 +64,7 @@ fn status_str(s: FeatureStatus) -> &'static str {
         FeatureStatus::NotFound => status::NOT_FOUND,
         FeatureStatus::Null => status::NULL,
         FeatureStatus::OutsideMaxAge => status::OUTSIDE_MAX_AGE,
+        FeatureStatus::Unavailable => status::UNAVAILABLE,
     }
 }
 

@@ -8,8 +8,8 @@
 use std::time::{Duration, Instant};
 
 use mesh_feature_store::{
-    ColumnValues, FeatureColumn, FeatureInfo, FeatureStatus, FeatureType, KeyColumn, KeyType,
-    LookupRequest, LookupResponse, ViewInfo,
+    ColumnValues, Degraded, FeatureColumn, FeatureInfo, FeatureStatus, FeatureType, KeyColumn,
+    KeyType, LookupRequest, LookupResponse, ViewInfo,
 };
 use mesh_proto::mesh::v1 as pb;
 use pb::feature_store_client::FeatureStoreClient;
@@ -141,6 +141,7 @@ fn feature_status(s: i32) -> Result<FeatureStatus, String> {
         Ok(pb::FeatureStatus::NotFound) => FeatureStatus::NotFound,
         Ok(pb::FeatureStatus::Null) => FeatureStatus::Null,
         Ok(pb::FeatureStatus::OutsideMaxAge) => FeatureStatus::OutsideMaxAge,
+        Ok(pb::FeatureStatus::Unavailable) => FeatureStatus::Unavailable,
         _ => return Err(format!("unknown feature status {s}")),
     })
 }
@@ -213,6 +214,13 @@ pub fn lookup_from_proto(
     rows: usize,
     asked: &[String],
 ) -> Result<LookupResponse, String> {
+    // A features role on Redis that could not answer some entities in time says so
+    // (UNAVAILABLE statuses, cached values as OUTSIDE_MAX_AGE, and this reason);
+    // the proto does not say which rows, so every row carries the reason.
+    let degraded = (!resp.degraded_reason.is_empty()).then(|| Degraded {
+        reason: resp.degraded_reason.clone(),
+        rows: vec![true; rows],
+    });
     let mut columns = Vec::with_capacity(resp.columns.len());
     for c in resp.columns {
         let wildcard = c
@@ -258,7 +266,11 @@ pub fn lookup_from_proto(
             values,
         });
     }
-    Ok(LookupResponse { rows, columns })
+    Ok(LookupResponse {
+        rows,
+        columns,
+        degraded,
+    })
 }
 
 fn values_len(v: &ColumnValues) -> usize {
@@ -310,8 +322,10 @@ mod tests {
         let missing = pb::FeatureStatus::NotFound as i32;
         let resp = pb::GetOnlineFeaturesResponse {
             columns: vec![column("card:f31", vec![present, missing], vec![0.25, 0.0])],
+            ..Default::default()
         };
         let r = lookup_from_proto(resp, 2, &["card:f31".into()]).unwrap();
+        assert_eq!(r.degraded, None);
         let c = r.column("card:f31").unwrap();
         assert_eq!(
             c.statuses,
@@ -322,8 +336,28 @@ mod tests {
         // A view's wildcard admits its columns.
         let resp = pb::GetOnlineFeaturesResponse {
             columns: vec![column("card:f31", vec![present], vec![1.0])],
+            ..Default::default()
         };
         assert!(lookup_from_proto(resp, 1, &["card:*".into()]).is_ok());
+        // A features role on Redis that missed its lookup budget: UNAVAILABLE, and
+        // the reason reaches every row.
+        let unavailable = pb::FeatureStatus::Unavailable as i32;
+        let resp = pb::GetOnlineFeaturesResponse {
+            columns: vec![column(
+                "card:f31",
+                vec![unavailable, present],
+                vec![0.0, 1.0],
+            )],
+            degraded_reason: "redis: no answer within the budget".into(),
+        };
+        let r = lookup_from_proto(resp, 2, &["card:f31".into()]).unwrap();
+        assert_eq!(
+            r.column("card:f31").unwrap().statuses,
+            [FeatureStatus::Unavailable, FeatureStatus::Present]
+        );
+        let d = r.degraded.unwrap();
+        assert_eq!(d.rows, [true, true]);
+        assert!(d.reason.starts_with("redis"), "{}", d.reason);
     }
 
     #[test]
@@ -358,7 +392,10 @@ mod tests {
         ];
         for (c, want) in cases {
             let e = lookup_from_proto(
-                pb::GetOnlineFeaturesResponse { columns: vec![c] },
+                pb::GetOnlineFeaturesResponse {
+                    columns: vec![c],
+                    ..Default::default()
+                },
                 2,
                 &asked,
             )

@@ -185,6 +185,18 @@ pub fn preprocess(
     build_row(spec, &req_features, lookup, i)
 }
 
+/// Stage 3, after the row is built: when the store's backend (Redis) did not
+/// answer this item's entities within its lookup budget, the reason says so (its
+/// values came from the cache as OUTSIDE_MAX_AGE, or are UNAVAILABLE; the
+/// defaults they took are named by [`note_defaults`]).
+pub fn note_degraded(o: &mut Outcome, lookup: Option<&LookupResponse>, i: usize) {
+    if let Some(d) = lookup.and_then(|l| l.degraded.as_ref()) {
+        if d.rows.get(i).copied().unwrap_or(false) {
+            o.reasons.push(format!("features degraded: {}", d.reason));
+        }
+    }
+}
+
 /// Stage 3, after the row is built: the features that took the spec's default
 /// (unknown entity, null, stale, a failed lookup, a request feature not sent) are
 /// named in the reasons, grouped by view and status, and counted per view

@@ -291,7 +291,11 @@ impl InferRequestJson {
     /// The request's id, its inputs' names and element counts (for servers that only
     /// look at the request).
     pub fn summary(&self) -> (Option<&str>, Vec<(&str, usize)>) {
-        let inputs = self.inputs.iter().map(|t| (t.name.as_str(), t.data.0.len())).collect();
+        let inputs = self
+            .inputs
+            .iter()
+            .map(|t| (t.name.as_str(), t.data.0.len()))
+            .collect();
         (self.id.as_deref(), inputs)
     }
 }
