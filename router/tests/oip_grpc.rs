@@ -208,7 +208,11 @@ async fn model_infer_reproduces_the_reference_and_rejects_bad_input() {
         .unwrap()
         .into_inner();
     // One entry per served version; version 2 answered everything.
-    let versions: Vec<&str> = stats.model_stats.iter().map(|s| s.version.as_str()).collect();
+    let versions: Vec<&str> = stats
+        .model_stats
+        .iter()
+        .map(|s| s.version.as_str())
+        .collect();
     assert_eq!(versions, ["1", "2"]);
     let s = &stats.model_stats[1];
     assert!(s.inference_count >= 3000, "{}", s.inference_count);

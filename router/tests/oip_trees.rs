@@ -141,7 +141,11 @@ async fn tree_models_over_model_infer_reproduce_the_libraries() {
         // What the columns take, as parameters (mesh bench builds its rows from them).
         let param = |k: &str| mc.parameters.get(k).map(|p| p.string_value.as_str());
         assert_eq!(param("categorical_columns"), Some("32,33"));
-        let missing = if name == "fraud_xgb" { "4,9,20,32,33" } else { "4,9,20" };
+        let missing = if name == "fraud_xgb" {
+            "4,9,20,32,33"
+        } else {
+            "4,9,20"
+        };
         assert_eq!(param("missing_columns"), Some(missing));
         let meta = c
             .model_metadata(pb::ModelMetadataRequest {

@@ -403,10 +403,12 @@ impl TryFrom<RawDeployment> for Deployment {
                     })
                 }
                 (None, Some(v)) => shadow = Some(v),
-                (None, None) => return Err(format!(
+                (None, None) => {
+                    return Err(format!(
                     "deployment '{}': a shadow of the same model names its version (shadow = N)",
                     d.model
-                )),
+                ))
+                }
             },
         }
         Ok(Self {

@@ -299,9 +299,8 @@ mod tests {
 
     #[test]
     fn unseen_refused_and_values_that_are_not_codes_are_refused() {
-        let s = spec(
-            "source = \"request:country\"\ncategories = [\"US\"]\non_missing = \"refuse\"",
-        );
+        let s =
+            spec("source = \"request:country\"\ncategories = [\"US\"]\non_missing = \"refuse\"");
         let e = build(&s, &[("a", 1.0)], &[("country", "FR")]).unwrap_err();
         assert_eq!(e, "request:country is UNSEEN");
         let e = build(&s, &[("a", 1.0)], &[]).unwrap_err();

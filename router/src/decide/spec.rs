@@ -668,7 +668,8 @@ mod tests {
 
     #[test]
     fn nan_and_codes_are_checked_against_the_model_columns() {
-        let codes = "source = \"request:country\"\ncategories = [\"US\", \"GB\"]\non_missing = \"refuse\"";
+        let codes =
+            "source = \"request:country\"\ncategories = [\"US\", \"GB\"]\non_missing = \"refuse\"";
         let nan = "source = \"card:b\"\non_missing = \"nan\"";
         let s = DecisionSpec::from_model(&tree_model(&four(nan, codes)))
             .unwrap()
@@ -685,17 +686,27 @@ mod tests {
             DecisionSpec::from_model(&tree_model(&four(second, fourth))).unwrap_err()
         };
         // NaN where the model does not accept missing values.
-        let e = bad("source = \"card:b\"", "source = \"request:d\"\non_missing = \"nan\"");
+        let e = bad(
+            "source = \"card:b\"",
+            "source = \"request:d\"\non_missing = \"nan\"",
+        );
         assert!(
-            e.starts_with("[input_spec].features[3] (request:d): on_missing = \"nan\" sends NaN to column 3")
-                && e.contains("[trees] missing"),
+            e.starts_with(
+                "[input_spec].features[3] (request:d): on_missing = \"nan\" sends NaN to column 3"
+            ) && e.contains("[trees] missing"),
             "{e}"
         );
         // A categorical column with transforms, a fraction, or a default that is no code.
         for (fourth, needle) in [
-            ("source = \"request:mcc\"\ntransforms = [\"log1p\"]", "is categorical"),
+            (
+                "source = \"request:mcc\"\ntransforms = [\"log1p\"]",
+                "is categorical",
+            ),
             ("source = \"const:2.5\"", "is categorical"),
-            ("source = \"request:mcc\"\ndefault = -1.0", "not an integer code"),
+            (
+                "source = \"request:mcc\"\ndefault = -1.0",
+                "not an integer code",
+            ),
         ] {
             let e = bad(nan, fourth);
             assert!(e.contains(needle), "{fourth}: {e}");
