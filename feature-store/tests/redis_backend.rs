@@ -16,14 +16,18 @@ use mesh_feature_store::{
     RedisTarget, StoreOptions,
 };
 
+/// A store on `server`; the lookup budget is generous (tests about semantics must
+/// never see a degraded answer on a loaded machine) unless `tune` sets it.
 fn server_store(server: &RedisServer, tune: impl FnOnce(&mut RedisOptions)) -> FeatureStore {
     let mut o = RedisOptions::new(RedisTarget::Server(server.url()));
+    o.lookup_budget = Duration::from_secs(10);
     tune(&mut o);
     FeatureStore::open_redis(&views(), o, StoreOptions::default()).unwrap()
 }
 
 fn cluster_store(cluster: &RedisCluster, tune: impl FnOnce(&mut RedisOptions)) -> FeatureStore {
     let mut o = RedisOptions::new(RedisTarget::Cluster(cluster.urls()));
+    o.lookup_budget = Duration::from_secs(10);
     tune(&mut o);
     FeatureStore::open_redis(&views(), o, StoreOptions::default()).unwrap()
 }

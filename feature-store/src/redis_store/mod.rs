@@ -105,7 +105,14 @@ impl RedisOptions {
             RedisTarget::Cluster(us) => us,
         };
         for u in urls {
-            if !(u.starts_with("redis://") || u.starts_with("rediss://")) {
+            if u.starts_with("rediss://") {
+                return Err(format!(
+                    "redis address {:?}: TLS to Redis (rediss://) is not built in; use \
+                     redis:// on a trusted network",
+                    redact(u)
+                ));
+            }
+            if !u.starts_with("redis://") {
                 return Err(format!(
                     "redis address {:?} must be a redis:// URL",
                     redact(u)
@@ -627,6 +634,9 @@ mod tests {
         bad.target = RedisTarget::Server("http://x:secret@h".into());
         let e = bad.validate().unwrap_err();
         assert!(!e.contains("secret"), "{e}");
+        let mut bad = ok.clone();
+        bad.target = RedisTarget::Server("rediss://h:1".into());
+        assert!(bad.validate().unwrap_err().contains("not built in"));
         let mut bad = ok;
         bad.lookup_budget = Duration::ZERO;
         assert!(bad.validate().unwrap_err().contains("lookup_budget"));
