@@ -413,7 +413,7 @@ async fn replicas_by_name_follow_the_names_addresses() {
     ]))));
     let cfg = router_config(
         dir.path(),
-        500,
+        2000,
         &format!(
             "resolve_interval = \"100ms\"\n[decisions.stack]\nper_try_timeout = \"250ms\"\n[[decisions.deployments]]\nmodel = \"fraud_mlp\"\nremote = [\"http://models.mesh.test:{port}\"]\n"
         ),
