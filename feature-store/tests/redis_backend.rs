@@ -346,7 +346,9 @@ async fn killing_a_master_during_lookups_keeps_every_answer_within_the_budget() 
             .await
             .unwrap();
     }
-    let margin = Duration::from_millis(100);
+    // Generous: the bound is "never waits on the dead master" (its connect timeout is
+    // seconds), not a latency figure; a loaded 2-core CI machine took 142 ms once.
+    let margin = Duration::from_millis(400);
     let stop = Instant::now() + Duration::from_secs(4);
     let killed_at = Instant::now() + Duration::from_millis(500);
     let mut killed = false;
