@@ -60,6 +60,11 @@ pub enum FeatureStoreError {
     #[error("storage error: {0}")]
     Storage(#[from] sled::Error),
 
+    /// The Redis backend could not be reached or answered with an error (a write
+    /// or a startup step; lookups degrade instead, see `LookupResponse::degraded`).
+    #[error("feature store backend (redis): {0}")]
+    Backend(String),
+
     #[error("ingest of {path}: {what}")]
     Ingest { path: PathBuf, what: String },
 
@@ -110,9 +115,9 @@ impl From<FeatureStoreError> for tonic::Status {
             FeatureStoreError::Config { .. }
             | FeatureStoreError::RegistryConflict { .. }
             | FeatureStoreError::Open { .. } => Status::failed_precondition(msg),
-            FeatureStoreError::Storage(_) | FeatureStoreError::Io { .. } => {
-                Status::unavailable(msg)
-            }
+            FeatureStoreError::Storage(_)
+            | FeatureStoreError::Io { .. }
+            | FeatureStoreError::Backend(_) => Status::unavailable(msg),
             FeatureStoreError::Decode { .. }
             | FeatureStoreError::Ingest { .. }
             | FeatureStoreError::Internal(_) => Status::internal(msg),

@@ -1,7 +1,9 @@
-//! Online feature store of inference-mesh, on sled.
+//! Online feature store of inference-mesh, on sled (embedded, the default) or on
+//! Redis (one server or a Redis Cluster, with an in-process cache in front).
 //!
 //! - [`ViewsConfig`]: entities and feature views from a TOML file.
-//! - [`FeatureStore`]: opens the sled database, records the views, answers batched
+//! - [`FeatureStore`]: opens the backend ([`FeatureStore::open`] for sled,
+//!   [`FeatureStore::open_redis`] for Redis), records the views, answers batched
 //!   lookups ([`FeatureStore::get_online_features`]) with a status per value and
 //!   freshness enforced, and takes writes ([`FeatureStore::push`]) under the
 //!   event-time rule with a per-call [`Durability`].
@@ -10,6 +12,7 @@
 //!
 //! Data model, key layout, encoding, durability and rebuilding: see README.md.
 
+mod cache;
 pub mod config;
 mod demo;
 pub mod encoding;
@@ -17,8 +20,10 @@ pub mod error;
 pub mod ingest;
 mod lookup;
 pub mod metrics;
+mod redis_store;
 mod registry;
 pub mod service;
+mod sled_store;
 mod store;
 mod types;
 
@@ -31,7 +36,12 @@ pub use ingest::{
     ingest_file, ingest_file_observed, parse_timestamp_in, read_file_observed, BatchCommitted,
     IngestOptions, IngestReport, ProgressUnit,
 };
-pub use lookup::{ColumnValues, FeatureColumn, KeyColumn, LookupRequest, LookupResponse};
+pub use lookup::{ColumnValues, Degraded, FeatureColumn, KeyColumn, LookupRequest, LookupResponse};
+pub use redis_store::{
+    RedisOptions, RedisTarget, DEFAULT_CACHE_MAX_AGE, DEFAULT_CACHE_MAX_BYTES,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_LOOKUP_BUDGET, DEFAULT_WRITE_TIMEOUT,
+    WRITE_SCRIPT,
+};
 pub use registry::{FeatureInfo, ViewInfo};
 pub use store::{
     FeatureStore, FetchStrategy, Limits, StoreOptions, WriteReport, MAX_STRING_KEY_BYTES,

@@ -1,17 +1,18 @@
 //! Batched online lookups: many entity rows, one or more views, one answer column
 //! per requested feature, every value with a status and its event time.
 //!
-//! Freshness is enforced here, at read time: a row whose event time is older than
-//! its view's `max_age` is reported as `OutsideMaxAge` (with its values, for
-//! diagnosis), never as `Present`.
+//! Freshness is enforced here, at read time, for both backends: a row whose event
+//! time is older than its view's `max_age` is reported as `OutsideMaxAge` (with its
+//! values, for diagnosis), never as `Present`. The Redis path (cache, budget,
+//! fallback) is in `redis_store/lookup.rs`; it shares the plan and the filling.
 use std::time::Instant;
 
 use crate::encoding::{self, FieldRef};
 use crate::error::{FeatureStoreError, Result};
 use crate::metrics as m;
 use crate::registry::ViewInfo;
-use crate::store::{validate_key, FeatureStore, FetchStrategy, Inner, Limits};
-use crate::types::{now_micros, EntityKey, FeatureStatus, FeatureType, Micros};
+use crate::store::{validate_key, Backend, FeatureStore, FetchStrategy, Inner, Limits};
+use crate::types::{now_micros, EntityKey, FeatureStatus, FeatureType, Micros, Value};
 
 /// One column of entity keys.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,6 +37,15 @@ impl KeyColumn {
         match self {
             KeyColumn::Int64(v) => EntityKey::Int64(v[i]),
             KeyColumn::String(v) => EntityKey::String(v[i].clone()),
+        }
+    }
+
+    /// Key `i`, borrowed (the Redis key layout).
+    pub(crate) fn key_ref(&self, i: usize) -> crate::redis_store::keys::KeyRef<'_> {
+        use crate::redis_store::keys::KeyRef;
+        match self {
+            KeyColumn::Int64(v) => KeyRef::Int(v[i]),
+            KeyColumn::String(v) => KeyRef::Str(&v[i]),
         }
     }
 
@@ -85,7 +95,7 @@ pub enum ColumnValues {
 }
 
 impl ColumnValues {
-    fn defaults(dtype: FeatureType, n: usize) -> Self {
+    pub(crate) fn defaults(dtype: FeatureType, n: usize) -> Self {
         match dtype {
             FeatureType::F32 => ColumnValues::F32(vec![0.0; n]),
             FeatureType::F64 => ColumnValues::F64(vec![0.0; n]),
@@ -105,6 +115,20 @@ impl ColumnValues {
             (ColumnValues::Bool(v), FieldRef::Bool(x)) => v[i] = x,
             (ColumnValues::String(v), FieldRef::String(s)) => v[i] = s.to_owned(),
             (ColumnValues::F32Vector(v), FieldRef::F32Vector(b)) => v[i] = encoding::f32s(b),
+            _ => return false,
+        }
+        true
+    }
+
+    /// Sets slot `i` from a decoded value; false if its type does not match.
+    fn set_value(&mut self, i: usize, val: &Value) -> bool {
+        match (self, val) {
+            (ColumnValues::F32(v), Value::F32(x)) => v[i] = *x,
+            (ColumnValues::F64(v), Value::F64(x)) => v[i] = *x,
+            (ColumnValues::I64(v), Value::I64(x)) => v[i] = *x,
+            (ColumnValues::Bool(v), Value::Bool(x)) => v[i] = *x,
+            (ColumnValues::String(v), Value::String(s)) => v[i].clone_from(s),
+            (ColumnValues::F32Vector(v), Value::F32Vector(xs)) => v[i].clone_from(xs),
             _ => return false,
         }
         true
@@ -140,6 +164,20 @@ pub struct FeatureColumn {
 pub struct LookupResponse {
     pub rows: usize,
     pub columns: Vec<FeatureColumn>,
+    /// Set when the backend (Redis) did not answer some entity rows within the
+    /// lookup budget: those rows hold cached values as `OutsideMaxAge`, or
+    /// `Unavailable`. `None` for a complete answer (always, on sled).
+    pub degraded: Option<Degraded>,
+}
+
+/// Which rows of a lookup the backend failed to answer, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Degraded {
+    /// For the decision's reasons and the log, e.g. `redis: no answer within the
+    /// budget (20ms); 3 entity rows from the cache as OUTSIDE_MAX_AGE, 1 unavailable`.
+    pub reason: String,
+    /// Per request row: whether any of its values came from the fallback.
+    pub rows: Vec<bool>,
 }
 
 impl LookupResponse {
@@ -148,21 +186,21 @@ impl LookupResponse {
     }
 }
 
-/// The validated form of a request: which sled reads answer which columns.
-struct Plan {
-    rows: usize,
-    columns: Vec<(String, FeatureType)>,
-    groups: Vec<Group>,
+/// The validated form of a request: which reads answer which columns.
+pub(crate) struct Plan {
+    pub(crate) rows: usize,
+    pub(crate) columns: Vec<(String, FeatureType)>,
+    pub(crate) groups: Vec<Group>,
 }
 
-struct Group {
-    view: usize,
+pub(crate) struct Group {
+    pub(crate) view: usize,
     /// Index into the request's entity columns.
-    key_column: usize,
+    pub(crate) key_column: usize,
     /// Output column per stored feature id (`None`: not requested).
     column_by_id: Vec<Option<usize>>,
     /// Output columns this view fills.
-    columns: Vec<usize>,
+    pub(crate) columns: Vec<usize>,
 }
 
 impl FeatureStore {
@@ -184,6 +222,11 @@ impl FeatureStore {
         let plan = plan(&self.inner, &req, limits)?;
         let keys = plan.rows * plan.groups.len();
         let now = now_micros();
+        if let Backend::Redis(r) = &self.inner.backend {
+            let resp = crate::redis_store::lookup::lookup(&self.inner, r, &req, &plan, now).await?;
+            finish(&self.inner, &plan, &resp, start.elapsed(), keys);
+            return Ok(resp);
+        }
         let chunks = match self.inner.options.fetch {
             FetchStrategy::Parallel { tasks, min_keys } if keys >= min_keys && plan.rows > 1 => {
                 tasks.get().min(plan.rows)
@@ -228,7 +271,16 @@ impl FeatureStore {
     ) -> Result<LookupResponse> {
         let start = Instant::now();
         let plan = plan(&self.inner, req, &self.inner.options.limits)?;
-        let resp = fetch(&self.inner, req, &plan, 0..plan.rows, now)?;
+        let resp = match &self.inner.backend {
+            Backend::Sled(_) => fetch(&self.inner, req, &plan, 0..plan.rows, now)?,
+            Backend::Redis(r) => r.block_on(crate::redis_store::lookup::lookup(
+                &self.inner,
+                r,
+                req,
+                &plan,
+                now,
+            ))?,
+        };
         finish(
             &self.inner,
             &plan,
@@ -249,7 +301,7 @@ fn finish(
 ) {
     m::record_lookup(elapsed, keys);
     for g in &plan.groups {
-        let mut counts = [0u64; 4];
+        let mut counts = [0u64; 5];
         for &c in &g.columns {
             for s in &resp.columns[c].statuses {
                 counts[s.index()] += 1;
@@ -409,18 +461,13 @@ fn fetch(
     range: std::ops::Range<usize>,
     now: Micros,
 ) -> Result<LookupResponse> {
+    let Backend::Sled(sled) = &inner.backend else {
+        return Err(FeatureStoreError::Internal(
+            "sled fetch on another backend".into(),
+        ));
+    };
     let n = range.len();
-    let mut cols: Vec<FeatureColumn> = plan
-        .columns
-        .iter()
-        .map(|(name, dtype)| FeatureColumn {
-            name: name.clone(),
-            dtype: *dtype,
-            statuses: vec![FeatureStatus::NotFound; n],
-            event_times: vec![0; n],
-            values: ColumnValues::defaults(*dtype, n),
-        })
-        .collect();
+    let mut cols = empty_columns(plan, n);
     let mut keybuf: Vec<u8> = Vec::with_capacity(n * 16);
     let mut offsets: Vec<(usize, usize)> = Vec::with_capacity(n);
     let mut scratch = Vec::with_capacity(32);
@@ -444,27 +491,98 @@ fn fetch(
         });
         for &i in &order {
             let (o, l) = offsets[i];
-            let Some(bytes) = inner.rows.get(&keybuf[o..o + l])? else {
+            let Some(bytes) = sled.rows.get(&keybuf[o..o + l])? else {
                 continue;
             };
             fill_row(v, g, &mut cols, i, &bytes, now)?;
         }
-        // Columns asked for twice: copy from the first column of the same feature.
-        for &c in &g.columns {
-            if let Some(first) = first_column_for(g, &plan.columns, c) {
-                if first != c {
-                    cols[c] = FeatureColumn {
-                        name: cols[c].name.clone(),
-                        ..cols[first].clone()
-                    };
-                }
-            }
-        }
+        copy_duplicates(plan, g, &mut cols);
     }
     Ok(LookupResponse {
         rows: n,
         columns: cols,
+        degraded: None,
     })
+}
+
+/// The answer columns of `plan` for `n` rows, every value `NotFound`.
+pub(crate) fn empty_columns(plan: &Plan, n: usize) -> Vec<FeatureColumn> {
+    plan.columns
+        .iter()
+        .map(|(name, dtype)| FeatureColumn {
+            name: name.clone(),
+            dtype: *dtype,
+            statuses: vec![FeatureStatus::NotFound; n],
+            event_times: vec![0; n],
+            values: ColumnValues::defaults(*dtype, n),
+        })
+        .collect()
+}
+
+/// Columns asked for twice: copy from the first column of the same feature.
+pub(crate) fn copy_duplicates(plan: &Plan, g: &Group, cols: &mut [FeatureColumn]) {
+    for &c in &g.columns {
+        if let Some(first) = first_column_for(g, &plan.columns, c) {
+            if first != c {
+                cols[c] = FeatureColumn {
+                    name: cols[c].name.clone(),
+                    ..cols[first].clone()
+                };
+            }
+        }
+    }
+}
+
+/// Fills row `i` of the group's columns from a decoded row (the Redis path), by
+/// the same rules as [`fill_row`]; `stale` forces `OutsideMaxAge` (a row served
+/// from the cache because Redis failed).
+pub(crate) fn fill_decoded(
+    v: &ViewInfo,
+    g: &Group,
+    cols: &mut [FeatureColumn],
+    i: usize,
+    row: &crate::cache::DecodedRow,
+    now: Micros,
+    stale: bool,
+) -> Result<()> {
+    let stale = stale || now.saturating_sub(row.event_time) > v.max_age_micros();
+    for &c in &g.columns {
+        cols[c].statuses[i] = FeatureStatus::Null;
+        cols[c].event_times[i] = row.event_time;
+    }
+    let status = if stale {
+        FeatureStatus::OutsideMaxAge
+    } else {
+        FeatureStatus::Present
+    };
+    for (id, val) in &row.fields {
+        if let Some(Some(c)) = g.column_by_id.get(*id as usize) {
+            if !cols[*c].values.set_value(i, val) {
+                return Err(FeatureStoreError::Decode {
+                    view: v.name.clone(),
+                    what: format!(
+                        "feature id {id} stored as {}, registry says otherwise",
+                        val.feature_type()
+                    ),
+                });
+            }
+            cols[*c].statuses[i] = status;
+        }
+    }
+    if stale {
+        for &c in &g.columns {
+            cols[c].statuses[i] = FeatureStatus::OutsideMaxAge;
+        }
+    }
+    Ok(())
+}
+
+/// Marks row `i` of the group's columns `Unavailable`.
+pub(crate) fn mark_unavailable(g: &Group, cols: &mut [FeatureColumn], i: usize) {
+    for &c in &g.columns {
+        cols[c].statuses[i] = FeatureStatus::Unavailable;
+        cols[c].event_times[i] = 0;
+    }
 }
 
 /// Fills row `i` of the group's columns from one stored row: each value with its
@@ -536,6 +654,7 @@ fn concat(parts: Vec<LookupResponse>) -> LookupResponse {
         return LookupResponse {
             rows: 0,
             columns: Vec::new(),
+            degraded: None,
         };
     };
     for p in it {

@@ -17,6 +17,18 @@ pub const ROWS_SKIPPED_TOTAL: &str = "mesh_features_rows_skipped_older_total";
 pub const STORE_SIZE_BYTES: &str = "mesh_features_store_size_bytes";
 /// Counter: rows refused before anything was written, by `view`, `path`, `reason`.
 pub const ROWS_REFUSED_TOTAL: &str = "mesh_features_rows_refused_total";
+/// Counter (Redis): entity reads answered by the in-process cache (`result="hit"`)
+/// or sent to Redis (`result="miss"`).
+pub const CACHE_LOOKUPS_TOTAL: &str = "mesh_features_cache_lookups_total";
+/// Gauge (Redis): bytes the in-process cache holds (estimated).
+pub const CACHE_BYTES: &str = "mesh_features_cache_bytes";
+/// Counter (Redis): failed backend round trips, by `op` (`lookup`, `write`) and
+/// `reason` (`timeout`: past the lookup budget or write timeout; `error`).
+pub const BACKEND_FAILURES_TOTAL: &str = "mesh_features_backend_failures_total";
+/// Counter (Redis): entity rows of a lookup the backend did not answer in time,
+/// by `view` and `served` (`cache`: the cached row, as OUTSIDE_MAX_AGE;
+/// `unavailable`: nothing cached, UNAVAILABLE).
+pub const FALLBACK_ROWS_TOTAL: &str = "mesh_features_fallback_rows_total";
 
 /// Lookup latency: a cached sled read is a few µs and the aim for 100 keys is
 /// under 1 ms at p99, so the buckets are dense from 10 µs to 5 ms, with a tail to
@@ -50,7 +62,7 @@ pub(crate) fn record_lookup(elapsed: Duration, keys: usize) {
     metrics::histogram!(KEYS_PER_LOOKUP).record(keys as f64);
 }
 
-pub(crate) fn record_values(view: &str, counts: &[u64; 4]) {
+pub(crate) fn record_values(view: &str, counts: &[u64; 5]) {
     for status in FeatureStatus::ALL {
         let n = counts[status.index()];
         if n > 0 {
@@ -84,4 +96,28 @@ pub(crate) fn record_rows_refused(view: &str, path: &'static str, reason: &'stat
 
 pub(crate) fn record_store_size(bytes: u64) {
     metrics::gauge!(STORE_SIZE_BYTES).set(bytes as f64);
+}
+
+pub(crate) fn record_cache(hits: u64, misses: u64) {
+    if hits > 0 {
+        metrics::counter!(CACHE_LOOKUPS_TOTAL, "result" => "hit").increment(hits);
+    }
+    if misses > 0 {
+        metrics::counter!(CACHE_LOOKUPS_TOTAL, "result" => "miss").increment(misses);
+    }
+}
+
+pub(crate) fn record_cache_bytes(bytes: usize) {
+    metrics::gauge!(CACHE_BYTES).set(bytes as f64);
+}
+
+pub(crate) fn record_backend_failure(op: &'static str, reason: &'static str) {
+    metrics::counter!(BACKEND_FAILURES_TOTAL, "op" => op, "reason" => reason).increment(1);
+}
+
+pub(crate) fn record_fallback_rows(view: &str, served: &'static str, n: u64) {
+    if n > 0 {
+        metrics::counter!(FALLBACK_ROWS_TOTAL, "view" => view.to_owned(), "served" => served)
+            .increment(n);
+    }
 }

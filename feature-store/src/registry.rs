@@ -26,7 +26,7 @@ const KEY_ENCODING: &[u8] = b"encoding_version";
 const VIEW_KEY_PREFIX: &str = "view:";
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-struct RecordedFeature {
+pub(crate) struct RecordedFeature {
     id: u16,
     name: String,
     dtype: FeatureType,
@@ -34,7 +34,7 @@ struct RecordedFeature {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-struct RecordedView {
+pub(crate) struct RecordedView {
     id: u32,
     name: String,
     entity: String,
@@ -80,6 +80,17 @@ impl ViewInfo {
     }
 }
 
+/// What a store has recorded: every view it ever served, the next view id, and
+/// the value encoding it was written with. sled keeps it in the `registry` tree,
+/// Redis in one key (`<prefix>:registry`, JSON of this struct).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub(crate) struct Recorded {
+    /// `None` for a store never opened before.
+    pub encoding: Option<u8>,
+    pub next_view_id: u32,
+    pub views: Vec<RecordedView>,
+}
+
 /// Reconciles `config` with the registry in `db`, records the result, and returns
 /// the live views in the file's order.
 pub fn reconcile(
@@ -88,44 +99,75 @@ pub fn reconcile(
     path: &std::path::Path,
 ) -> Result<Vec<ViewInfo>> {
     let tree = db.open_tree(REGISTRY_TREE)?;
-    if let Some(v) = tree.get(KEY_ENCODING)? {
-        if v.as_ref() != [ENCODING_VERSION] {
+    let corrupt = |detail: String| FeatureStoreError::Open {
+        path: path.to_path_buf(),
+        kind: crate::error::OpenFailure::Corrupt,
+        detail,
+    };
+    let mut recorded = Recorded {
+        encoding: tree
+            .get(KEY_ENCODING)?
+            .map(|v| v.first().copied().unwrap_or(0)),
+        next_view_id: 1,
+        views: Vec::new(),
+    };
+    for item in tree.scan_prefix(VIEW_KEY_PREFIX.as_bytes()) {
+        let (k, v) = item?;
+        let rv: RecordedView = serde_json::from_slice(&v).map_err(|e| {
+            corrupt(format!(
+                "registry entry {:?} is unreadable: {e}",
+                String::from_utf8_lossy(&k)
+            ))
+        })?;
+        recorded.views.push(rv);
+    }
+    if let Some(v) = tree.get(KEY_NEXT_VIEW_ID)? {
+        recorded.next_view_id = u32::from_be_bytes(
+            v.as_ref()
+                .try_into()
+                .map_err(|_| corrupt("registry next_view_id is malformed".into()))?,
+        );
+    }
+    let (live, updated) = reconcile_records(recorded, config)?;
+
+    let mut batch = sled::Batch::default();
+    for rv in &updated.views {
+        let json =
+            serde_json::to_vec(rv).map_err(|e| FeatureStoreError::Internal(e.to_string()))?;
+        batch.insert(format!("{VIEW_KEY_PREFIX}{}", rv.name).as_bytes(), json);
+    }
+    batch.insert(KEY_NEXT_VIEW_ID, &updated.next_view_id.to_be_bytes());
+    batch.insert(KEY_ENCODING, &[ENCODING_VERSION]);
+    tree.apply_batch(batch)?;
+    tree.flush()?;
+    Ok(live)
+}
+
+/// The reconciliation itself, on any backend's record: the live views in the
+/// file's order, and the record to store back.
+pub(crate) fn reconcile_records(
+    recorded: Recorded,
+    config: &ViewsConfig,
+) -> Result<(Vec<ViewInfo>, Recorded)> {
+    if let Some(v) = recorded.encoding {
+        if v != ENCODING_VERSION {
             return Err(FeatureStoreError::RegistryConflict {
                 what: format!(
-                    "the store was written with value encoding {:?}, this build writes {ENCODING_VERSION}",
-                    v.as_ref()
+                    "the store was written with value encoding {v}, this build writes {ENCODING_VERSION}"
                 ),
             });
         }
     }
-    let mut recorded: HashMap<String, RecordedView> = HashMap::new();
-    for item in tree.scan_prefix(VIEW_KEY_PREFIX.as_bytes()) {
-        let (k, v) = item?;
-        let rv: RecordedView = serde_json::from_slice(&v).map_err(|e| FeatureStoreError::Open {
-            path: path.to_path_buf(),
-            kind: crate::error::OpenFailure::Corrupt,
-            detail: format!(
-                "registry entry {:?} is unreadable: {e}",
-                String::from_utf8_lossy(&k)
-            ),
-        })?;
-        recorded.insert(rv.name.clone(), rv);
-    }
-    let mut next_view_id = match tree.get(KEY_NEXT_VIEW_ID)? {
-        Some(v) => {
-            u32::from_be_bytes(v.as_ref().try_into().map_err(|_| FeatureStoreError::Open {
-                path: path.to_path_buf(),
-                kind: crate::error::OpenFailure::Corrupt,
-                detail: "registry next_view_id is malformed".into(),
-            })?)
-        }
-        None => 1,
-    };
-
+    let mut by_name: HashMap<String, RecordedView> = recorded
+        .views
+        .into_iter()
+        .map(|rv| (rv.name.clone(), rv))
+        .collect();
+    let mut next_view_id = recorded.next_view_id.max(1);
     let mut live = Vec::with_capacity(config.views.len());
     let mut updated: Vec<RecordedView> = Vec::new();
     for vc in &config.views {
-        let rv = match recorded.remove(&vc.name) {
+        let rv = match by_name.remove(&vc.name) {
             Some(old) => merge_view(old, vc, config)?,
             None => {
                 let id = next_view_id;
@@ -142,23 +184,21 @@ pub fn reconcile(
         updated.push(rv);
     }
     // Views no longer in the file stay recorded (their rows and ids are kept) but
-    // are not served.
-    for (_, mut rv) in recorded {
+    // are not served. Sorted so that the record is the same whatever the map's order.
+    let mut retired: Vec<RecordedView> = by_name.into_values().collect();
+    retired.sort_by(|a, b| a.name.cmp(&b.name));
+    for mut rv in retired {
         rv.retired = true;
         updated.push(rv);
     }
-
-    let mut batch = sled::Batch::default();
-    for rv in &updated {
-        let json =
-            serde_json::to_vec(rv).map_err(|e| FeatureStoreError::Internal(e.to_string()))?;
-        batch.insert(format!("{VIEW_KEY_PREFIX}{}", rv.name).as_bytes(), json);
-    }
-    batch.insert(KEY_NEXT_VIEW_ID, &next_view_id.to_be_bytes());
-    batch.insert(KEY_ENCODING, &[ENCODING_VERSION]);
-    tree.apply_batch(batch)?;
-    tree.flush()?;
-    Ok(live)
+    Ok((
+        live,
+        Recorded {
+            encoding: Some(ENCODING_VERSION),
+            next_view_id,
+            views: updated,
+        },
+    ))
 }
 
 fn entity_of<'a>(

@@ -87,10 +87,12 @@ fn status_to_proto(s: FeatureStatus) -> i32 {
         FeatureStatus::NotFound => pb::FeatureStatus::NotFound,
         FeatureStatus::Null => pb::FeatureStatus::Null,
         FeatureStatus::OutsideMaxAge => pb::FeatureStatus::OutsideMaxAge,
+        FeatureStatus::Unavailable => pb::FeatureStatus::Unavailable,
     }) as i32
 }
 
 pub(crate) fn lookup_to_proto(resp: LookupResponse) -> pb::GetOnlineFeaturesResponse {
+    let degraded_reason = resp.degraded.map(|d| d.reason).unwrap_or_default();
     let columns = resp
         .columns
         .into_iter()
@@ -118,7 +120,10 @@ pub(crate) fn lookup_to_proto(resp: LookupResponse) -> pb::GetOnlineFeaturesResp
             out
         })
         .collect();
-    pb::GetOnlineFeaturesResponse { columns }
+    pb::GetOnlineFeaturesResponse {
+        columns,
+        degraded_reason,
+    }
 }
 
 /// Turns a push into rows of `view`, checking names, types and keys; any error

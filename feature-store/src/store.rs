@@ -1,28 +1,27 @@
-//! `FeatureStore`: opening sled, the view registry, and the write path.
+//! `FeatureStore`: opening a backend (sled, the embedded default, or Redis), the
+//! view registry, and the write path shared by both.
 //!
-//! Reads live in `lookup.rs`; file ingest in `ingest/`. All writes go through
-//! [`FeatureStore::write_rows`], which enforces the event-time rule under one
-//! in-process write lock: sled allows one process per database (a lock file), so
-//! that lock serialises every writer and "read the stored event time, then write"
-//! cannot race with another writer.
+//! Reads live in `lookup.rs`; file ingest in `ingest/`; what differs per backend in
+//! `sled_store.rs` and `redis_store/`. All writes go through
+//! [`FeatureStore::write_rows`]: rows are validated, checked against the
+//! future-time horizon and encoded here, once, and then each backend applies the
+//! event-time rule atomically (sled under one in-process write lock, Redis in a
+//! script per entity).
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
-use std::panic::AssertUnwindSafe;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use parking_lot::Mutex;
-
 use crate::config::ViewsConfig;
-use crate::encoding::{self, decode_event_time, encode_key, encode_value};
-use crate::error::{FeatureStoreError, OpenFailure, Result};
+use crate::encoding::{self, encode_key, encode_value};
+use crate::error::{FeatureStoreError, Result};
 use crate::metrics as m;
-use crate::registry::{self, ViewInfo};
+use crate::redis_store::{RedisOptions, RedisStore};
+use crate::registry::ViewInfo;
+use crate::sled_store::SledStore;
 use crate::types::{Durability, EntityKey, KeyType, Micros, Row, Value};
 
-pub const ROWS_TREE: &str = "rows";
 /// Longest accepted string key, in bytes: keys are copied into every sled node
 /// they pass through, and no real join key comes near this.
 pub const MAX_STRING_KEY_BYTES: usize = 1024;
@@ -125,21 +124,24 @@ pub struct FeatureStore {
     pub(crate) inner: Arc<Inner>,
 }
 
+/// Where the rows live. Everything above it (validation, the event-time rule's
+/// inputs, lookup statuses, `max_age`, the gRPC service, ingest, push) is shared.
+pub(crate) enum Backend {
+    Sled(SledStore),
+    Redis(RedisStore),
+}
+
 pub(crate) struct Inner {
-    pub(crate) db: sled::Db,
-    pub(crate) rows: sled::Tree,
+    pub(crate) backend: Backend,
     pub(crate) views: Vec<ViewInfo>,
     by_name: HashMap<String, usize>,
-    pub(crate) path: PathBuf,
     pub(crate) options: StoreOptions,
-    write_lock: Mutex<()>,
-    last_size_report: AtomicI64,
 }
 
 impl std::fmt::Debug for FeatureStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FeatureStore")
-            .field("path", &self.inner.path)
+            .field("backend", &self.describe())
             .field(
                 "views",
                 &self.inner.views.iter().map(|v| &v.name).collect::<Vec<_>>(),
@@ -148,8 +150,9 @@ impl std::fmt::Debug for FeatureStore {
     }
 }
 
-/// One validated row of a write: encoded key, event time, encoded value.
-type EncodedRow = (Vec<u8>, Micros, Vec<u8>);
+/// One validated row of a write: encoded key (sled's layout: view id, key tag,
+/// key bytes), event time, encoded value.
+pub(crate) type EncodedRow = (Vec<u8>, Micros, Vec<u8>);
 
 impl FeatureStore {
     /// Opens (or creates) the store at `path` with default options and records the
@@ -163,34 +166,68 @@ impl FeatureStore {
         views: &ViewsConfig,
         options: StoreOptions,
     ) -> Result<Self> {
-        let path = path.as_ref().to_path_buf();
-        let db = open_sled(&path, &options)?;
-        let rows = db.open_tree(ROWS_TREE).map_err(|e| open_error(&path, e))?;
-        let views = registry::reconcile(&db, views, &path)?;
+        let (sled, live) = SledStore::open(path.as_ref(), views, &options)?;
+        let store = Self::from_parts(Backend::Sled(sled), live, options);
+        if let Backend::Sled(s) = &store.inner.backend {
+            s.report_size(true);
+        }
+        Ok(store)
+    }
+
+    /// Connects to Redis (one server or a cluster, see [`RedisOptions`]) and
+    /// records the views there. Blocking (bounded by `redis.connect_timeout`): call
+    /// it before serving, or in `spawn_blocking`. Lookups and pushes then never
+    /// block a thread on the network.
+    pub fn open_redis(
+        views: &ViewsConfig,
+        redis: RedisOptions,
+        options: StoreOptions,
+    ) -> Result<Self> {
+        let (r, live) = RedisStore::open(views, redis, options.limits.max_future_skew)?;
+        Ok(Self::from_parts(Backend::Redis(r), live, options))
+    }
+
+    fn from_parts(backend: Backend, views: Vec<ViewInfo>, options: StoreOptions) -> Self {
         let by_name = views
             .iter()
             .enumerate()
             .map(|(i, v)| (v.name.clone(), i))
             .collect();
-        tracing::info!(path = %path.display(), views = views.len(), "feature store opened");
         let store = FeatureStore {
             inner: Arc::new(Inner {
-                db,
-                rows,
+                backend,
                 views,
                 by_name,
-                path,
                 options,
-                write_lock: Mutex::new(()),
-                last_size_report: AtomicI64::new(i64::MIN),
             }),
         };
-        store.report_size(true);
-        Ok(store)
+        tracing::info!(backend = %store.describe(), views = store.inner.views.len(), "feature store opened");
+        store
     }
 
-    pub fn path(&self) -> &Path {
-        &self.inner.path
+    /// The backend in words: `sled at <path>`, `redis at <url>` or
+    /// `redis cluster at <urls>` (for logs; no credentials).
+    pub fn describe(&self) -> String {
+        match &self.inner.backend {
+            Backend::Sled(s) => format!("sled at {}", s.path.display()),
+            Backend::Redis(r) => r.describe(),
+        }
+    }
+
+    /// The sled directory; `None` for a Redis store.
+    pub fn path(&self) -> Option<&Path> {
+        match &self.inner.backend {
+            Backend::Sled(s) => Some(&s.path),
+            Backend::Redis(_) => None,
+        }
+    }
+
+    /// `"sled"` or `"redis"` (the metrics' `backend` label).
+    pub fn backend_name(&self) -> &'static str {
+        match &self.inner.backend {
+            Backend::Sled(_) => "sled",
+            Backend::Redis(_) => "redis",
+        }
     }
 
     pub fn options(&self) -> &StoreOptions {
@@ -228,14 +265,25 @@ impl FeatureStore {
         rows: Vec<Row>,
         durability: Durability,
     ) -> Result<WriteReport> {
-        let this = self.clone();
-        let view = view.to_owned();
         let start = Instant::now();
-        let out = tokio::task::spawn_blocking(move || {
-            this.write_rows_from(&view, &rows, durability, WritePath::Push)
-        })
-        .await
-        .map_err(|e| FeatureStoreError::Internal(format!("push task failed: {e}")))?;
+        let out = match &self.inner.backend {
+            Backend::Sled(_) => {
+                let this = self.clone();
+                let view = view.to_owned();
+                tokio::task::spawn_blocking(move || {
+                    this.write_rows_from(&view, &rows, durability, WritePath::Push)
+                })
+                .await
+                .map_err(|e| FeatureStoreError::Internal(format!("push task failed: {e}")))?
+            }
+            Backend::Redis(r) => {
+                let v = self.view(view)?;
+                let encoded = self.validate_and_encode(v, view, &rows, WritePath::Push)?;
+                let duplicates = (rows.len() - encoded.len()) as u64;
+                let report = r.write(v, encoded, duplicates, WritePath::Push).await;
+                self.after_write(view, WritePath::Push, report)
+            }
+        };
         m::record_push_latency(durability, start.elapsed());
         out
     }
@@ -252,45 +300,29 @@ impl FeatureStore {
         let v = self.view(view)?;
         let encoded = self.validate_and_encode(v, view, rows, path)?;
         let duplicates = (rows.len() - encoded.len()) as u64;
-
-        let mut report = WriteReport {
-            rows_skipped_older: duplicates,
-            ..Default::default()
+        let report = match &self.inner.backend {
+            Backend::Sled(s) => s.write(view, encoded, duplicates, durability),
+            Backend::Redis(r) => r.block_on(r.write(v, encoded, duplicates, path)),
         };
-        {
-            let _writer = self.inner.write_lock.lock();
-            let mut batch = sled::Batch::default();
-            for (key, event_time, value) in encoded {
-                if let Some(old) = self.inner.rows.get(&key)? {
-                    match decode_event_time(&old) {
-                        Ok(stored) if stored > event_time => {
-                            report.rows_skipped_older += 1;
-                            continue;
-                        }
-                        Ok(_) => {}
-                        // An undecodable stored value cannot be newer in any way we can
-                        // prove; replacing it with a good one repairs the key.
-                        Err(what) => {
-                            tracing::warn!(view, %what, "replacing undecodable stored value")
-                        }
-                    }
-                }
-                batch.insert(key, value);
-                report.rows_written += 1;
-            }
-            self.inner.rows.apply_batch(batch)?;
-        }
-        if durability == Durability::Sync {
-            self.inner.db.flush()?;
-            report.synced = true;
-        }
+        self.after_write(view, path, report)
+    }
+
+    fn after_write(
+        &self,
+        view: &str,
+        path: WritePath,
+        report: Result<WriteReport>,
+    ) -> Result<WriteReport> {
+        let report = report?;
         m::record_rows_written(
             view,
             path.as_str(),
             report.rows_written,
             report.rows_skipped_older,
         );
-        self.report_size(false);
+        if let Backend::Sled(s) = &self.inner.backend {
+            s.report_size(false);
+        }
         Ok(report)
     }
 
@@ -363,61 +395,64 @@ impl FeatureStore {
     }
 
     /// Forces everything written so far to disk (fsync). Returns bytes flushed.
+    /// A Redis store has nothing to flush here (its durability is the server's:
+    /// `appendonly`/`appendfsync`): 0.
     pub fn flush(&self) -> Result<usize> {
-        Ok(self.inner.db.flush()?)
+        match &self.inner.backend {
+            Backend::Sled(s) => Ok(s.db.flush()?),
+            Backend::Redis(_) => Ok(0),
+        }
     }
 
-    /// Reads one entity's stored row (all live features), ignoring freshness.
+    /// Reads one entity's stored row (all live features), ignoring freshness and
+    /// any cache. Blocking.
     pub fn read_row(&self, view: &str, key: &EntityKey) -> Result<Option<Row>> {
         let v = self.view(view)?;
-        let mut k = Vec::new();
-        encode_key(v.id, key, &mut k);
-        let Some(bytes) = self.inner.rows.get(&k)? else {
-            return Ok(None);
-        };
-        Ok(Some(decode_row(v, key.clone(), &bytes)?))
-    }
-
-    /// Every stored row of a view, in key order (a prefix scan). Blocking; meant for
-    /// checks, exports and tests, not for the serving path.
-    pub fn scan_view(&self, view: &str) -> Result<impl Iterator<Item = Result<Row>> + '_> {
-        let v = self.view(view)?;
-        Ok(self
-            .inner
-            .rows
-            .scan_prefix(encoding::view_prefix(v.id))
-            .map(move |item| {
-                let (k, bytes) = item?;
-                let (_, key) =
-                    encoding::decode_key(&k).ok_or_else(|| FeatureStoreError::Decode {
-                        view: v.name.clone(),
-                        what: "bad key".into(),
-                    })?;
-                decode_row(v, key, &bytes)
-            }))
-    }
-
-    /// Bytes the database takes on disk.
-    pub fn size_on_disk(&self) -> Result<u64> {
-        Ok(self.inner.db.size_on_disk()?)
-    }
-
-    // Walking the files costs a few syscalls; do it at most every 10 s.
-    fn report_size(&self, force: bool) {
-        let now = crate::types::now_micros();
-        let last = self.inner.last_size_report.load(Ordering::Relaxed);
-        if !force && now.saturating_sub(last) < 10_000_000 {
-            return;
-        }
-        if self
-            .inner
-            .last_size_report
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-        {
-            if let Ok(size) = self.inner.db.size_on_disk() {
-                m::record_store_size(size);
+        let bytes = match &self.inner.backend {
+            Backend::Sled(s) => {
+                let mut k = Vec::new();
+                encode_key(v.id, key, &mut k);
+                s.rows.get(&k)?.map(|b| b.to_vec())
             }
+            Backend::Redis(r) => r.block_on(r.read_one(v.id, key))?,
+        };
+        bytes.map(|b| decode_row(v, key.clone(), &b)).transpose()
+    }
+
+    /// Every stored row of a view, in key order for sled (a prefix scan), in no
+    /// particular order for Redis (SCAN on every master). Blocking; meant for
+    /// checks, exports and tests, not for the serving path.
+    pub fn scan_view(&self, view: &str) -> Result<Box<dyn Iterator<Item = Result<Row>> + '_>> {
+        let v = self.view(view)?;
+        match &self.inner.backend {
+            Backend::Sled(s) => Ok(Box::new(
+                s.rows
+                    .scan_prefix(encoding::view_prefix(v.id))
+                    .map(move |item| {
+                        let (k, bytes) = item?;
+                        let (_, key) =
+                            encoding::decode_key(&k).ok_or_else(|| FeatureStoreError::Decode {
+                                view: v.name.clone(),
+                                what: "bad key".into(),
+                            })?;
+                        decode_row(v, key, &bytes)
+                    }),
+            )),
+            Backend::Redis(r) => {
+                let rows = r.block_on(r.scan_view(v))?;
+                Ok(Box::new(
+                    rows.into_iter()
+                        .map(move |(key, bytes)| decode_row(v, key, &bytes)),
+                ))
+            }
+        }
+    }
+
+    /// Bytes the database takes on disk (sled); 0 for Redis.
+    pub fn size_on_disk(&self) -> Result<u64> {
+        match &self.inner.backend {
+            Backend::Sled(s) => Ok(s.db.size_on_disk()?),
+            Backend::Redis(_) => Ok(0),
         }
     }
 }
@@ -493,7 +528,7 @@ pub(crate) fn validate_key(v: &ViewInfo, key: &EntityKey) -> std::result::Result
     }
 }
 
-fn decode_row(v: &ViewInfo, key: EntityKey, bytes: &[u8]) -> Result<Row> {
+pub(crate) fn decode_row(v: &ViewInfo, key: EntityKey, bytes: &[u8]) -> Result<Row> {
     let mut values: Vec<Option<Value>> = vec![None; v.features.len()];
     let event_time = encoding::decode_value(bytes, |id, field| {
         if let Some(i) = v.features.iter().position(|f| f.id == id) {
@@ -509,47 +544,4 @@ fn decode_row(v: &ViewInfo, key: EntityKey, bytes: &[u8]) -> Result<Row> {
         event_time,
         values,
     })
-}
-
-fn open_sled(path: &Path, options: &StoreOptions) -> Result<sled::Db> {
-    let config = sled::Config::new()
-        .path(path)
-        .cache_capacity(options.cache_capacity_bytes)
-        .flush_every_ms(options.flush_every_ms);
-    // sled 0.34 can panic instead of returning an error on some damaged files; a
-    // start must fail with a message, never a panic.
-    match std::panic::catch_unwind(AssertUnwindSafe(|| config.open())) {
-        Ok(Ok(db)) => Ok(db),
-        Ok(Err(e)) => Err(open_error(path, e)),
-        Err(panic) => {
-            let detail = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                .unwrap_or_else(|| "sled panicked while recovering".into());
-            Err(FeatureStoreError::Open {
-                path: path.to_path_buf(),
-                kind: OpenFailure::Corrupt,
-                detail,
-            })
-        }
-    }
-}
-
-fn open_error(path: &Path, e: sled::Error) -> FeatureStoreError {
-    let detail = e.to_string();
-    let kind = match &e {
-        sled::Error::Io(io) if io.to_string().contains("could not acquire lock") => {
-            OpenFailure::LockHeld
-        }
-        sled::Error::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock => OpenFailure::LockHeld,
-        sled::Error::Corruption { .. } | sled::Error::ReportableBug(_) => OpenFailure::Corrupt,
-        sled::Error::Unsupported(_) => OpenFailure::Corrupt,
-        _ => OpenFailure::Io,
-    };
-    FeatureStoreError::Open {
-        path: path.to_path_buf(),
-        kind,
-        detail,
-    }
 }

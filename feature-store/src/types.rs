@@ -137,16 +137,22 @@ pub enum FeatureStatus {
     NotFound,
     /// The row exists but this feature has no value.
     Null,
-    /// The stored row is older than the view's `max_age`.
+    /// The stored row is older than the view's `max_age`, or (Redis) the backend
+    /// failed within the lookup budget and the value was served from the cache
+    /// (the response's `degraded` says so): never a live value.
     OutsideMaxAge,
+    /// (Redis) the backend failed within the lookup budget and the cache held
+    /// nothing for this entity: no value, not even a stale one.
+    Unavailable,
 }
 
 impl FeatureStatus {
-    pub const ALL: [FeatureStatus; 4] = [
+    pub const ALL: [FeatureStatus; 5] = [
         FeatureStatus::Present,
         FeatureStatus::NotFound,
         FeatureStatus::Null,
         FeatureStatus::OutsideMaxAge,
+        FeatureStatus::Unavailable,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -155,6 +161,7 @@ impl FeatureStatus {
             FeatureStatus::NotFound => "not_found",
             FeatureStatus::Null => "null",
             FeatureStatus::OutsideMaxAge => "outside_max_age",
+            FeatureStatus::Unavailable => "unavailable",
         }
     }
 
@@ -164,6 +171,7 @@ impl FeatureStatus {
             FeatureStatus::NotFound => 1,
             FeatureStatus::Null => 2,
             FeatureStatus::OutsideMaxAge => 3,
+            FeatureStatus::Unavailable => 4,
         }
     }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use common::*;
 use mesh_feature_store::{
-    ingest_file, EntityKey, FeatureStore, IngestOptions, TimestampUnit, Value, ViewsConfig,
+    ingest_file, EntityKey, IngestOptions, StoreOptions, TimestampUnit, Value, ViewsConfig,
 };
 
 fn repo_file(rel: &str) -> PathBuf {
@@ -34,11 +34,10 @@ fn readme_sample_csv() -> String {
 /// 2025-11-30T10:53:20Z in Unix microseconds.
 const T_2025: i64 = 1_764_500_000_000_000;
 
-#[test]
-fn readme_sample_csv_ingests_as_documented() {
-    let dir = tempfile::tempdir().unwrap();
+both_backends!(fn readme_sample_csv_ingests_as_documented(env) {
+    let dir = &env.dir;
     let views = ViewsConfig::from_path(repo_file("../examples/features/views.toml")).unwrap();
-    let store = FeatureStore::open(dir.path().join("db"), &views).unwrap();
+    let store = env.try_open(&views, StoreOptions::default()).unwrap();
     let path = dir.path().join("merchants.csv");
     std::fs::write(&path, readme_sample_csv()).unwrap();
     let r = ingest_file(&store, "merchant", &path, &IngestOptions::default()).unwrap();
@@ -82,7 +81,7 @@ fn readme_sample_csv_ingests_as_documented() {
     assert_eq!(m4.values[0], None, "NaN is null");
     assert_eq!(m4.values[4], None);
     assert_eq!(m4.values[5], Some(Value::Bool(false)), "0 is false");
-}
+});
 
 fn card_csv(dir: &tempfile::TempDir, ts: &str) -> PathBuf {
     let path = dir.path().join(format!("cards-{ts}.csv"));
@@ -97,11 +96,10 @@ fn card_csv(dir: &tempfile::TempDir, ts: &str) -> PathBuf {
     path
 }
 
-#[test]
-fn millisecond_timestamps_need_their_unit() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir);
-    let path = card_csv(&dir, "1764500000000");
+both_backends!(fn millisecond_timestamps_need_their_unit(env) {
+    let dir = &env.dir;
+    let store = env.open();
+    let path = card_csv(dir, "1764500000000");
 
     // Read as seconds (the default) it is ~year 57,900: refused by the future
     // horizon, nothing stored.
@@ -134,11 +132,11 @@ fn millisecond_timestamps_need_their_unit() {
         timestamp_unit: TimestampUnit::Micros,
         ..Default::default()
     };
-    ingest_file(&store, "card", card_csv(&dir, "1764500000000001"), &opts).unwrap();
+    ingest_file(&store, "card", card_csv(dir, "1764500000000001"), &opts).unwrap();
     ingest_file(
         &store,
         "card",
-        card_csv(&dir, "2025-11-30T10:53:20.000002Z"),
+        card_csv(dir, "2025-11-30T10:53:20.000002Z"),
         &opts,
     )
     .unwrap();
@@ -147,7 +145,7 @@ fn millisecond_timestamps_need_their_unit() {
         .unwrap()
         .unwrap();
     assert_eq!(row.event_time, T_2025 + 2);
-}
+});
 
 #[test]
 fn views_file_declares_the_timestamp_unit() {
@@ -185,12 +183,11 @@ fn views_file_declares_the_timestamp_unit() {
     assert!("sec".parse::<TimestampUnit>().is_err());
 }
 
-#[test]
-fn parquet_integer_and_float_timestamps_take_the_unit() {
+both_backends!(fn parquet_integer_and_float_timestamps_take_the_unit(env) {
     use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch};
 
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir);
+    let dir = &env.dir;
+    let store = env.open();
     let write = |name: &str, ts: ArrayRef| {
         let cols: Vec<(&str, ArrayRef)> = vec![
             (
@@ -245,4 +242,4 @@ fn parquet_integer_and_float_timestamps_take_the_unit() {
     );
     ingest_file(&store, "merchant", &secs, &IngestOptions::default()).unwrap();
     assert_eq!((t("a"), t("b")), (T_2025 + 1_500_000, T_2025 + 2_000_000));
-}
+});

@@ -9,10 +9,8 @@ use mesh_feature_store::{
     StoreOptions,
 };
 
-#[tokio::test]
-async fn present_missing_null_and_stale() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir);
+both_backends!(async fn present_missing_null_and_stale(env) {
+    let store = env.open();
     let t_fresh = fresh();
     let t_stale = t_fresh - 2 * HOUR_MICROS; // older than the 1h max_age
     let mut null_row = card_row(3, t_fresh, 7);
@@ -57,12 +55,10 @@ async fn present_missing_null_and_stale() {
         ]
     );
     assert_eq!(count.values, ColumnValues::I64(vec![22, 0, 11, 37]));
-}
+});
 
-#[tokio::test]
-async fn freshness_boundary_follows_max_age() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir);
+both_backends!(async fn freshness_boundary_follows_max_age(env) {
+    let store = env.open();
     let now = mesh_feature_store::now_micros();
     store
         .write_rows(
@@ -89,12 +85,10 @@ async fn freshness_boundary_follows_max_age() {
         resp.columns[0].statuses,
         vec![FeatureStatus::OutsideMaxAge; 2]
     );
-}
+});
 
-#[tokio::test]
-async fn all_types_two_views_and_wildcard() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir);
+both_backends!(async fn all_types_two_views_and_wildcard(env) {
+    let store = env.open();
     let t = fresh();
     store
         .write_rows("card", &[card_row(5, t, 3)], Durability::Buffered)
@@ -157,11 +151,9 @@ async fn all_types_two_views_and_wildcard() {
         col("merchant:rate").values,
         ColumnValues::F32(vec![0.5, 0.25])
     );
-}
+});
 
-#[tokio::test]
-async fn parallel_fetch_matches_key_order_fetch() {
-    let dir = tempfile::tempdir().unwrap();
+both_backends!(async fn parallel_fetch_matches_key_order_fetch(env) {
     let opts = StoreOptions {
         fetch: mesh_feature_store::FetchStrategy::Parallel {
             tasks: std::num::NonZeroUsize::new(3).unwrap(),
@@ -169,7 +161,7 @@ async fn parallel_fetch_matches_key_order_fetch() {
         },
         ..Default::default()
     };
-    let store = open_with(&dir, opts);
+    let store = env.open_with(opts);
     let t = fresh();
     let rows: Vec<_> = (0..200)
         .filter(|i| i % 3 != 0)
@@ -198,11 +190,9 @@ async fn parallel_fetch_matches_key_order_fetch() {
         };
         assert_eq!(counts[i], want, "key {k}");
     }
-}
+});
 
-#[tokio::test]
-async fn bad_requests_get_clear_errors() {
-    let dir = tempfile::tempdir().unwrap();
+both_backends!(async fn bad_requests_get_clear_errors(env) {
     let opts = StoreOptions {
         limits: Limits {
             max_keys_per_lookup: 10,
@@ -210,7 +200,7 @@ async fn bad_requests_get_clear_errors() {
         },
         ..Default::default()
     };
-    let store = open_with(&dir, opts);
+    let store = env.open_with(opts);
     let keys = |n: i64| KeyColumn::Int64((0..n).collect());
     let err = |req: LookupRequest| {
         let store = store.clone();
@@ -287,17 +277,15 @@ async fn bad_requests_get_clear_errors() {
         code(FeatureStoreError::InvalidArgument("x".into())),
         tonic::Code::InvalidArgument
     );
-}
+});
 
-#[tokio::test]
-async fn demo_generator_fills_the_example_views() {
-    let dir = tempfile::tempdir().unwrap();
+both_backends!(async fn demo_generator_fills_the_example_views(env) {
     let cfg = mesh_feature_store::ViewsConfig::from_path(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/examples/views.toml"
     ))
     .unwrap();
-    let store = mesh_feature_store::FeatureStore::open(dir.path().join("db"), &cfg).unwrap();
+    let store = env.try_open(&cfg, StoreOptions::default()).unwrap();
     let report = mesh_feature_store::generate_demo_features(&store, 1000, 50, 7).unwrap();
     assert_eq!((report.cards, report.merchants), (1000, 50));
     assert_eq!(store.scan_view("card").unwrap().count(), 1000);
@@ -329,4 +317,4 @@ async fn demo_generator_fills_the_example_views() {
         panic!("i64")
     };
     assert!(tiers.iter().all(|t| (0..4).contains(t)));
-}
+});

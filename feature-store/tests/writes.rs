@@ -10,7 +10,7 @@ use std::sync::Arc;
 use common::*;
 use mesh_feature_store::{
     ingest_file, Durability, EntityKey, FeatureStore, FeatureStoreError, IngestOptions,
-    OpenFailure, Row, Value, ViewsConfig,
+    OpenFailure, Row, StoreOptions, Value, ViewsConfig,
 };
 
 fn amount(store: &FeatureStore, id: i64) -> Option<(i64, Option<Value>)> {
@@ -20,10 +20,8 @@ fn amount(store: &FeatureStore, id: i64) -> Option<(i64, Option<Value>)> {
         .map(|r| (r.event_time, r.values[0].clone()))
 }
 
-#[test]
-fn push_never_overwrites_a_newer_row() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir);
+both_backends!(fn push_never_overwrites_a_newer_row(env) {
+    let store = env.open();
     let t = fresh();
     let w = store
         .write_rows("card", &[card_row(1, t, 4)], Durability::Buffered)
@@ -59,14 +57,12 @@ fn push_never_overwrites_a_newer_row() {
         .unwrap();
     assert_eq!((w.rows_written, w.rows_skipped_older), (1, 2));
     assert_eq!(amount(&store, 2), Some((t + 9, Some(Value::F32(4.0)))));
-}
+});
 
-#[tokio::test]
-async fn concurrent_pushes_keep_the_newest() {
+both_backends!(async fn concurrent_pushes_keep_the_newest(env) {
     // Many tasks push rows of the same keys with shuffled event times; whatever the
     // interleaving, each key ends with its newest row.
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(open(&dir));
+    let store = Arc::new(env.open());
     let t = fresh();
     let mut tasks = Vec::new();
     for w in 0..8i64 {
@@ -97,12 +93,10 @@ async fn concurrent_pushes_keep_the_newest() {
         assert_eq!(row.event_time, newest);
         assert_eq!(row.values[1], Some(Value::I64(k * 10 + (newest - t))));
     }
-}
+});
 
-#[test]
-fn a_rejected_batch_writes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir);
+both_backends!(fn a_rejected_batch_writes_nothing(env) {
+    let store = env.open();
     let t = fresh();
     let mut rows: Vec<Row> = (0..1000).map(|i| card_row(i, t, 1)).collect();
     rows[700].values[1] = Some(Value::F32(1.0)); // count is i64
@@ -126,7 +120,7 @@ fn a_rejected_batch_writes_nothing() {
         store.write_rows("nope", &rows, Durability::Sync),
         Err(FeatureStoreError::UnknownView(_))
     ));
-}
+});
 
 fn write_csv(path: &std::path::Path, rows: impl IntoIterator<Item = String>) {
     let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
@@ -140,10 +134,9 @@ fn write_csv(path: &std::path::Path, rows: impl IntoIterator<Item = String>) {
     }
 }
 
-#[test]
-fn csv_ingest_respects_event_time_and_stops_at_a_bad_row_between_batches() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir);
+both_backends!(fn csv_ingest_respects_event_time_and_stops_at_a_bad_row_between_batches(env) {
+    let dir = &env.dir;
+    let store = env.open();
     let t = fresh();
     // Stored first: key 1 newer than the file's, key 2 older.
     store
@@ -209,12 +202,11 @@ fn csv_ingest_respects_event_time_and_stops_at_a_bad_row_between_batches() {
     assert!(e.contains("line 16") && e.contains("count"), "{e}");
     assert!(amount(&store, 101).is_some() && amount(&store, 110).is_some());
     assert!((111..=120).all(|i| amount(&store, i).is_none()));
-}
+});
 
-#[test]
-fn csv_ingest_refuses_files_without_the_view_columns() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir);
+both_backends!(fn csv_ingest_refuses_files_without_the_view_columns(env) {
+    let dir = &env.dir;
+    let store = env.open();
     let path = dir.path().join("short.csv");
     std::fs::write(
         &path,
@@ -246,14 +238,12 @@ fn csv_ingest_refuses_files_without_the_view_columns() {
         .unwrap_err()
         .to_string()
         .contains("card_id"));
-}
+});
 
-#[test]
-fn adding_a_feature_needs_no_rewrite_and_type_changes_are_refused() {
-    let dir = tempfile::tempdir().unwrap();
+both_backends!(fn adding_a_feature_needs_no_rewrite_and_type_changes_are_refused(env) {
     let t = fresh();
     {
-        let store = open(&dir);
+        let store = env.open();
         store
             .write_rows("card", &[card_row(1, t, 2)], Durability::Sync)
             .unwrap();
@@ -265,7 +255,7 @@ fn adding_a_feature_needs_no_rewrite_and_type_changes_are_refused() {
     );
     let cfg = ViewsConfig::from_toml_str(&evolved).unwrap();
     {
-        let store = FeatureStore::open(dir.path().join("db"), &cfg).unwrap();
+        let store = env.try_open(&cfg, StoreOptions::default()).unwrap();
         let v = store.view("card").unwrap();
         let names: Vec<&str> = v.features.iter().map(|f| f.name.as_str()).collect();
         assert_eq!(
@@ -289,27 +279,29 @@ fn adding_a_feature_needs_no_rewrite_and_type_changes_are_refused() {
         "{ name = \"count\", type = \"i64\" }",
         "{ name = \"count\", type = \"f64\" }",
     );
-    let e = FeatureStore::open(
-        dir.path().join("db"),
-        &ViewsConfig::from_toml_str(&retyped).unwrap(),
-    )
-    .unwrap_err();
+    let e = env
+        .try_open(
+            &ViewsConfig::from_toml_str(&retyped).unwrap(),
+            StoreOptions::default(),
+        )
+        .unwrap_err();
     assert!(
         matches!(e, FeatureStoreError::RegistryConflict { .. }),
         "{e}"
     );
     assert!(e.to_string().contains("rebuild"), "{e}");
     let rekeyed = VIEWS.replacen("key_type = \"int64\"", "key_type = \"string\"", 1);
-    let e = FeatureStore::open(
-        dir.path().join("db"),
-        &ViewsConfig::from_toml_str(&rekeyed).unwrap(),
-    )
-    .unwrap_err();
+    let e = env
+        .try_open(
+            &ViewsConfig::from_toml_str(&rekeyed).unwrap(),
+            StoreOptions::default(),
+        )
+        .unwrap_err();
     assert!(
         matches!(e, FeatureStoreError::RegistryConflict { .. }),
         "{e}"
     );
-}
+});
 
 #[test]
 fn a_locked_store_fails_to_open_with_a_message() {
@@ -370,16 +362,15 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     out
 }
 
-#[test]
-fn parquet_ingest_reads_arrow_types_and_keeps_the_newest() {
+both_backends!(fn parquet_ingest_reads_arrow_types_and_keeps_the_newest(env) {
     use arrow_array::builder::{Float32Builder, ListBuilder};
     use arrow_array::{
         ArrayRef, BooleanArray, Float32Array, Float64Array, Int32Array, Int64Array, RecordBatch,
         StringArray, TimestampMicrosecondArray,
     };
 
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir);
+    let dir = &env.dir;
+    let store = env.open();
     let t = fresh();
     let n = 50i64;
     // Keys 0..50 then keys 0..50 again, the second time half older and half newer.
@@ -478,7 +469,7 @@ fn parquet_ingest_reads_arrow_types_and_keeps_the_newest() {
         assert_eq!(row.values[4], Some(Value::String(format!("k{src}"))));
         assert_eq!(row.values[5], Some(Value::F32Vector(vec![src as f32, 1.0])));
     }
-}
+});
 
 #[test]
 fn damaged_data_files_never_panic_on_open() {
@@ -523,10 +514,9 @@ fn damaged_data_files_never_panic_on_open() {
     }
 }
 
-#[test]
-fn future_event_times_are_refused_and_never_stored() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir);
+both_backends!(fn future_event_times_are_refused_and_never_stored(env) {
+    let dir = &env.dir;
+    let store = env.open();
     let now = mesh_feature_store::now_micros();
     let hour = 3_600_000_000i64;
     // A century ahead, an hour ahead (past the default 5 min skew), and the largest
@@ -575,4 +565,4 @@ fn future_event_times_are_refused_and_never_stored() {
         .to_string();
     assert!(e.contains("max_future_skew"), "{e}");
     assert_eq!(amount(&store, 21), None);
-}
+});

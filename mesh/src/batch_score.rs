@@ -76,7 +76,7 @@ pub async fn run(args: BatchScoreArgs) -> anyhow::Result<()> {
     let store = mesh_router::server::open_store(&FeaturesConfig {
         path: Some(args.store.clone()),
         views: Some(args.views.clone()),
-        max_keys_per_lookup: None,
+        ..FeaturesConfig::default()
     })
     .await?
     .context("no feature store")?;

@@ -301,6 +301,10 @@ pub struct ServeArgs {
     /// Feature views file [default: none; needed with --features].
     #[arg(long, env = "MESH_VIEWS")]
     pub views: Option<PathBuf>,
+    /// Read decisions' features from this `mesh serve --role features`
+    /// (http://host:port) instead of a store of this process [default: none].
+    #[arg(long, env = "MESH_FEATURES_REMOTE", conflicts_with = "features")]
+    pub features_remote: Option<String>,
 }
 
 impl ServeArgs {
@@ -338,6 +342,11 @@ impl ServeArgs {
         if let Some(v) = &self.views {
             c.features.views = Some(v.clone());
         }
+        if let Some(v) = &self.features_remote {
+            c.features.remote = Some(v.clone());
+        }
+        // Flags may have set both a store and a remote: checked again here.
+        c.features.validate().map_err(anyhow::Error::msg)?;
         Ok(c)
     }
 }
@@ -436,6 +445,11 @@ pub async fn run(command: Command, prepared: Prepared) -> anyhow::Result<()> {
 
 /// `mesh serve`: runs until Ctrl-C or SIGTERM, then drains and stops.
 async fn serve(config: MeshConfig) -> anyhow::Result<()> {
+    tracing::info!(
+        built_for = crate::cpu::built_for(),
+        cpu = crate::cpu::cpu_level(),
+        "CPU target"
+    );
     let mut running = mesh_router::server::start_mesh(&config).await?;
     println!(
         "mesh serving: grpc={} http={}",

@@ -6,6 +6,7 @@
 pub mod batch_score;
 pub mod bench;
 pub mod cli;
+pub mod cpu;
 pub mod decide;
 pub mod demo;
 pub mod features;

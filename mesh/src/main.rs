@@ -25,6 +25,11 @@ fn run() -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
+    // Before any code that the build may have compiled with AVX2 and friends runs.
+    if let Err(msg) = mesh::cpu::check() {
+        eprintln!("error: {msg}");
+        return ExitCode::FAILURE;
+    }
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

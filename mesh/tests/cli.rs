@@ -209,3 +209,41 @@ async fn decide_and_read_features_by_hand() {
 
     running.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_and_a_remote_features_role_together_are_refused() {
+    let (code, _, err) = mesh_cli(
+        args(&[
+            "serve",
+            "--features",
+            "db",
+            "--features-remote",
+            "http://127.0.0.1:9",
+        ]),
+        None,
+    )
+    .await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--features-remote"), "{err}");
+    // A file's path with the flag's remote: the same rule, said in one line.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("mesh.toml");
+    std::fs::write(&file, "[features]\npath = \"db\"\nviews = \"v.toml\"\n").unwrap();
+    let (code, _, err) = mesh_cli(
+        args(&[
+            "serve",
+            "--config",
+            file.to_str().unwrap(),
+            "--features-remote",
+            "http://127.0.0.1:9",
+        ]),
+        None,
+    )
+    .await;
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.starts_with("error: [features] path and remote"),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+}

@@ -104,6 +104,9 @@ use serde::Deserialize;
 
 use crate::error::ModelError;
 
+/// The largest category code a categorical column takes (codes are 0 to this).
+pub use mesh_trees::MAX_CATEGORY;
+
 /// Upper bounds on the sizes a `model.toml` may ask for, checked when it is parsed,
 /// so that a bad file (a typo, or a hostile one) is refused with a message instead
 /// of making a load allocate without limit. Each is far above what a fraud model
@@ -352,19 +355,28 @@ impl ColumnRules {
         }
         for (r, row) in data.chunks_exact(cols).enumerate() {
             for (c, (&x, &f)) in row.iter().zip(&self.flags).enumerate() {
-                let ok = if x.is_nan() {
-                    f & Self::MISSING != 0
-                } else if f & Self::CATEGORICAL != 0 {
-                    x >= 0.0 && x.fract() == 0.0 && x <= mesh_trees::MAX_CATEGORY as f32
-                } else {
-                    x.is_finite()
-                };
-                if !ok {
+                if !Self::accepts_flags(f, x) {
                     return Err(self.refusal(r * cols + c, cols, x, f));
                 }
             }
         }
         Ok(())
+    }
+
+    /// Whether column `c` accepts `x` (the rule [`ColumnRules::check`] applies to
+    /// every value).
+    pub fn accepts(&self, c: usize, x: f32) -> bool {
+        Self::accepts_flags(self.column(c), x)
+    }
+
+    fn accepts_flags(f: u8, x: f32) -> bool {
+        if x.is_nan() {
+            f & Self::MISSING != 0
+        } else if f & Self::CATEGORICAL != 0 {
+            x >= 0.0 && x.fract() == 0.0 && x <= mesh_trees::MAX_CATEGORY as f32
+        } else {
+            x.is_finite()
+        }
     }
 
     fn refusal(&self, i: usize, cols: usize, x: f32, flags: u8) -> String {

@@ -10,10 +10,21 @@ use std::time::Duration;
 
 use mesh_model_actor::{ActorSystem, Batch, ModelError, ModelRepository};
 
+/// The example fraud_mlp with version 1 only, and the policy `latest = 1` (the
+/// example serves two versions; these tests watch one window move).
 fn copy_repo(dst: &Path) {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/models/fraud_mlp");
     std::fs::create_dir_all(dst.join("fraud_mlp/1")).unwrap();
-    std::fs::copy(src.join("model.toml"), dst.join("fraud_mlp/model.toml")).unwrap();
+    let toml = std::fs::read_to_string(src.join("model.toml")).unwrap();
+    assert!(
+        toml.contains("latest = 2"),
+        "the example's version policy moved"
+    );
+    std::fs::write(
+        dst.join("fraud_mlp/model.toml"),
+        toml.replacen("latest = 2", "latest = 1", 1),
+    )
+    .unwrap();
     std::fs::copy(
         reference_dir().join("fraud_mlp.safetensors"),
         dst.join("fraud_mlp/1/model.safetensors"),

@@ -15,7 +15,7 @@ fn record(i: u64, features: usize) -> PredictionRecord {
     r.features = Some(
         (0..features)
             .map(|f| FeatureUsed {
-                name: format!("feature_{f}"),
+                name: format!("feature_{f}").into(),
                 value: Some(i as f64 * 0.25),
                 status: "PRESENT".into(),
                 event_time_us: Some(r.ts_us - 1_000_000),

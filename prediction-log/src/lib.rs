@@ -16,12 +16,14 @@
 //! ```
 //! See README.md for the file layout, the schema, the loss window and the DuckDB join.
 
+mod codec;
 pub mod commands;
 mod config;
 mod error;
 pub mod join;
 pub mod lock;
 mod parquet_io;
+mod priority;
 mod reader;
 mod record;
 mod segment;

@@ -24,7 +24,7 @@ use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 /// The Parquet column of each stage: `<name>_us`, in [`StageMicros::NAMES`] order.
@@ -94,53 +94,100 @@ fn to_i64(v: u64) -> i64 {
 }
 
 /// Builds one record batch from records.
-pub fn to_batch(records: &[PredictionRecord]) -> Result<RecordBatch> {
-    let n = records.len();
-    let mut request_id = StringBuilder::with_capacity(n, n * 16);
-    let mut ts = TimestampMicrosecondBuilder::with_capacity(n).with_timezone("UTC");
-    let mut model = StringBuilder::with_capacity(n, n * 8);
-    let mut version = StringBuilder::with_capacity(n, n * 2);
-    let mut role = StringBuilder::with_capacity(n, n * 7);
-    let mut score = Float64Builder::with_capacity(n);
-    let mut decision = StringBuilder::with_capacity(n, n * 7);
-    let mut source = StringBuilder::with_capacity(n, n * 5);
-    let mut protocol = StringBuilder::with_capacity(n, n * 8);
-    let mut stages: Vec<Int64Builder> = (0..StageMicros::NAMES.len())
-        .map(|_| Int64Builder::with_capacity(n))
-        .collect();
-    let mut keys = KeysBuilder::with_capacity(n);
-    let mut features = FeaturesBuilder::with_capacity(n);
+#[cfg(test)]
+pub(crate) fn to_batch(records: &[PredictionRecord]) -> Result<RecordBatch> {
+    let mut b = BatchBuilder::with_capacity(records.len());
     for r in records {
-        request_id.append_value(&r.request_id);
-        ts.append_value(r.ts_us);
-        model.append_value(&r.model);
-        version.append_value(&r.version);
-        role.append_value(r.role.as_str());
-        score.append_option(r.score);
-        decision.append_option(r.decision.as_deref());
-        source.append_value(&r.source);
-        protocol.append_value(r.protocol.as_str());
-        for (b, v) in stages.iter_mut().zip(r.stages.as_array()) {
+        b.append(r);
+    }
+    b.finish()
+}
+
+/// The Arrow builders of every column, filled one record at a time; `finish` hands over
+/// the batch and leaves the builders empty for the next one.
+pub(crate) struct BatchBuilder {
+    request_id: StringBuilder,
+    ts: TimestampMicrosecondBuilder,
+    model: StringBuilder,
+    version: StringBuilder,
+    role: StringBuilder,
+    score: Float64Builder,
+    decision: StringBuilder,
+    source: StringBuilder,
+    protocol: StringBuilder,
+    stages: [Int64Builder; 7],
+    keys: KeysBuilder,
+    features: FeaturesBuilder,
+    rows: usize,
+}
+
+impl BatchBuilder {
+    /// Builders sized for `n` records (they grow past it).
+    pub(crate) fn with_capacity(n: usize) -> Self {
+        Self {
+            request_id: StringBuilder::with_capacity(n, n * 16),
+            ts: TimestampMicrosecondBuilder::with_capacity(n).with_timezone("UTC"),
+            model: StringBuilder::with_capacity(n, n * 8),
+            version: StringBuilder::with_capacity(n, n * 2),
+            role: StringBuilder::with_capacity(n, n * 7),
+            score: Float64Builder::with_capacity(n),
+            decision: StringBuilder::with_capacity(n, n * 7),
+            source: StringBuilder::with_capacity(n, n * 5),
+            protocol: StringBuilder::with_capacity(n, n * 8),
+            stages: std::array::from_fn(|_| Int64Builder::with_capacity(n)),
+            keys: KeysBuilder::with_capacity(n),
+            features: FeaturesBuilder::with_capacity(n),
+            rows: 0,
+        }
+    }
+
+    /// Records appended since the last `finish`.
+    pub(crate) fn len(&self) -> usize {
+        self.rows
+    }
+
+    /// Appends one record to every column.
+    pub(crate) fn append(&mut self, r: &PredictionRecord) {
+        self.request_id.append_value(&r.request_id);
+        self.ts.append_value(r.ts_us);
+        self.model.append_value(&r.model);
+        self.version.append_value(&r.version);
+        self.role.append_value(r.role.as_str());
+        self.score.append_option(r.score);
+        self.decision.append_option(r.decision.as_deref());
+        self.source.append_value(&r.source);
+        self.protocol.append_value(r.protocol.as_str());
+        for (b, v) in self.stages.iter_mut().zip(r.stages.as_array()) {
             b.append_value(to_i64(v));
         }
-        keys.append(r);
-        features.append(r);
+        self.keys.append(r);
+        self.features.append(r);
+        self.rows += 1;
     }
-    let mut columns: Vec<ArrayRef> = vec![
-        Arc::new(request_id.finish()),
-        Arc::new(ts.finish()),
-        Arc::new(model.finish()),
-        Arc::new(version.finish()),
-        Arc::new(role.finish()),
-        Arc::new(keys.finish()?),
-        Arc::new(features.finish()?),
-        Arc::new(score.finish()),
-        Arc::new(decision.finish()),
-        Arc::new(source.finish()),
-        Arc::new(protocol.finish()),
-    ];
-    columns.extend(stages.iter_mut().map(|b| Arc::new(b.finish()) as ArrayRef));
-    Ok(RecordBatch::try_new(schema(), columns)?)
+
+    /// The batch of the records appended since the last call.
+    pub(crate) fn finish(&mut self) -> Result<RecordBatch> {
+        self.rows = 0;
+        let mut columns: Vec<ArrayRef> = vec![
+            Arc::new(self.request_id.finish()),
+            Arc::new(self.ts.finish()),
+            Arc::new(self.model.finish()),
+            Arc::new(self.version.finish()),
+            Arc::new(self.role.finish()),
+            Arc::new(self.keys.finish()?),
+            Arc::new(self.features.finish()?),
+            Arc::new(self.score.finish()),
+            Arc::new(self.decision.finish()),
+            Arc::new(self.source.finish()),
+            Arc::new(self.protocol.finish()),
+        ];
+        columns.extend(
+            self.stages
+                .iter_mut()
+                .map(|b| Arc::new(b.finish()) as ArrayRef),
+        );
+        Ok(RecordBatch::try_new(schema(), columns)?)
+    }
 }
 
 /// Builds the `entity_keys` column: per record, a list of (key, value) structs.
@@ -174,8 +221,10 @@ impl KeysBuilder {
         self.offsets.push(self.count);
     }
 
-    /// The finished list column.
-    fn finish(mut self) -> Result<ListArray> {
+    /// The list column of the records appended so far; starts over empty.
+    fn finish(&mut self) -> Result<ListArray> {
+        let offsets = std::mem::replace(&mut self.offsets, vec![0]);
+        self.count = 0;
         let keys_struct = StructArray::try_new(
             key_fields(),
             vec![
@@ -186,7 +235,7 @@ impl KeysBuilder {
         )?;
         Ok(ListArray::try_new(
             Arc::new(Field::new_struct("item", key_fields(), false)),
-            OffsetBuffer::new(self.offsets.into()),
+            OffsetBuffer::new(offsets.into()),
             Arc::new(keys_struct),
             None,
         )?)
@@ -234,8 +283,11 @@ impl FeaturesBuilder {
         self.offsets.push(self.count);
     }
 
-    /// The finished list column.
-    fn finish(mut self) -> Result<ListArray> {
+    /// The list column of the records appended so far; starts over empty.
+    fn finish(&mut self) -> Result<ListArray> {
+        let offsets = std::mem::replace(&mut self.offsets, vec![0]);
+        let valid = std::mem::take(&mut self.valid);
+        self.count = 0;
         let feat_struct = StructArray::try_new(
             feature_fields(),
             vec![
@@ -248,44 +300,98 @@ impl FeaturesBuilder {
         )?;
         Ok(ListArray::try_new(
             Arc::new(Field::new_struct("item", feature_fields(), false)),
-            OffsetBuffer::new(self.offsets.into()),
+            OffsetBuffer::new(offsets.into()),
             Arc::new(feat_struct),
-            Some(NullBuffer::from(self.valid)),
+            Some(NullBuffer::from(valid)),
         )?)
     }
 }
 
 /// Rows per row group: large enough for good compression, small enough that readers can
-/// stream a big segment.
-const ROW_GROUP_ROWS: usize = 64 * 1024;
+/// stream a big segment, and that the open segment's writer holds (and writes out) one
+/// row group of a few MB at a time rather than the whole segment when it closes.
+const ROW_GROUP_ROWS: usize = 16 * 1024;
+
+/// Rows handed to the Parquet writer at a time by an [`OpenParquet`]: each slice is
+/// encoded and compressed when it fills, so the work is spread over the segment's life
+/// in pieces of a few milliseconds instead of done all at once when it closes.
+pub(crate) const SLICE_ROWS: usize = 512;
+
+/// A Parquet file written while its segment is open: records go into column builders as
+/// they arrive, and every [`SLICE_ROWS`] rows into the file's row groups, so that closing
+/// it only has the last slice, the last row group and the footer left to write.
+pub(crate) struct OpenParquet {
+    path: PathBuf,
+    writer: ArrowWriter<File>,
+    builder: BatchBuilder,
+}
+
+impl OpenParquet {
+    /// Creates (or truncates) the file at `path`.
+    pub(crate) fn create(path: &Path) -> Result<Self> {
+        let file = File::options()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .map_err(|e| LogError::io(path, e))?;
+        let props = WriterProperties::builder()
+            .set_compression(Compression::SNAPPY)
+            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+            .set_created_by("inference-mesh prediction-log".to_string())
+            .build();
+        let writer = ArrowWriter::try_new(file, schema(), Some(props))
+            .map_err(|e| LogError::parquet(path, e))?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            writer,
+            builder: BatchBuilder::with_capacity(SLICE_ROWS),
+        })
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends one record; every [`SLICE_ROWS`] records, encodes them into the file.
+    pub(crate) fn append(&mut self, r: &PredictionRecord) -> Result<()> {
+        self.builder.append(r);
+        if self.builder.len() >= SLICE_ROWS {
+            self.write_slice()?;
+        }
+        Ok(())
+    }
+
+    fn write_slice(&mut self) -> Result<()> {
+        if self.builder.len() == 0 {
+            return Ok(());
+        }
+        let batch = self.builder.finish()?;
+        self.writer
+            .write(&batch)
+            .map_err(|e| LogError::parquet(&self.path, e))
+    }
+
+    /// Writes what is left and the footer, and syncs the file to disk. The caller renames
+    /// it into place.
+    pub(crate) fn finish(mut self) -> Result<()> {
+        self.write_slice()?;
+        let file = self
+            .writer
+            .into_inner()
+            .map_err(|e| LogError::parquet(&self.path, e))?;
+        file.sync_all().map_err(|e| LogError::io(&self.path, e))
+    }
+}
 
 /// Writes records to `path` as one Parquet file (Snappy, which every reader supports) and
 /// syncs it to disk. The caller renames it into place.
 pub fn write_parquet(path: &Path, records: &[PredictionRecord]) -> Result<()> {
-    let file = File::options()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(path)
-        .map_err(|e| LogError::io(path, e))?;
-    let props = WriterProperties::builder()
-        .set_compression(Compression::SNAPPY)
-        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
-        .set_created_by("inference-mesh prediction-log".to_string())
-        .build();
-    let mut writer = ArrowWriter::try_new(file, schema(), Some(props))
-        .map_err(|e| LogError::parquet(path, e))?;
-    for chunk in records.chunks(ROW_GROUP_ROWS) {
-        let batch = to_batch(chunk)?;
-        writer
-            .write(&batch)
-            .map_err(|e| LogError::parquet(path, e))?;
+    let mut out = OpenParquet::create(path)?;
+    for r in records {
+        out.append(r)?;
     }
-    let file = writer
-        .into_inner()
-        .map_err(|e| LogError::parquet(path, e))?;
-    file.sync_all().map_err(|e| LogError::io(path, e))?;
-    Ok(())
+    out.finish()
 }
 
 /// Reads every record of one Parquet segment.
@@ -494,7 +600,7 @@ impl<'a> FeatureColumns<'a> {
         self.list.is_valid(i).then(|| {
             (off[i] as usize..off[i + 1] as usize)
                 .map(|j| FeatureUsed {
-                    name: self.name.value(j).to_string(),
+                    name: self.name.value(j).into(),
                     value: self.value.is_valid(j).then(|| self.value.value(j)),
                     // Files written before statuses were upper case read as today's.
                     status: crate::record::status::normalize(self.status.value(j)),

@@ -2,8 +2,10 @@
 //! router can build one cheaply on every request.
 
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 /// Where the answer came from (`PredictionRecord::source`). Free-form on purpose (the router
 /// owns the fallback chain); these are the values the mesh writes.
@@ -31,22 +33,26 @@ pub mod status {
     pub const MISSING: &str = "MISSING";
     /// The feature store could not be read (no store, or the lookup failed): the default was used.
     pub const UNAVAILABLE: &str = "UNAVAILABLE";
+    /// A categorical value that is not one of the input spec entry's categories:
+    /// treated as missing (the entry's `on_missing`: its default, NaN, or no score).
+    pub const UNSEEN: &str = "UNSEEN";
     /// Every status the mesh writes.
-    pub const ALL: [&str; 6] = [
+    pub const ALL: [&str; 7] = [
         PRESENT,
         NOT_FOUND,
         NULL,
         OUTSIDE_MAX_AGE,
         MISSING,
         UNAVAILABLE,
+        UNSEEN,
     ];
 
     /// The one spelling of a status: logs written before statuses were upper case
     /// (`not_found`) read as `NOT_FOUND`.
-    pub fn normalize(s: &str) -> String {
+    pub fn normalize(s: &str) -> std::borrow::Cow<'static, str> {
         match ALL.iter().find(|a| a.eq_ignore_ascii_case(s)) {
-            Some(a) => (*a).to_owned(),
-            None => s.to_owned(),
+            Some(a) => std::borrow::Cow::Borrowed(a),
+            None => std::borrow::Cow::Owned(s.to_owned()),
         }
     }
 }
@@ -155,12 +161,14 @@ impl FromStr for Protocol {
 /// One feature value the prediction used, as the feature store returned it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FeatureUsed {
-    pub name: String,
+    /// Shared, not copied: the serving path hands the log the name its input spec holds.
+    pub name: Arc<str>,
     /// `None` when the store had no usable value (the model then used its default).
     pub value: Option<f64>,
     /// One of [`status`]: PRESENT | NOT_FOUND | NULL | OUTSIDE_MAX_AGE (the feature
     /// store's) | MISSING (a request feature) | UNAVAILABLE (the store could not be read).
-    pub status: String,
+    /// Borrowed for those (no allocation per feature on the request path).
+    pub status: Cow<'static, str>,
     /// Event time of the value, microseconds since the Unix epoch.
     pub event_time_us: Option<i64>,
 }

@@ -12,7 +12,7 @@
 //! `*.parquet`) never see anything but closed segments.
 
 use crate::error::{LogError, Result};
-use crate::parquet_io::write_parquet;
+use crate::parquet_io::OpenParquet;
 use crate::record::{date_of_us, PredictionRecord};
 use crate::wal::read_wal_from;
 use std::fs;
@@ -48,6 +48,40 @@ fn sync_dir(dir: &Path) -> Result<()> {
     d.sync_all().map_err(|e| LogError::io(dir, e))
 }
 
+/// The temp name of segment `id`'s Parquet file while it is written (a dot file, which
+/// readers skip), creating its partition directory.
+fn temp_path(dir: &Path, date: &str, id: &str) -> Result<PathBuf> {
+    let part_dir = dir.join(format!("date={date}"));
+    fs::create_dir_all(&part_dir).map_err(|e| LogError::io(&part_dir, e))?;
+    Ok(part_dir.join(format!(".part-{id}.parquet.tmp")))
+}
+
+/// Starts the Parquet file of an open segment (under its temp name): the writer fills it
+/// as records arrive, and [`close_parquet`] puts it into place.
+pub(crate) fn open_parquet(dir: &Path, date: &str, id: &str) -> Result<OpenParquet> {
+    OpenParquet::create(&temp_path(dir, date, id)?)
+}
+
+/// Finishes the Parquet file of segment `id` (fsynced), renames it into place and fsyncs
+/// the directory. Returns the final path.
+pub(crate) fn close_parquet(
+    dir: &Path,
+    date: &str,
+    id: &str,
+    file: OpenParquet,
+) -> Result<PathBuf> {
+    let tmp = file.path().to_path_buf();
+    file.finish()?;
+    let final_path = parquet_path(dir, date, id);
+    fs::rename(&tmp, &final_path).map_err(|e| LogError::io(&final_path, e))?;
+    let part_dir = final_path
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| dir.to_path_buf());
+    sync_dir(&part_dir)?;
+    Ok(final_path)
+}
+
 /// Writes the records of segment `id` as its Parquet file (temp name, fsync, atomic rename,
 /// fsync of the directory). Returns the final path, or `None` for an empty segment.
 pub(crate) fn write_segment(
@@ -59,17 +93,19 @@ pub(crate) fn write_segment(
         return Ok(None);
     };
     let date = date_of_us(first.ts_us);
-    let final_path = parquet_path(dir, &date, id);
-    let part_dir = final_path
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| dir.to_path_buf());
-    fs::create_dir_all(&part_dir).map_err(|e| LogError::io(&part_dir, e))?;
-    let tmp = part_dir.join(format!(".part-{id}.parquet.tmp"));
-    write_parquet(&tmp, records)?;
-    fs::rename(&tmp, &final_path).map_err(|e| LogError::io(&final_path, e))?;
-    sync_dir(&part_dir)?;
-    Ok(Some(final_path))
+    let mut file = open_parquet(dir, &date, id)?;
+    for r in records {
+        file.append(r)?;
+    }
+    close_parquet(dir, &date, id, file).map(Some)
+}
+
+/// Converts the wal of segment `id` into its Parquet file, up to its last whole frame;
+/// `None` when it holds no record. For a segment whose Parquet file could not be written
+/// while it was open.
+pub(crate) fn convert_wal(dir: &Path, id: &str, wal: &Path) -> Result<Option<PathBuf>> {
+    let contents = read_wal_from(wal, 0)?;
+    write_segment(dir, id, &contents.records)
 }
 
 /// What [`recover`] did.

@@ -1,17 +1,27 @@
 //! Write-ahead file of the open segment.
 //!
-//! Layout: the 8-byte magic `MESHWAL1`, then frames of
-//! `[u32 LE payload length][u32 LE crc32(payload)][payload: the record as JSON]`.
+//! Layout: an 8-byte magic, then frames of
+//! `[u32 LE payload length][u32 LE crc32(payload)][payload]`. The magic says what a
+//! payload is:
+//! - `MESHWAL2` (written now): one tag byte naming the layout, then the record in the
+//!   compact binary layout of [`crate::codec`];
+//! - `MESHWAL1` (written before): the record as JSON. Still read everywhere (recovery,
+//!   `include_wal`, the tail), so a wal left by an older build converts at the next start.
+//!
 //! A crash can leave a torn last frame (short, or with a bad checksum); readers stop at the
 //! first frame that is not whole and report how many bytes they skipped.
 
+use crate::codec::{self, DecodeError};
 use crate::error::{LogError, Result};
 use crate::record::PredictionRecord;
 use std::fs::File;
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-pub(crate) const MAGIC: &[u8; 8] = b"MESHWAL1";
+/// The magic of files this build writes: binary frames.
+pub(crate) const MAGIC: &[u8; 8] = b"MESHWAL2";
+/// The magic of files written before the binary frames: JSON frames.
+pub(crate) const MAGIC_JSON: &[u8; 8] = b"MESHWAL1";
 const FRAME_HEADER: usize = 8;
 /// A frame larger than this is treated as corruption, not as a record.
 const MAX_FRAME: usize = 64 << 20;
@@ -44,7 +54,7 @@ impl WalWriter {
     pub(crate) fn append(&mut self, rec: &PredictionRecord) -> Result<()> {
         self.buf.clear();
         self.buf.extend_from_slice(&[0u8; FRAME_HEADER]);
-        serde_json::to_writer(&mut self.buf, rec)?;
+        codec::encode(rec, &mut self.buf);
         let len = self.buf.len() - FRAME_HEADER;
         let len32 = u32::try_from(len)
             .map_err(|_| LogError::Config(format!("record of {len} bytes is too large")))?;
@@ -91,33 +101,75 @@ pub(crate) struct WalContents {
     pub trailing_bytes: u64,
 }
 
-/// Reads whole frames of `path` starting at `offset` (0 = the start of the file).
+/// How the payloads of a wal file are encoded, from its magic.
+#[derive(Clone, Copy)]
+enum Format {
+    Binary,
+    Json,
+}
+
+/// Reads the magic of `file`: `None` when the file is shorter than a magic (created, but
+/// the header never reached the disk: an empty segment).
+fn read_format(path: &Path, file: &mut File) -> Result<Option<Format>> {
+    let mut magic = [0u8; 8];
+    let mut got = 0;
+    while got < magic.len() {
+        match file.read(&mut magic[got..]) {
+            Ok(0) => return Ok(None),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(LogError::io(path, e)),
+        }
+    }
+    match &magic {
+        m if m == MAGIC => Ok(Some(Format::Binary)),
+        m if m == MAGIC_JSON => Ok(Some(Format::Json)),
+        _ => Err(LogError::schema(
+            path,
+            "not a prediction log wal file (bad magic)",
+        )),
+    }
+}
+
+/// Decodes one checksummed payload. `Ok(None)`: the bytes do not form a record (treated
+/// like a torn frame); `Err`: a layout this build does not know, which must not be
+/// discarded as damage.
+fn decode(path: &Path, format: Format, payload: &[u8]) -> Result<Option<PredictionRecord>> {
+    match format {
+        Format::Json => Ok(serde_json::from_slice(payload).ok()),
+        Format::Binary => match codec::decode(payload) {
+            Ok(r) => Ok(Some(r)),
+            Err(DecodeError::Malformed(_)) => Ok(None),
+            Err(DecodeError::UnknownTag(t)) => Err(LogError::schema(
+                path,
+                format!(
+                    "wal frame of layout {t}, which this build does not know (written by a newer mesh); \
+                     run that version to convert it"
+                ),
+            )),
+        },
+    }
+}
+
+/// Reads whole frames of `path` starting at `offset` (0 = the start of the file; a
+/// non-zero offset is the `valid_len` of an earlier read).
 pub(crate) fn read_wal_from(path: &Path, offset: u64) -> Result<WalContents> {
     let mut file = File::open(path).map_err(|e| LogError::io(path, e))?;
-    let mut data = Vec::new();
-    let start = offset;
+    let Some(format) = read_format(path, &mut file)? else {
+        let len = file.metadata().map_err(|e| LogError::io(path, e))?.len();
+        return Ok(WalContents {
+            records: Vec::new(),
+            valid_len: 0,
+            trailing_bytes: len,
+        });
+    };
+    let start = offset.max(MAGIC.len() as u64);
     file.seek(SeekFrom::Start(start))
         .map_err(|e| LogError::io(path, e))?;
+    let mut data = Vec::new();
     file.read_to_end(&mut data)
         .map_err(|e| LogError::io(path, e))?;
     let mut pos = 0usize;
-    if start == 0 {
-        if data.len() < MAGIC.len() {
-            // Created but the header never reached the disk: an empty segment.
-            return Ok(WalContents {
-                records: Vec::new(),
-                valid_len: 0,
-                trailing_bytes: data.len() as u64,
-            });
-        }
-        if &data[..MAGIC.len()] != MAGIC {
-            return Err(LogError::schema(
-                path,
-                "not a prediction log wal file (bad magic)",
-            ));
-        }
-        pos = MAGIC.len();
-    }
     let mut records = Vec::new();
     while data.len() - pos >= FRAME_HEADER {
         let len =
@@ -130,9 +182,9 @@ pub(crate) fn read_wal_from(path: &Path, offset: u64) -> Result<WalContents> {
         if crc32fast::hash(payload) != crc {
             break;
         }
-        match serde_json::from_slice::<PredictionRecord>(payload) {
-            Ok(r) => records.push(r),
-            Err(_) => break,
+        match decode(path, format, payload)? {
+            Some(r) => records.push(r),
+            None => break,
         }
         pos += FRAME_HEADER + len;
     }
@@ -180,5 +232,76 @@ mod tests {
         // Reading on from an offset continues where the last read stopped.
         let c2 = read_wal_from(&p, 8).unwrap();
         assert_eq!(c2.records.len(), 3);
+    }
+
+    /// Writes a wal as builds before the binary frames did: `MESHWAL1`, JSON payloads.
+    fn json_wal(path: &Path, recs: &[PredictionRecord]) {
+        let mut data = MAGIC_JSON.to_vec();
+        for r in recs {
+            let json = serde_json::to_vec(r).unwrap();
+            data.extend_from_slice(&(json.len() as u32).to_le_bytes());
+            data.extend_from_slice(&crc32fast::hash(&json).to_le_bytes());
+            data.extend_from_slice(&json);
+        }
+        std::fs::write(path, data).unwrap();
+    }
+
+    #[test]
+    fn a_wal_of_json_frames_from_an_older_build_still_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("old.wal");
+        let recs: Vec<_> = (0..3)
+            .map(|i| PredictionRecord::new(format!("r{i}"), "m", "1", Role::Canary))
+            .collect();
+        json_wal(&p, &recs);
+        let c = read_wal_from(&p, 0).unwrap();
+        assert_eq!(c.records, recs);
+        assert_eq!(c.trailing_bytes, 0);
+        assert_eq!(c.valid_len, std::fs::metadata(&p).unwrap().len());
+        // From an offset too (the tail): the format comes from the magic, not the offset.
+        let first = read_wal_from(&p, 0).unwrap();
+        let mut data = std::fs::read(&p).unwrap();
+        let one_frame = 8 + 8 + serde_json::to_vec(&recs[0]).unwrap().len();
+        data.truncate(one_frame);
+        std::fs::write(&p, &data).unwrap();
+        let head = read_wal_from(&p, 0).unwrap();
+        assert_eq!(head.records, recs[..1]);
+        json_wal(&p, &recs);
+        let rest = read_wal_from(&p, head.valid_len).unwrap();
+        assert_eq!(rest.records, recs[1..]);
+        assert_eq!(rest.valid_len, first.valid_len);
+    }
+
+    #[test]
+    fn binary_frames_are_compact_and_a_newer_layout_is_an_error_not_a_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("a.wal");
+        let mut rec = PredictionRecord::new("req-00000001", "fraud", "3", Role::Primary);
+        rec.entity_keys = vec![("card_id".into(), "17".into())];
+        rec.features = Some(
+            (0..29)
+                .map(|i| crate::record::FeatureUsed {
+                    name: format!("card:feature_{i}").into(),
+                    value: Some(i as f64 * 1.5),
+                    status: crate::record::status::PRESENT.into(),
+                    event_time_us: Some(rec.ts_us - 1_000_000),
+                })
+                .collect(),
+        );
+        let mut w = WalWriter::create(&p).unwrap();
+        w.append(&rec).unwrap();
+        w.flush(false).unwrap();
+        let binary = w.bytes() as usize - MAGIC.len();
+        let json = serde_json::to_vec(&rec).unwrap().len() + FRAME_HEADER;
+        assert!(binary * 2 < json, "binary {binary} bytes, json {json}");
+        assert_eq!(read_wal_from(&p, 0).unwrap().records, vec![rec]);
+        // Rewrite the frame with an unknown layout tag and a matching checksum.
+        let mut data = std::fs::read(&p).unwrap();
+        data[MAGIC.len() + FRAME_HEADER] = 7;
+        let crc = crc32fast::hash(&data[MAGIC.len() + FRAME_HEADER..]);
+        data[MAGIC.len() + 4..MAGIC.len() + 8].copy_from_slice(&crc.to_le_bytes());
+        std::fs::write(&p, &data).unwrap();
+        let e = read_wal_from(&p, 0).unwrap_err().to_string();
+        assert!(e.contains("layout 7") && e.contains("newer"), "{e}");
     }
 }

@@ -1,23 +1,37 @@
-//! The writer: a bounded channel in front of a dedicated thread that appends to the wal of
-//! the open segment and rolls segments into Parquet (converted on a second thread).
+//! The writer: a bounded channel in front of a dedicated thread that appends each record
+//! to the wal of the open segment (a compact binary frame) and to the segment's Parquet
+//! file (column builders, encoded a slice of rows at a time), and a second thread that
+//! closes rolled segments (last row group, footer, fsync, rename).
 //!
 //! The request path only ever calls [`PredictionLogHandle::record`], a `try_send`: when the
 //! channel is full the record is dropped and counted (`mesh_log_dropped_records_total`, and
 //! a warning with the count at the next flush tick). Nothing on the request path waits for
-//! the disk.
+//! the disk, and nothing wakes the writer: it takes what is queued every few milliseconds
+//! ([`DRAIN_INTERVAL`]), so records reach it in batches without a wake-up per record. Both
+//! threads run at a lower priority ([`LogConfig::writer_nice`]): their work, spread thin,
+//! uses the CPU the serving threads leave.
 
 use crate::config::LogConfig;
 use crate::error::{LogError, Result};
+use crate::parquet_io::OpenParquet;
 use crate::record::{date_of_us, now_us, FeatureLogging, PredictionRecord};
 use crate::segment::{self, RecoveryReport};
 use crate::wal::WalWriter;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, watch};
+
+/// How often the writer takes what is queued while records arrive. Bounds the wait of
+/// `flush()` and `shutdown()` too.
+const DRAIN_INTERVAL: Duration = Duration::from_millis(5);
+/// How often it looks when nothing arrived in the last round (an idle server).
+const IDLE_INTERVAL: Duration = Duration::from_millis(25);
+/// Records taken in one round before the writer looks at its clock again.
+const ROUND_RECORDS: usize = 4096;
 
 enum Msg {
     Record(Box<PredictionRecord>),
@@ -260,14 +274,18 @@ struct OpenSegment {
     id: String,
     date: String,
     wal: WalWriter,
-    records: Vec<PredictionRecord>,
+    /// The segment's Parquet file, filled as records arrive; `None` after a write to it
+    /// failed, and then the closer converts the wal instead.
+    parquet: Option<OpenParquet>,
     opened: Instant,
 }
 
-struct ConvertJob {
+/// A rolled segment for the closer thread.
+struct CloseJob {
     id: String,
+    date: String,
     wal: PathBuf,
-    records: Vec<PredictionRecord>,
+    parquet: Option<OpenParquet>,
 }
 
 struct Writer<'a> {
@@ -276,7 +294,7 @@ struct Writer<'a> {
     open: Option<OpenSegment>,
     seq: u64,
     written: u64,
-    convert_tx: Option<SyncSender<ConvertJob>>,
+    close_tx: Option<SyncSender<CloseJob>>,
     error_reported: bool,
 }
 
@@ -287,19 +305,8 @@ impl Writer<'_> {
             self.roll();
         }
         if self.open.is_none() {
-            let id = segment::segment_id(now_us(), self.seq);
-            self.seq += 1;
-            match WalWriter::create(&segment::wal_path(&self.cfg.dir, &id)) {
-                Ok(wal) => {
-                    self.open = Some(OpenSegment {
-                        id,
-                        date,
-                        wal,
-                        records: Vec::new(),
-                        opened: Instant::now(),
-                    })
-                }
-                Err(e) => return self.lose(1, &e),
+            if let Err(e) = self.open_segment(date) {
+                return self.lose(1, &e);
             }
         }
         let Some(seg) = self.open.as_mut() else {
@@ -307,15 +314,48 @@ impl Writer<'_> {
         };
         if let Err(e) = seg.wal.append(&rec) {
             // The wal keeps what it had; recovery at the next start converts it.
-            self.open = None;
+            if let Some(p) = self.open.take().and_then(|s| s.parquet) {
+                let _ = std::fs::remove_file(p.path());
+            }
             return self.lose(1, &e);
         }
-        seg.records.push(rec);
+        if let Some(p) = seg.parquet.as_mut() {
+            if let Err(e) = p.append(&rec) {
+                // The wal has every record: the closer converts it instead.
+                tracing::error!(error = %e, "prediction log Parquet write failed; the segment will be converted from its wal");
+                metrics::counter!("mesh_log_convert_errors_total").increment(1);
+                if let Some(p) = seg.parquet.take() {
+                    let _ = std::fs::remove_file(p.path());
+                }
+            }
+        }
         self.written += 1;
         self.shared.written.store(self.written, Ordering::Relaxed);
         if seg.wal.bytes() >= self.cfg.segment_max_bytes {
             self.roll();
         }
+    }
+
+    /// Opens a new segment for records of `date`: its wal and its Parquet file.
+    fn open_segment(&mut self, date: String) -> Result<()> {
+        let id = segment::segment_id(now_us(), self.seq);
+        self.seq += 1;
+        let wal = WalWriter::create(&segment::wal_path(&self.cfg.dir, &id))?;
+        let parquet = match segment::open_parquet(&self.cfg.dir, &date, &id) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::error!(error = %e, "could not start a Parquet file; the segment will be converted from its wal");
+                None
+            }
+        };
+        self.open = Some(OpenSegment {
+            id,
+            date,
+            wal,
+            parquet,
+            opened: Instant::now(),
+        });
+        Ok(())
     }
 
     fn lose(&mut self, n: u64, e: &LogError) {
@@ -338,7 +378,9 @@ impl Writer<'_> {
                         .flushed
                         .load(Ordering::Acquire)
                         .min(self.written);
-                self.open = None;
+                if let Some(p) = self.open.take().and_then(|s| s.parquet) {
+                    let _ = std::fs::remove_file(p.path());
+                }
                 self.written -= n;
                 self.shared.written.store(self.written, Ordering::Relaxed);
                 return self.lose(n, &e);
@@ -352,36 +394,55 @@ impl Writer<'_> {
     fn roll(&mut self) {
         self.flush();
         let Some(seg) = self.open.take() else { return };
-        let job = ConvertJob {
+        let job = CloseJob {
             id: seg.id,
+            date: seg.date,
             wal: seg.wal.path().to_path_buf(),
-            records: seg.records,
+            parquet: seg.parquet,
         };
         drop(seg.wal);
-        if let Some(tx) = &self.convert_tx {
+        if let Some(tx) = &self.close_tx {
             if tx.send(job).is_err() {
-                tracing::error!("prediction log converter stopped; the wal stays for recovery");
+                tracing::error!("prediction log closer stopped; the wal stays for recovery");
             }
         }
     }
 }
 
-fn convert_main(dir: PathBuf, rx: Receiver<ConvertJob>, shared: &Shared) {
+/// Closes one rolled segment: its Parquet file into place (or, when that file could not
+/// be written, a conversion of its wal), then removes the wal.
+fn close_segment(dir: &std::path::Path, job: CloseJob) -> Result<Option<PathBuf>> {
+    if let Some(p) = job.parquet {
+        let tmp = p.path().to_path_buf();
+        match segment::close_parquet(dir, &job.date, &job.id, p) {
+            Ok(path) => return Ok(Some(path)),
+            Err(e) => {
+                tracing::error!(error = %e, "could not close a segment's Parquet file; converting its wal");
+                let _ = std::fs::remove_file(tmp);
+            }
+        }
+    }
+    segment::convert_wal(dir, &job.id, &job.wal)
+}
+
+fn close_main(dir: PathBuf, rx: Receiver<CloseJob>, shared: &Shared, nice: i32) {
+    crate::priority::lower_current_thread(nice);
     while let Ok(job) = rx.recv() {
-        match segment::write_segment(&dir, &job.id, &job.records) {
+        let wal = job.wal.clone();
+        match close_segment(&dir, job) {
             Ok(path) => {
-                if let Err(e) = std::fs::remove_file(&job.wal) {
-                    tracing::warn!(error = %e, wal = %job.wal.display(), "could not remove converted wal");
+                if let Err(e) = std::fs::remove_file(&wal) {
+                    tracing::warn!(error = %e, wal = %wal.display(), "could not remove converted wal");
                 }
                 shared.segments.fetch_add(1, Ordering::Relaxed);
                 metrics::counter!("mesh_log_segments_total").increment(1);
                 if let Some(p) = path {
-                    tracing::debug!(path = %p.display(), records = job.records.len(), "segment closed");
+                    tracing::debug!(path = %p.display(), "segment closed");
                 }
             }
             Err(e) => {
                 metrics::counter!("mesh_log_convert_errors_total").increment(1);
-                tracing::error!(error = %e, wal = %job.wal.display(),
+                tracing::error!(error = %e, wal = %wal.display(),
                     "could not convert a segment to Parquet; its wal stays and is converted at the next start");
             }
         }
@@ -389,68 +450,32 @@ fn convert_main(dir: PathBuf, rx: Receiver<ConvertJob>, shared: &Shared) {
 }
 
 fn writer_main(cfg: LogConfig, rx: Receiver<Msg>, shared: &Shared) {
-    let (convert_tx, convert_rx) = mpsc::sync_channel::<ConvertJob>(2);
+    let (close_tx, close_rx) = mpsc::sync_channel::<CloseJob>(2);
     let dir = cfg.dir.clone();
-    let flush_interval = cfg.flush_interval;
-    let max_age = cfg.segment_max_age;
+    let nice = cfg.writer_nice;
     std::thread::scope(|scope| {
-        let converter = std::thread::Builder::new()
-            .name("prediction-log-convert".into())
-            .spawn_scoped(scope, move || convert_main(dir, convert_rx, shared));
+        // The closer starts before the writer lowers itself: a thread inherits its
+        // parent's nice value, and each lowers itself once from the serving level.
+        let closer = std::thread::Builder::new()
+            .name("prediction-log-close".into())
+            .spawn_scoped(scope, move || close_main(dir, close_rx, shared, nice));
+        crate::priority::lower_current_thread(nice);
         let mut w = Writer {
             cfg,
             shared,
             open: None,
             seq: 0,
             written: 0,
-            convert_tx: Some(convert_tx),
+            close_tx: Some(close_tx),
             error_reported: false,
         };
-        if converter.is_err() {
+        if closer.is_err() {
             tracing::error!(
-                "could not start the prediction log converter thread; segments stay as wal files"
+                "could not start the prediction log closer thread; segments stay as wal files"
             );
-            w.convert_tx = None;
+            w.close_tx = None;
         }
-        let mut reported = MetricsReported::default();
-        let mut next_tick = Instant::now() + flush_interval;
-        loop {
-            let now = Instant::now();
-            let msg = if now >= next_tick {
-                match rx.try_recv() {
-                    Ok(m) => Some(m),
-                    Err(TryRecvError::Empty) => None,
-                    Err(TryRecvError::Disconnected) => break,
-                }
-            } else {
-                match rx.recv_timeout(next_tick - now) {
-                    Ok(m) => Some(m),
-                    Err(RecvTimeoutError::Timeout) => None,
-                    Err(RecvTimeoutError::Disconnected) => break,
-                }
-            };
-            match msg {
-                Some(Msg::Record(r)) => w.append(*r),
-                Some(Msg::Flush(ack)) => {
-                    w.flush();
-                    let _ = ack.send(w.written);
-                }
-                Some(Msg::Shutdown) => break,
-                None => {}
-            }
-            if Instant::now() >= next_tick {
-                w.flush();
-                if w.open
-                    .as_ref()
-                    .is_some_and(|s| s.opened.elapsed() >= max_age)
-                {
-                    w.roll();
-                }
-                reported.report(shared);
-                w.error_reported = false;
-                next_tick = Instant::now() + flush_interval;
-            }
-        }
+        let mut reported = run(&mut w, &rx);
         // Drain: everything accepted before the shutdown message is already processed (FIFO);
         // records still queued behind it are written too rather than lost.
         while let Ok(m) = rx.try_recv() {
@@ -464,7 +489,7 @@ fn writer_main(cfg: LogConfig, rx: Receiver<Msg>, shared: &Shared) {
             }
         }
         w.roll();
-        w.convert_tx = None; // closes the converter's channel; the scope joins it
+        w.close_tx = None; // closes the closer's channel; the scope joins it
         reported.report(shared);
     });
     let s = shared.stats();
@@ -475,6 +500,54 @@ fn writer_main(cfg: LogConfig, rx: Receiver<Msg>, shared: &Shared) {
         segments = s.segments,
         "prediction log closed"
     );
+}
+
+/// The writer's loop until a shutdown message or every handle is gone: take what is
+/// queued, then sleep a little (nothing on the request path wakes this thread); flush,
+/// roll by age and report at every flush tick.
+fn run(w: &mut Writer<'_>, rx: &Receiver<Msg>) -> MetricsReported {
+    let flush_interval = w.cfg.flush_interval;
+    let max_age = w.cfg.segment_max_age;
+    let mut reported = MetricsReported::default();
+    let mut next_tick = Instant::now() + flush_interval;
+    loop {
+        let mut taken = 0usize;
+        while taken < ROUND_RECORDS {
+            match rx.try_recv() {
+                Ok(Msg::Record(r)) => {
+                    w.append(*r);
+                    taken += 1;
+                }
+                Ok(Msg::Flush(ack)) => {
+                    w.flush();
+                    let _ = ack.send(w.written);
+                }
+                Ok(Msg::Shutdown) | Err(TryRecvError::Disconnected) => return reported,
+                Err(TryRecvError::Empty) => break,
+            }
+        }
+        let now = Instant::now();
+        if now >= next_tick {
+            w.flush();
+            if w.open
+                .as_ref()
+                .is_some_and(|s| s.opened.elapsed() >= max_age)
+            {
+                w.roll();
+            }
+            reported.report(w.shared);
+            w.error_reported = false;
+            next_tick = Instant::now() + flush_interval;
+        }
+        if taken < ROUND_RECORDS {
+            let pause = if taken == 0 {
+                IDLE_INTERVAL
+            } else {
+                DRAIN_INTERVAL
+            };
+            std::thread::sleep(pause.min(next_tick.saturating_duration_since(Instant::now())));
+        }
+    }
 }
 
 /// Pushes counter deltas to the metrics facade once per tick (not per record), and warns
@@ -501,5 +574,63 @@ impl MetricsReported {
         }
         self.written = s.written;
         self.dropped = s.dropped;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::Role;
+
+    fn records(n: usize) -> Vec<PredictionRecord> {
+        (0..n)
+            .map(|i| PredictionRecord::new(format!("r{i}"), "m", "1", Role::Primary))
+            .collect()
+    }
+
+    /// A segment whose Parquet file could not be written is converted from its wal.
+    #[test]
+    fn a_segment_without_its_parquet_file_is_converted_from_the_wal() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(segment::wal_dir(dir.path())).unwrap();
+        let id = segment::segment_id(now_us(), 0);
+        let wal = segment::wal_path(dir.path(), &id);
+        let mut w = WalWriter::create(&wal).unwrap();
+        let recs = records(700);
+        for r in &recs {
+            w.append(r).unwrap();
+        }
+        w.flush(false).unwrap();
+        let date = date_of_us(recs[0].ts_us);
+        let job = CloseJob {
+            id: id.clone(),
+            date: date.clone(),
+            wal: wal.clone(),
+            parquet: None,
+        };
+        let path = close_segment(dir.path(), job).unwrap().unwrap();
+        assert_eq!(path, segment::parquet_path(dir.path(), &date, &id));
+        assert_eq!(crate::parquet_io::read_parquet(&path).unwrap(), recs);
+    }
+
+    /// The Parquet file filled as records arrive reads back like one written at once,
+    /// across slices and with a part-filled last slice.
+    #[test]
+    fn a_parquet_file_filled_slice_by_slice_holds_every_record_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let recs = records(crate::parquet_io::SLICE_ROWS * 3 + 17);
+        let date = date_of_us(recs[0].ts_us);
+        let mut p = segment::open_parquet(dir.path(), &date, "x").unwrap();
+        assert!(p
+            .path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with('.'));
+        for r in &recs {
+            p.append(r).unwrap();
+        }
+        let path = segment::close_parquet(dir.path(), &date, "x", p).unwrap();
+        assert_eq!(crate::parquet_io::read_parquet(&path).unwrap(), recs);
     }
 }

@@ -373,3 +373,56 @@ impl WithTs for mesh_prediction_log::PredictionRecord {
         self
     }
 }
+
+/// The writer threads run `writer_nice` steps below the thread that started the log
+/// (Linux: nice is per thread, field 19 of /proc/self/task/<tid>/stat).
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn writer_threads_run_nicer_than_the_serving_threads() {
+    fn nice_of(task: &std::path::Path) -> i64 {
+        let stat = std::fs::read_to_string(task.join("stat")).unwrap();
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .collect();
+        fields[16].parse().unwrap()
+    }
+    let own = nice_of(std::path::Path::new("/proc/thread-self"));
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(dir.path());
+    c.writer_nice = 6;
+    let (log, writer) = PredictionLog::start(c).unwrap();
+    log.record_wait(record(0, "1", Role::Primary))
+        .await
+        .unwrap();
+    log.flush().await.unwrap();
+    let want = (own + 6).min(19);
+    let threads = || {
+        let mut found = Vec::new();
+        for t in std::fs::read_dir("/proc/self/task").unwrap() {
+            let t = t.unwrap().path();
+            let comm = std::fs::read_to_string(t.join("comm")).unwrap_or_default();
+            if comm.trim_end().starts_with("prediction-log") {
+                found.push((comm.trim_end().to_string(), nice_of(&t)));
+            }
+        }
+        found
+    };
+    // The closer sets its own priority when it starts: give it a moment on a busy machine.
+    let mut found = threads();
+    for _ in 0..100 {
+        if found.len() == 2 && found.iter().all(|(_, n)| *n == want) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        found = threads();
+    }
+    log.shutdown().await.unwrap();
+    writer.join().unwrap();
+    assert_eq!(found.len(), 2, "writer and closer threads: {found:?}");
+    for (name, nice) in found {
+        assert_eq!(nice, want, "{name}");
+    }
+}

@@ -24,9 +24,22 @@
 //! format = "human"              # or json
 //!
 //! [features]
+//! backend = "sled"              # or "redis" (then redis_url or redis_cluster)
 //! path = "data/features"        # sled directory; no store when unset
 //! views = "examples/features/views.toml"
 //! max_keys_per_lookup = 4096    # per mesh.v1.FeatureStore lookup (rows x views)
+//! # With backend = "redis" (no path):
+//! # redis_url = "redis://127.0.0.1:6379"           # one server, or
+//! # redis_cluster = ["redis://10.0.0.1:6379", ...] # some nodes of a cluster
+//! # redis_key_prefix = "mesh"
+//! # lookup_budget = "20ms"      # past it: cached values as OUTSIDE_MAX_AGE, or UNAVAILABLE
+//! # redis_write_timeout = "2s"
+//! # redis_connect_timeout = "5s"
+//! # cache_max_bytes = 67108864  # decoded rows cached in process; 0 = none
+//! # cache_max_age = "1s"        # how long a cached row answers without Redis
+//! # remote = "http://features.mesh.svc:8001"  # instead of path: a --role features
+//! remote_wait = "10s"           # with remote: how long the start waits for its views
+//! # lookup_timeout = "20ms"     # with remote: a cap on one lookup
 //!
 //! [prediction_log]              # off when absent
 //! dir = "data/predictions"
@@ -88,6 +101,24 @@ impl<'de> Deserialize<'de> for MeshConfig {
         f.tls
             .validate()
             .map_err(<D::Error as serde::de::Error>::custom)?;
+        f.features
+            .validate()
+            .map_err(<D::Error as serde::de::Error>::custom)?;
+        if let Some(r) = f
+            .features
+            .redis_options()
+            .map_err(<D::Error as serde::de::Error>::custom)?
+        {
+            let deadline = f.decisions.deadline();
+            if r.lookup_budget >= deadline {
+                return Err(<D::Error as serde::de::Error>::custom(format!(
+                    "[features] lookup_budget ({}) must be below [decisions] deadline ({}): \
+                     a decision waits for its features inside its own budget",
+                    format_duration(r.lookup_budget),
+                    format_duration(deadline)
+                )));
+            }
+        }
         Ok(Self {
             server: f.server,
             log: f.log,
@@ -193,11 +224,16 @@ impl std::str::FromStr for Role {
     }
 }
 
-/// `[features]`: the online feature store of this process.
-#[derive(Debug, Clone, Deserialize, Default)]
+/// `[features]`: where decisions read stored features: the online feature store
+/// of this process (`path`, `views`), or a `mesh serve --role features` elsewhere
+/// (`remote`), never both.
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FeaturesConfig {
-    /// The sled database directory; no store when unset.
+    /// `"sled"` (the default: embedded, in `path`) or `"redis"` (`redis_url` or
+    /// `redis_cluster`).
+    pub backend: FeatureBackend,
+    /// The sled database directory; no store when unset (sled backend).
     pub path: Option<PathBuf>,
     /// The views file (TOML) the store validates and records.
     pub views: Option<PathBuf>,
@@ -205,6 +241,170 @@ pub struct FeaturesConfig {
     /// fetch; the store's default (4096) when unset. Lookups of the decision
     /// engine in this process are not limited by it.
     pub max_keys_per_lookup: Option<usize>,
+    /// Redis backend: one server, `redis://host:port[/db]`.
+    pub redis_url: Option<String>,
+    /// Redis backend: nodes of a Redis Cluster (`redis://host:port` each).
+    pub redis_cluster: Vec<String>,
+    /// Redis backend: first part of every key (default `mesh`).
+    pub redis_key_prefix: Option<String>,
+    /// Redis backend: how long a lookup waits for Redis (default 20ms); past it,
+    /// cached values answer as OUTSIDE_MAX_AGE, or UNAVAILABLE. Must be below
+    /// `[decisions] deadline`.
+    #[serde(deserialize_with = "duration::option")]
+    pub lookup_budget: Option<Duration>,
+    /// Redis backend: how long a push or ingest batch waits (default 2s).
+    #[serde(deserialize_with = "duration::option")]
+    pub redis_write_timeout: Option<Duration>,
+    /// Redis backend: how long the start waits to connect (default 5s).
+    #[serde(deserialize_with = "duration::option")]
+    pub redis_connect_timeout: Option<Duration>,
+    /// Redis backend: bytes of decoded rows cached in process (default 64 MiB;
+    /// 0 = no cache).
+    pub cache_max_bytes: Option<usize>,
+    /// Redis backend: how long a cached row answers without asking Redis
+    /// (default 1s; writes through this process invalidate at once).
+    #[serde(deserialize_with = "duration::option")]
+    pub cache_max_age: Option<Duration>,
+    /// A features role to read from instead of a store of this process
+    /// (`http://host:port`, or `https://` with `[tls.client]`).
+    pub remote: Option<String>,
+    /// How long the start waits for the remote's `ListViews` (it is retried
+    /// while the features role is not up yet). Default 10 s.
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub remote_wait: Duration,
+    /// A cap on one remote lookup; unset, a lookup may take what is left of the
+    /// decision's deadline less the fallback reserve.
+    #[serde(deserialize_with = "duration::option")]
+    pub lookup_timeout: Option<Duration>,
+}
+
+impl Default for FeaturesConfig {
+    fn default() -> Self {
+        Self {
+            backend: FeatureBackend::Sled,
+            path: None,
+            views: None,
+            max_keys_per_lookup: None,
+            redis_url: None,
+            redis_cluster: Vec::new(),
+            redis_key_prefix: None,
+            lookup_budget: None,
+            redis_write_timeout: None,
+            redis_connect_timeout: None,
+            cache_max_bytes: None,
+            cache_max_age: None,
+            remote: None,
+            remote_wait: Duration::from_secs(10),
+            lookup_timeout: None,
+        }
+    }
+}
+
+/// The most `[features] remote_wait` may be.
+pub const MAX_REMOTE_WAIT: Duration = Duration::from_secs(600);
+
+impl FeaturesConfig {
+    /// `path` and `remote` exclude each other; `remote` must be a URL of a
+    /// features role; the durations must be usable.
+    pub fn validate(&self) -> Result<(), String> {
+        if let (Some(_), Some(remote)) = (&self.path, &self.remote) {
+            return Err(format!(
+                "[features] path and remote = \"{remote}\" are both set: a process reads \
+                 features from its own store (path) or from a features role (remote), not both"
+            ));
+        }
+        if let (FeatureBackend::Redis, Some(remote)) = (self.backend, &self.remote) {
+            return Err(format!(
+                "[features] backend = \"redis\" and remote = \"{remote}\" are both set: a \
+                 process reads features from its own store or from a features role, not both"
+            ));
+        }
+        if let Some(remote) = &self.remote {
+            crate::decide::discovery::Target::parse(remote)
+                .map_err(|e| format!("[features] {e}"))?;
+        }
+        if self.remote_wait > MAX_REMOTE_WAIT {
+            return Err(format!(
+                "[features] remote_wait must be at most {}",
+                format_duration(MAX_REMOTE_WAIT)
+            ));
+        }
+        if self.lookup_timeout.is_some_and(|t| t.is_zero()) {
+            return Err("[features] lookup_timeout must be more than 0".into());
+        }
+        Ok(())
+    }
+}
+
+/// `[features] backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FeatureBackend {
+    #[default]
+    Sled,
+    Redis,
+}
+
+impl FeaturesConfig {
+    /// The Redis settings, when `backend = "redis"` (`Err` names the key at fault).
+    pub fn redis_options(&self) -> Result<Option<mesh_feature_store::RedisOptions>, String> {
+        use mesh_feature_store::{RedisOptions, RedisTarget};
+        let redis_keys_set = self.redis_url.is_some()
+            || !self.redis_cluster.is_empty()
+            || self.redis_key_prefix.is_some()
+            || self.lookup_budget.is_some()
+            || self.redis_write_timeout.is_some()
+            || self.redis_connect_timeout.is_some()
+            || self.cache_max_bytes.is_some()
+            || self.cache_max_age.is_some();
+        if self.backend == FeatureBackend::Sled {
+            if redis_keys_set {
+                return Err("[features] has Redis settings (redis_url, redis_cluster, lookup_budget, cache_*, ...) but backend is \"sled\": set backend = \"redis\" or remove them".into());
+            }
+            return Ok(None);
+        }
+        if self.path.is_some() {
+            return Err(
+                "[features] path is the sled directory; with backend = \"redis\" remove it".into(),
+            );
+        }
+        let target = match (&self.redis_url, self.redis_cluster.is_empty()) {
+            (Some(u), true) => RedisTarget::Server(u.clone()),
+            (None, false) => RedisTarget::Cluster(self.redis_cluster.clone()),
+            (Some(_), false) => {
+                return Err("[features] sets both redis_url and redis_cluster: keep one".into())
+            }
+            (None, true) => {
+                return Err("[features] backend = \"redis\" needs redis_url (one server) or redis_cluster (cluster nodes)".into())
+            }
+        };
+        let mut o = RedisOptions::new(target);
+        if let Some(p) = &self.redis_key_prefix {
+            o.key_prefix.clone_from(p);
+        }
+        if let Some(d) = self.lookup_budget {
+            o.lookup_budget = d;
+        }
+        if let Some(d) = self.redis_write_timeout {
+            o.write_timeout = d;
+        }
+        if let Some(d) = self.redis_connect_timeout {
+            o.connect_timeout = d;
+        }
+        if let Some(b) = self.cache_max_bytes {
+            o.cache_max_bytes = b;
+        }
+        if let Some(d) = self.cache_max_age {
+            o.cache_max_age = d;
+        }
+        o.validate().map_err(|e| format!("[features] {e}"))?;
+        Ok(Some(o))
+    }
+
+    /// Whether a store is configured (a sled `path`, or the Redis backend).
+    pub fn configured(&self) -> bool {
+        self.path.is_some() || self.backend == FeatureBackend::Redis
+    }
 }
 
 /// `[server]`.

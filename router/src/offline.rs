@@ -10,6 +10,7 @@ use mesh_feature_store::{
     Durability, EntityKey, FeatureStore, KeyColumn, KeyType, LookupRequest, LookupResponse, Row,
     Value, ViewInfo,
 };
+use mesh_model_actor::config::ColumnRules;
 use mesh_model_actor::{Batch, VersionHandle};
 
 use crate::decide::features::{build_row, RequestFeatures};
@@ -91,9 +92,10 @@ pub async fn score_entities(
     Ok((scored, refused))
 }
 
-/// The model's input spec with every request-time feature at its default: offline
-/// there are no request-time features, so they take their defaults here even where
-/// the online path would refuse to score without them.
+/// The model's input spec with no refusal of request-time features: offline there
+/// are none, so an entry that would refuse to score without one takes NaN where the
+/// model accepts missing values there (a tree model's `[trees] missing` column),
+/// else its default.
 fn offline_spec(handle: &VersionHandle) -> Result<DecisionSpec, RouterError> {
     let mut spec = DecisionSpec::from_model(&handle.config)
         .map_err(RouterError::InvalidArgument)?
@@ -103,10 +105,17 @@ fn offline_spec(handle: &VersionHandle) -> Result<DecisionSpec, RouterError> {
                 handle.config.name
             ))
         })?;
+    let mut col = 0;
     for e in &mut spec.entries {
-        if matches!(e.source, Source::Request(_)) {
-            e.on_missing = OnMissing::Default;
+        if matches!(e.source, Source::Request(_)) && e.on_missing == OnMissing::Refuse {
+            let missing = e.width() == 1 && spec.columns.column(col) & ColumnRules::MISSING != 0;
+            e.on_missing = if missing {
+                OnMissing::Nan
+            } else {
+                OnMissing::Default
+            };
         }
+        col += e.width();
     }
     Ok(spec)
 }

@@ -26,6 +26,8 @@ pub struct PredictionLogConfig {
     pub flush_interval: Duration,
     /// Records that may wait for the writer before new ones are dropped.
     pub channel_capacity: usize,
+    /// Nice value of the log's writer threads (0..=19; 0 = the serving threads' own).
+    pub writer_nice: i32,
 }
 
 /// `[prediction_log]` as written, old spellings included.
@@ -41,6 +43,8 @@ struct PredictionLogFile {
     flush_interval_ms: Option<u64>,
     #[serde(default = "default_capacity")]
     channel_capacity: usize,
+    #[serde(default = "default_writer_nice")]
+    writer_nice: i32,
 }
 
 impl TryFrom<PredictionLogFile> for PredictionLogConfig {
@@ -54,11 +58,18 @@ impl TryFrom<PredictionLogFile> for PredictionLogConfig {
                 crate::config::millis(f.flush_interval_ms),
             )],
         )?;
+        if !(0..=19).contains(&f.writer_nice) {
+            return Err(format!(
+                "[prediction_log] writer_nice = {}: must be 0 (the serving threads' priority) to 19 (lowest)",
+                f.writer_nice
+            ));
+        }
         Ok(Self {
             dir: f.dir,
             features: f.features,
             flush_interval: flush_interval.unwrap_or_else(default_flush_interval),
             channel_capacity: f.channel_capacity,
+            writer_nice: f.writer_nice,
         })
     }
 }
@@ -72,6 +83,9 @@ fn default_flush_interval() -> Duration {
 fn default_capacity() -> usize {
     65_536
 }
+fn default_writer_nice() -> i32 {
+    LogConfig::new("").writer_nice
+}
 
 /// Starts the writer.
 pub fn start(cfg: &PredictionLogConfig) -> Result<(PredictionLogHandle, WriterTask), RouterError> {
@@ -82,11 +96,13 @@ pub fn start(cfg: &PredictionLogConfig) -> Result<(PredictionLogHandle, WriterTa
         .map_err(|e| RouterError::InvalidArgument(format!("[prediction_log] features: {e}")))?;
     c.flush_interval = cfg.flush_interval;
     c.channel_capacity = cfg.channel_capacity;
+    c.writer_nice = cfg.writer_nice;
     PredictionLog::start(c)
         .map_err(|e| RouterError::Internal(format!("prediction log at {}: {e}", cfg.dir.display())))
 }
 
-/// Sends decision outcomes to the log.
+/// Sends decision outcomes to the log. Runs on the request path: it copies what the
+/// record needs and nothing else (statuses, source and decision are static strings).
 pub struct LogSink(pub PredictionLogHandle);
 
 impl OutcomeSink for LogSink {
@@ -105,7 +121,7 @@ impl OutcomeSink for LogSink {
                 .map(|f| FeatureUsed {
                     name: f.name.clone(),
                     value: f.value,
-                    status: f.status.to_owned(),
+                    status: f.status.into(),
                     event_time_us: f.event_time_us,
                 })
                 .collect(),
@@ -147,5 +163,33 @@ pub fn record_oip(
         rec.source = source::MODEL.to_owned();
         rec.stages = stages;
         log.record(rec);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<PredictionLogConfig, String> {
+        toml::from_str::<PredictionLogConfig>(text).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn writer_nice_defaults_to_the_logs_and_is_bounded() {
+        let c = parse("dir = \"d\"").unwrap();
+        assert_eq!(c.writer_nice, LogConfig::new("d").writer_nice);
+        assert_eq!(
+            parse("dir = \"d\"\nwriter_nice = 0").unwrap().writer_nice,
+            0
+        );
+        assert_eq!(
+            parse("dir = \"d\"\nwriter_nice = 19").unwrap().writer_nice,
+            19
+        );
+        for bad in ["-1", "20"] {
+            let e = parse(&format!("dir = \"d\"\nwriter_nice = {bad}")).unwrap_err();
+            assert!(e.contains("writer_nice") && e.contains(bad), "{e}");
+        }
     }
 }

@@ -163,10 +163,19 @@ mod tests {
         let e = check_not_expired(arrived, deadline(arrived, Some(ms(20)), ms(1000), ms(1000)))
             .unwrap_err();
         assert_eq!(e.code(), tonic::Code::DeadlineExceeded);
-        assert!(e.message().contains("20.000 ms after its arrival passed"), "{e}");
-        assert!(check_not_expired(arrived, deadline(arrived, Some(ms(50)), ms(1000), ms(1000))).is_ok());
+        assert!(
+            e.message().contains("20.000 ms after its arrival passed"),
+            "{e}"
+        );
+        assert!(
+            check_not_expired(arrived, deadline(arrived, Some(ms(50)), ms(1000), ms(1000))).is_ok()
+        );
         let e = check_in_time(arrived, arrived + ms(10)).unwrap_err();
-        assert!(e.message().starts_with("deadline exceeded: the answer was ready 2"), "{e}");
+        assert!(
+            e.message()
+                .starts_with("deadline exceeded: the answer was ready 2"),
+            "{e}"
+        );
         assert!(check_in_time(arrived, arrived + ms(60)).is_ok());
     }
 

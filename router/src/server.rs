@@ -13,12 +13,15 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use mesh_feature_store::service::FeatureStoreService;
-use mesh_feature_store::{FeatureStore, Limits as FsLimits, ViewsConfig};
+use mesh_feature_store::{FeatureStore, Limits as FsLimits, StoreOptions, ViewsConfig};
 use mesh_proto::mesh::v1::decisions_server::DecisionsServer;
 
 use crate::admin::Admin;
 use crate::auth::{GrpcGuardLayer, ModelControl, Planes};
 use crate::config::{FeaturesConfig, MeshConfig, Role, ServerConfig};
+use crate::decide::discovery::{Resolve, SystemResolver};
+use crate::decide::feature_source::FeatureSource;
+use crate::decide::remote_features::RemoteFeatures;
 use crate::decide::service::DecisionService;
 use crate::decide::Engine;
 use crate::error::RouterError;
@@ -82,9 +85,16 @@ impl Running {
     pub async fn wait(&mut self) {
         let mut stopped = self.stop.subscribe();
         let any_task = futures::future::select_all(self.tasks.iter_mut());
-        tokio::select! {
-            _ = stopped.wait_for(|s| *s) => {}
-            _ = any_task => {}
+        let finished = tokio::select! {
+            _ = stopped.wait_for(|s| *s) => None,
+            (_, i, _) = any_task => Some(i),
+        };
+        // A task that finished here (a server stops at once when a stop is asked for,
+        // so both branches can be ready) must not be awaited again by `shutdown`: a
+        // JoinHandle polled after completion panics, and the process would die before
+        // it closed the prediction log.
+        if let Some(i) = finished {
+            drop(self.tasks.remove(i));
         }
     }
 
@@ -125,20 +135,30 @@ pub async fn start(cfg: &ServerConfig) -> Result<Running, RouterError> {
     .await
 }
 
-/// Opens the feature store of `[features]`, if configured. A database sled cannot
-/// open fails the start with the store's own explanation.
+/// Opens the feature store of `[features]`, if configured: sled at `path`, or
+/// Redis (`backend = "redis"`). A database sled cannot open, or a Redis that
+/// cannot be reached, fails the start with the store's own explanation.
 pub async fn open_store(cfg: &FeaturesConfig) -> Result<Option<Arc<FeatureStore>>, RouterError> {
-    let Some(path) = cfg.path.clone() else {
+    if !cfg.configured() {
         return Ok(None);
-    };
+    }
+    let redis = cfg.redis_options().map_err(RouterError::InvalidArgument)?;
     let views_path = cfg.views.clone().ok_or_else(|| {
         RouterError::InvalidArgument(
-            "[features] path is set but views (the views file) is not".into(),
+            "[features] has a store (path or backend = \"redis\") but views (the views file) is not set"
+                .into(),
         )
     })?;
+    let path = cfg.path.clone();
     let store = tokio::task::spawn_blocking(move || {
         let views = ViewsConfig::from_path(&views_path)?;
-        FeatureStore::open(&path, &views)
+        match (redis, path) {
+            (Some(r), _) => FeatureStore::open_redis(&views, r, StoreOptions::default()),
+            (None, Some(path)) => FeatureStore::open(&path, &views),
+            (None, None) => Err(mesh_feature_store::FeatureStoreError::Config {
+                what: "no store configured".into(),
+            }),
+        }
     })
     .await
     .map_err(|e| startup("opening the feature store", e))?
@@ -164,16 +184,38 @@ struct Parts {
     budget: crate::budget::InFlightBytes,
 }
 
+/// Where this process's decisions read stored features: its own store, or the
+/// features role of `[features] remote` (connected now: its views are read).
+async fn feature_source(
+    mesh: &MeshConfig,
+    store: Option<&Arc<FeatureStore>>,
+) -> Result<Option<Arc<FeatureSource>>, RouterError> {
+    let f = &mesh.features;
+    let Some(url) = &f.remote else {
+        return Ok(store.map(|s| Arc::new(FeatureSource::Local(s.clone()))));
+    };
+    let remote = RemoteFeatures::connect(url, f.remote_wait, f.lookup_timeout)
+        .await
+        .map_err(RouterError::Unavailable)?;
+    Ok(Some(Arc::new(FeatureSource::Remote(Box::new(remote)))))
+}
+
 impl Parts {
     /// The actor system, the store, the log, the models and the decision engine
     /// that `mesh.server.role` asks for.
-    async fn build(mesh: &MeshConfig) -> Result<Self, RouterError> {
+    async fn build(mesh: &MeshConfig, resolver: Arc<dyn Resolve>) -> Result<Self, RouterError> {
         let cfg = &mesh.server;
         let planes = Arc::new(
             Planes::load(&mesh.admin, &mesh.writer).map_err(RouterError::InvalidArgument)?,
         );
         let system = ActorSystem::start().map_err(|e| startup("starting the actor system", e))?;
         let serves_models = cfg.role != Role::Features;
+        if cfg.role == Role::Features && mesh.features.remote.is_some() {
+            return Err(RouterError::InvalidArgument(
+                "--role features serves its own store: set [features] path and views, not remote"
+                    .into(),
+            ));
+        }
         let store = match cfg.role {
             Role::Model => None,
             _ => open_store(&mesh.features).await?,
@@ -204,11 +246,13 @@ impl Parts {
                 });
                 let engine = Engine::new(
                     core.repo.clone(),
-                    store.clone(),
+                    feature_source(mesh, store.as_ref()).await?,
                     mesh.decisions.clone(),
                     sink,
+                    resolver,
                 )?;
                 engine.check_specs()?;
+                engine.start_discovery().await;
                 Some(engine)
             }
             _ => None,
@@ -277,6 +321,14 @@ async fn bind(
 
 /// Starts what `cfg.server.role` asks for on its ports (0 = any free port).
 pub async fn start_mesh(mesh: &MeshConfig) -> Result<Running, RouterError> {
+    start_mesh_with(mesh, Arc::new(SystemResolver)).await
+}
+
+/// [`start_mesh`], resolving the names of `remote` replicas with `resolver`.
+pub async fn start_mesh_with(
+    mesh: &MeshConfig,
+    resolver: Arc<dyn Resolve>,
+) -> Result<Running, RouterError> {
     let cfg = &mesh.server;
     let metrics = crate::telemetry::metrics();
     // TLS files and client settings first: a bad file fails the start before
@@ -289,7 +341,7 @@ pub async fn start_mesh(mesh: &MeshConfig) -> Result<Running, RouterError> {
     crate::decide::replica::set_client_tls(
         crate::tls::client_tls(&mesh.tls.client).map_err(RouterError::InvalidArgument)?,
     );
-    let parts = Parts::build(mesh).await?;
+    let parts = Parts::build(mesh, resolver).await?;
     parts.log_planes();
     let (grpc_listener, grpc_addr) = bind(cfg.host, cfg.grpc_port, "gRPC").await?;
     let (http_listener, http_addr) = bind(cfg.host, cfg.http_port, "HTTP").await?;
@@ -320,7 +372,7 @@ pub async fn start_mesh(mesh: &MeshConfig) -> Result<Running, RouterError> {
         .flat_map(|c| c.repo.models())
         .map(|m| m.config.name.clone())
         .collect();
-    tracing::info!(%grpc_addr, %http_addr, role = ?cfg.role, ?models, feature_store = parts.store.is_some(), tls = mesh.tls.serves(), "mesh serving");
+    tracing::info!(%grpc_addr, %http_addr, role = ?cfg.role, ?models, feature_store = parts.store.is_some(), remote_features = mesh.features.remote.as_deref(), tls = mesh.tls.serves(), "mesh serving");
     Ok(Running {
         grpc_addr,
         http_addr,

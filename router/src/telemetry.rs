@@ -28,6 +28,15 @@ pub mod names {
     /// NULL, OUTSIDE_MAX_AGE, a failed lookup, a request feature not sent), by
     /// `model` and `view` (`request` for request features).
     pub const DEFAULTED_FEATURES: &str = "mesh_router_defaulted_features_total";
+    /// Counter: feature lookups of decisions that failed (the store could not be
+    /// read, a remote features role did not answer in time or answered an error),
+    /// by `store` (`local` or `remote`); each such decision took its spec's defaults.
+    pub const FEATURE_LOOKUP_FAILURES: &str = "mesh_router_feature_lookup_failures_total";
+    /// Counter: resolutions of a `remote` replica name that failed or found no
+    /// address (the last good addresses stayed), by `name`.
+    pub const RESOLVE_FAILURES: &str = "mesh_router_resolve_failures_total";
+    /// Gauge: addresses (replicas) a `remote` name stands for now, by `name`.
+    pub const RESOLVED_ADDRESSES: &str = "mesh_router_resolved_addresses";
     /// Gauge: connections open on the gRPC and HTTP ports together.
     pub const OPEN_CONNECTIONS: &str = "mesh_router_open_connections";
     /// Counter: connections closed because nothing arrived for `idle_timeout`.

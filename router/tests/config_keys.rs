@@ -222,3 +222,55 @@ fn from_file_names_the_file() {
         "{err}"
     );
 }
+
+#[test]
+fn the_redis_backend_keys_parse_and_refuse_what_cannot_work() {
+    let c = MeshConfig::from_toml(
+        "[features]\nbackend = \"redis\"\nredis_cluster = [\"redis://127.0.0.1:7000\", \"redis://127.0.0.1:7001\"]\nviews = \"v.toml\"\nlookup_budget = \"15ms\"\ncache_max_bytes = 0\ncache_max_age = \"250ms\"\n",
+    )
+    .unwrap();
+    let r = c.features.redis_options().unwrap().unwrap();
+    assert_eq!(r.lookup_budget, Duration::from_millis(15));
+    assert_eq!(r.cache_max_bytes, 0);
+    assert_eq!(r.cache_max_age, Duration::from_millis(250));
+    assert_eq!(
+        r.target,
+        mesh_feature_store::RedisTarget::Cluster(vec![
+            "redis://127.0.0.1:7000".into(),
+            "redis://127.0.0.1:7001".into()
+        ])
+    );
+    assert!(c.features.configured());
+    // sled stays the default, and has no Redis options.
+    let c = MeshConfig::from_toml("[features]\npath = \"db\"\nviews = \"v.toml\"\n").unwrap();
+    assert!(c.features.redis_options().unwrap().is_none());
+
+    for (text, says) in [
+        ("[features]\npath = \"db\"\nredis_url = \"redis://h:1\"\n", "backend is \"sled\""),
+        ("[features]\nbackend = \"redis\"\n", "needs redis_url"),
+        (
+            "[features]\nbackend = \"redis\"\nredis_url = \"redis://h:1\"\nredis_cluster = [\"redis://h:2\"]\n",
+            "both redis_url and redis_cluster",
+        ),
+        (
+            "[features]\nbackend = \"redis\"\nredis_url = \"redis://h:1\"\npath = \"db\"\n",
+            "remove it",
+        ),
+        (
+            "[features]\nbackend = \"redis\"\nredis_url = \"redis://h:1\"\nlookup_budget = \"50ms\"\n",
+            "must be below [decisions] deadline",
+        ),
+        (
+            "[features]\nbackend = \"redis\"\nredis_url = \"redis://h:1\"\nredis_key_prefix = \"a b\"\n",
+            "redis_key_prefix",
+        ),
+        ("[features]\nbackend = \"memcached\"\n", "memcached"),
+        (
+            "[features]\nbackend = \"redis\"\nredis_url = \"redis://h:1\"\nremote = \"http://h:2\"\n",
+            "not both",
+        ),
+    ] {
+        let e = MeshConfig::from_toml(text).unwrap_err().to_string();
+        assert!(e.contains(says), "{text}: {e}");
+    }
+}

@@ -4,15 +4,19 @@ mod common;
 
 #[test]
 fn the_example_model_is_the_reference_model() {
-    let example =
-        std::fs::read(common::root().join("examples/models/fraud_mlp/1/model.safetensors"))
-            .expect("example weights");
+    // Both versions of the example (see examples/models/fraud_mlp/README.md).
     let reference = std::fs::read(common::reference_weights()).expect("reference weights");
-    assert_eq!(example.len(), reference.len());
-    assert!(
-        example == reference,
-        "examples/models/fraud_mlp/1 differs from tests/data/fraud-mlp"
-    );
+    for v in [1, 2] {
+        let example = std::fs::read(
+            common::root().join(format!("examples/models/fraud_mlp/{v}/model.safetensors")),
+        )
+        .expect("example weights");
+        assert_eq!(example.len(), reference.len());
+        assert!(
+            example == reference,
+            "examples/models/fraud_mlp/{v} differs from tests/data/fraud-mlp"
+        );
+    }
 }
 
 #[test]

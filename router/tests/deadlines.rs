@@ -78,7 +78,11 @@ fn heavy_repo(dir: &Path) -> PathBuf {
             vec![n_out, n_in],
             weights(n_in * n_out, n_in, &mut seed),
         ));
-        tensors.push((["l0.bias", "l1.bias", "l2.bias"][i], vec![n_out], vec![0.0; n_out]));
+        tensors.push((
+            ["l0.bias", "l1.bias", "l2.bias"][i],
+            vec![n_out],
+            vec![0.0; n_out],
+        ));
     }
     write_safetensors(&m.join("1/model.safetensors"), &tensors);
     let mut spec = String::from("[input_spec]\non_missing = \"default\"\n");
@@ -154,7 +158,11 @@ async fn fill(c: &Client, repo: &ModelRepository, n: usize) -> Vec<tokio::task::
     let h = repo.get("heavy", None).unwrap();
     let t = Instant::now();
     while h.in_flight() < n {
-        assert!(t.elapsed() < Duration::from_secs(10), "only {} admitted", h.in_flight());
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "only {} admitted",
+            h.in_flight()
+        );
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     tasks
@@ -213,9 +221,11 @@ async fn oip_refuses_at_once_what_its_model_cannot_answer_in_time() {
     }
     let metrics = mesh_router::telemetry::metrics().render();
     assert!(
-        metrics.lines().any(|l| l.starts_with("mesh_model_dropped_requests_total")
-            && l.contains("model=\"heavy\"")
-            && l.contains("reason=\"cannot_meet_deadline\"")),
+        metrics
+            .lines()
+            .any(|l| l.starts_with("mesh_model_dropped_requests_total")
+                && l.contains("model=\"heavy\"")
+                && l.contains("reason=\"cannot_meet_deadline\"")),
         "no cannot_meet_deadline count in /metrics"
     );
     server.shutdown().await;
@@ -269,8 +279,14 @@ async fn the_deadline_counts_from_arrival_not_from_the_handler() {
     let path = "/v2/models/fraud_mlp/infer";
     let timeout = [("x-mesh-timeout-ms", "100")];
     // Sent at once: answered well within 100 ms.
-    let (status, text) =
-        http_post(server.http_addr, path, &timeout, body.as_bytes(), Duration::ZERO).await;
+    let (status, text) = http_post(
+        server.http_addr,
+        path,
+        &timeout,
+        body.as_bytes(),
+        Duration::ZERO,
+    )
+    .await;
     assert_eq!(status, 200, "{text}");
     // Headers now, body 200 ms later: the handler runs after the deadline, which
     // counts from the headers' arrival. Not computed, not OK.
@@ -289,10 +305,12 @@ async fn the_deadline_counts_from_arrival_not_from_the_handler() {
     );
     let metrics = mesh_router::telemetry::metrics().render();
     assert!(
-        metrics.lines().any(|l| l.starts_with("mesh_router_requests_total")
-            && l.contains("model=\"fraud_mlp\"")
-            && l.contains("protocol=\"http\"")
-            && l.contains("code=\"deadline_exceeded\"")),
+        metrics
+            .lines()
+            .any(|l| l.starts_with("mesh_router_requests_total")
+                && l.contains("model=\"fraud_mlp\"")
+                && l.contains("protocol=\"http\"")
+                && l.contains("code=\"deadline_exceeded\"")),
         "the late request is not counted as deadline_exceeded"
     );
     server.shutdown().await;
@@ -342,18 +360,26 @@ async fn decide_goes_to_the_fallbacks_when_the_model_cannot_answer_in_time() {
         .await
         .unwrap();
     // An idle model answers the decision itself.
-    let mut d = mpb::decisions_client::DecisionsClient::connect(format!("http://{}", server.grpc_addr))
-        .await
-        .unwrap();
+    let mut d =
+        mpb::decisions_client::DecisionsClient::connect(format!("http://{}", server.grpc_addr))
+            .await
+            .unwrap();
     let a = d.decide(decide_request("idle")).await.unwrap().into_inner();
     assert_eq!(a.source, mpb::AnswerSource::Model as i32, "{:?}", a.reasons);
     let queued = fill(&c, &repo, 12).await;
     let t = Instant::now();
     let a = d.decide(decide_request("busy")).await.unwrap().into_inner();
     let took = t.elapsed();
-    assert_eq!(a.source, mpb::AnswerSource::Default as i32, "{:?}", a.reasons);
+    assert_eq!(
+        a.source,
+        mpb::AnswerSource::Default as i32,
+        "{:?}",
+        a.reasons
+    );
     assert!(
-        a.reasons.iter().any(|r| r.contains("cannot answer in time")),
+        a.reasons
+            .iter()
+            .any(|r| r.contains("cannot answer in time")),
         "{:?}",
         a.reasons
     );
@@ -378,6 +404,7 @@ async fn a_decision_past_its_deadline_is_not_an_answer() {
         None,
         Default::default(),
         Some(kept.clone() as Arc<dyn OutcomeSink>),
+        Arc::new(mesh_router::decide::discovery::SystemResolver),
     )
     .unwrap();
     // Arrived 80 ms ago with the default 50 ms budget: DEADLINE_EXCEEDED without
@@ -388,15 +415,25 @@ async fn a_decision_past_its_deadline_is_not_an_answer() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::DeadlineExceeded, "{e}");
-    assert!(e.message().contains("passed before its work started"), "{e}");
+    assert!(
+        e.message().contains("passed before its work started"),
+        "{e}"
+    );
     let logged = std::mem::take(&mut *kept.0.lock());
     assert_eq!(logged.len(), 1);
     assert_eq!(logged[0].source, AnswerSource::Deadline);
     assert_eq!(logged[0].source.as_str(), "DEADLINE");
-    assert!(logged[0].reasons[0].starts_with("not answered: "), "{:?}", logged[0].reasons);
+    assert!(
+        logged[0].reasons[0].starts_with("not answered: "),
+        "{:?}",
+        logged[0].reasons
+    );
     // Arrived in time: answered by the model, logged as such.
     let ok = engine
-        .decide_batch(&[decide_request("ok")], (Instant::now(), Some(Duration::from_secs(1))))
+        .decide_batch(
+            &[decide_request("ok")],
+            (Instant::now(), Some(Duration::from_secs(1))),
+        )
         .await
         .unwrap();
     assert_eq!(ok[0].source, AnswerSource::Model, "{:?}", ok[0].reasons);

@@ -175,34 +175,45 @@ fn classify(text: &str) -> Result<Kind, String> {
 }
 
 /// A model.toml fragment that is only the decision tables gets a model around
-/// it whose input is as wide as the spec fills, so the spec itself is checked.
+/// it whose input is as wide as the spec fills, so the spec itself is checked: an
+/// MLP, or a tree model when the spec sends NaN or category codes (every column
+/// may be missing, the `categories` entries' columns are categorical).
 fn whole_model(text: &str) -> Result<String, String> {
     let table: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
     if table.contains_key("kind") {
         return Ok(text.to_owned());
     }
-    let width: usize = table
-        .get("input_spec")
+    let spec = table.get("input_spec");
+    let entries = spec
         .and_then(|s| s.get("features"))
         .and_then(|f| f.as_array())
-        .map(|entries| {
-            entries
-                .iter()
-                .map(|e| {
-                    e.get("one_hot")
-                        .and_then(|o| o.as_array())
-                        .map_or(1, Vec::len)
-                })
-                .sum()
-        })
-        .unwrap_or(1);
+        .cloned()
+        .unwrap_or_default();
+    let (mut width, mut categorical) = (0usize, Vec::new());
+    let mut nan = spec
+        .and_then(|s| s.get("on_missing"))
+        .is_some_and(|m| m.as_str() == Some("nan"));
+    for e in &entries {
+        if e.get("categories").is_some() {
+            categorical.push(width);
+        }
+        nan |= e.get("on_missing").and_then(|m| m.as_str()) == Some("nan");
+        width += e
+            .get("one_hot")
+            .and_then(|o| o.as_array())
+            .map_or(1, Vec::len);
+    }
+    let width = width.max(1);
+    let model = if nan || !categorical.is_empty() {
+        format!("kind = \"xgboost\"\n[trees]\ncategorical = {categorical:?}\nmissing = \"any\"\n")
+    } else {
+        "kind = \"mlp\"\n[mlp]\nactivations = []\noutput_activation = \"sigmoid\"\n".to_owned()
+    };
     Ok(format!(
-        "kind = \"mlp\"\n\
-         [[inputs]]\nname = \"input\"\ndatatype = \"FP32\"\ndims = [{}]\n\
+        "{model}\
+         [[inputs]]\nname = \"input\"\ndatatype = \"FP32\"\ndims = [{width}]\n\
          [[outputs]]\nname = \"probability\"\ndatatype = \"FP32\"\ndims = [1]\n\
-         [mlp]\nactivations = []\noutput_activation = \"sigmoid\"\n\
-         {text}",
-        width.max(1)
+         {text}"
     ))
 }
 

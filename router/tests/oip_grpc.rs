@@ -102,7 +102,8 @@ async fn model_infer_reproduces_the_reference_and_rejects_bad_input() {
             async move { c.model_infer(req).await.unwrap().into_inner() }
         });
         for (resp, (_, want)) in futures::future::join_all(calls).await.iter().zip(chunk) {
-            assert_eq!(resp.model_version, "1");
+            // The example serves versions 1 and 2 (the same weights); 2 answers.
+            assert_eq!(resp.model_version, "2");
             worst = worst.max((outputs(resp)[0] - want).abs());
         }
     }
@@ -206,7 +207,14 @@ async fn model_infer_reproduces_the_reference_and_rejects_bad_input() {
         .await
         .unwrap()
         .into_inner();
-    let s = &stats.model_stats[0];
+    // One entry per served version; version 2 answered everything.
+    let versions: Vec<&str> = stats
+        .model_stats
+        .iter()
+        .map(|s| s.version.as_str())
+        .collect();
+    assert_eq!(versions, ["1", "2"]);
+    let s = &stats.model_stats[1];
     assert!(s.inference_count >= 3000, "{}", s.inference_count);
     assert!(s.execution_count > 0 && s.execution_count <= s.inference_count);
     let inf = s.inference_stats.clone().unwrap();
@@ -224,7 +232,7 @@ async fn model_infer_reproduces_the_reference_and_rejects_bad_input() {
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     let got = v["outputs"][0]["data"][0].as_f64().unwrap() as f32;
     assert!((got - rows[1].1).abs() <= 1e-5);
-    assert_eq!(v["model_version"], "1");
+    assert_eq!(v["model_version"], "2");
     let (status, text) = http.post("/v2/models/nope/infer", &body.to_string()).await;
     assert_eq!(status, 404);
     assert!(

@@ -138,6 +138,15 @@ async fn tree_models_over_model_infer_reproduce_the_libraries() {
         assert_eq!(mc.backend, "mesh_trees");
         assert_eq!(mc.input[0].dims, vec![FEATURES as i64]);
         assert_eq!(mc.output[0].dims, vec![1]);
+        // What the columns take, as parameters (mesh bench builds its rows from them).
+        let param = |k: &str| mc.parameters.get(k).map(|p| p.string_value.as_str());
+        assert_eq!(param("categorical_columns"), Some("32,33"));
+        let missing = if name == "fraud_xgb" {
+            "4,9,20,32,33"
+        } else {
+            "4,9,20"
+        };
+        assert_eq!(param("missing_columns"), Some(missing));
         let meta = c
             .model_metadata(pb::ModelMetadataRequest {
                 name: name.into(),

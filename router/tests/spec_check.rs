@@ -55,6 +55,8 @@ fn setup(dir: &Path, card_source: &str, versions: &[u64], extra: &str) -> MeshCo
         views = "{views}"
         [decisions]
         deadline = "2s"
+        [decisions.stack]
+        per_try_timeout = "1s"   # a debug build under a parallel test run is slow
         [[decisions.deployments]]
         model = "fraud_mlp"
         {extra}

@@ -101,6 +101,17 @@ impl<S> ReplicaUpdates<S> {
             .send(Change::Remove(id))
             .map_err(|_| StackError::Internal("model-call stack was dropped".into()))
     }
+
+    /// Resolves when the stack is gone (every clone dropped and its balancer
+    /// stopped), so a task that feeds it replica changes can end.
+    pub async fn closed(&self) {
+        self.tx.closed().await
+    }
+
+    /// Whether the stack is gone.
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
 }
 
 /// The discover for `replicas` and the handle that changes it later.

@@ -402,6 +402,23 @@ async fn replicas_can_be_added_and_removed() {
     assert_eq!(stack.breaker_states().len(), 1);
 }
 
+#[tokio::test]
+async fn replica_updates_say_when_the_stack_is_gone() {
+    let a = Fake::new("a", Mode::Ok);
+    let (stack, updates) = model_call_stack_with_updates(vec![a.entry()], &cfg()).unwrap();
+    let copy = stack.clone();
+    drop(stack);
+    // A clone still holds the balancer: the handle is live.
+    assert!(!updates.is_closed());
+    drop(copy);
+    // The balancer stops with its last clone; whoever feeds it learns so.
+    tokio::time::timeout(Duration::from_secs(5), updates.closed())
+        .await
+        .expect("closed() resolves once the stack is dropped");
+    assert!(updates.is_closed());
+    assert!(updates.insert(ReplicaId::from("b"), a.clone()).is_err());
+}
+
 #[tokio::test(start_paused = true)]
 async fn invalid_config_is_rejected() {
     let cfg = StackConfig {

@@ -51,9 +51,13 @@ class Mesh:
 
 
 def copy_repo(dst: Path) -> Path:
+    """The example fraud_mlp with version 1 only and `latest = 1` (the example serves
+    versions 1 and 2; these tests watch one version, and a hot load move past it)."""
     src = ROOT / "examples" / "models" / "fraud_mlp"
     (dst / "fraud_mlp" / "1").mkdir(parents=True)
-    shutil.copy(src / "model.toml", dst / "fraud_mlp" / "model.toml")
+    toml = (src / "model.toml").read_text()
+    assert "latest = 2" in toml, "the example's version policy moved"
+    (dst / "fraud_mlp" / "model.toml").write_text(toml.replace("latest = 2", "latest = 1", 1))
     shutil.copy(SHARED / "fraud_mlp.safetensors", dst / "fraud_mlp" / "1" / "model.safetensors")
     return dst
 

@@ -44,6 +44,10 @@ def test_metadata_and_config_name_the_kind(mesh, model):
     assert cfg["backend"] == "mesh_trees"
     assert cfg["platform"] == MODELS[model][1]
     assert cfg["max_batch_size"] == 64
+    # What the columns take, for clients that build rows (mesh bench --target infer).
+    assert cfg["parameters"]["categorical_columns"] == {"string_value": "32,33"}
+    missing = "4,9,20,32,33" if model == "fraud_xgb" else "4,9,20"
+    assert cfg["parameters"]["missing_columns"] == {"string_value": missing}
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -77,7 +81,7 @@ def test_nan_and_category_codes_follow_model_toml(mesh, tree_samples, model):
     assert np.isfinite(infer(c, model, two).as_numpy("probability")).all()
     for col, value, needle in [
         (0, np.nan, "row 1 column 0 is NaN"),
-        (32, np.nan, "row 1 column 32 is NaN"),
+        (31, np.nan, "row 1 column 31 is NaN"),
         (4, np.inf, "row 1 column 4 is infinite"),
         (32, 2.5, "row 1 column 32 is categorical"),
         (33, -1.0, "row 1 column 33 is categorical"),

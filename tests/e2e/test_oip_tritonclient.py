@@ -34,7 +34,8 @@ def test_live_ready_metadata(mesh):
     assert meta["name"] == "inference-mesh"
     assert "statistics" in meta["extensions"]
     m = c.get_model_metadata(MODEL, as_json=True)
-    assert m["versions"] == ["1"]
+    # The example serves versions 1 and 2 (the same weights; 1 is the fallback).
+    assert m["versions"] == ["1", "2"]
     assert m["inputs"][0] == {"name": "input", "datatype": "FP32", "shape": ["-1", "32"]}
     assert m["outputs"][0]["name"] == "probability"
     cfg = c.get_model_config(MODEL, as_json=True)["config"]
@@ -49,7 +50,7 @@ def test_infer_matches_reference_one_row_and_batched(mesh, samples):
     worst = 0.0
     for i in range(len(x)):
         r = infer(c, x[i : i + 1])
-        assert r.get_response().model_version == "1"
+        assert r.get_response().model_version == "2"
         worst = max(worst, abs(float(r.as_numpy("probability")[0, 0]) - float(p[i])))
     assert worst <= 1e-5, worst
     for size in (5, 64):
@@ -132,11 +133,14 @@ def test_statistics_and_metrics(mesh, samples):
     c = grpcclient.InferenceServerClient(mesh.grpc)
     for i in range(10):
         infer(c, x[i : i + 1])
-    stats = c.get_inference_statistics(MODEL, as_json=True)["model_stats"][0]
+    # One entry per served version; version 2 answered.
+    all_stats = c.get_inference_statistics(MODEL, as_json=True)["model_stats"]
+    assert [x["version"] for x in all_stats] == ["1", "2"]
+    stats = all_stats[1]
     assert int(stats["inference_count"]) >= 10
     assert int(stats["inference_stats"]["queue"]["count"]) >= 10
     text = urllib.request.urlopen(f"http://{mesh.http}/metrics", timeout=10).read().decode()
-    assert 'mesh_router_requests_total{model="fraud_mlp",version="1",protocol="grpc",code="ok"}' in text
+    assert 'mesh_router_requests_total{model="fraud_mlp",version="2",protocol="grpc",code="ok"}' in text
     assert "mesh_model_batch_size_bucket" in text
 
 

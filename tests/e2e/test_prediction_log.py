@@ -39,7 +39,8 @@ def test_log_join_matches_duckdb(tmp_path, samples):
     ).stdout
     report = json.loads(out)
     (tmp_path / "join.json").write_text(out)
-    group = [g for g in report["groups"] if g["version"] == "1"][0]
+    assert [g["version"] for g in report["groups"]] == ["1"], report
+    group = report["groups"][0]
     assert group["protocol"] == "oip_grpc"
     assert {g["protocol"] for g in report["groups"]} == {"oip_grpc"}
     assert group["predictions"] == 1000

@@ -1,10 +1,103 @@
-//! Shared helpers of the integration tests: a views file and a store in a temp dir.
+//! Shared helpers of the integration tests: a views file, and a store on either
+//! backend: sled in a temp dir, or a real `redis-server` started for the test.
+//! [`both_backends!`] runs one test body once per backend.
 #![allow(clippy::unwrap_used)] // tests may unwrap
 #![allow(dead_code)]
 
+pub mod redis;
+
 use mesh_feature_store::{
-    now_micros, EntityKey, FeatureStore, Micros, Row, StoreOptions, Value, ViewsConfig,
+    now_micros, EntityKey, FeatureStore, Micros, RedisOptions, RedisTarget, Result, Row,
+    StoreOptions, Value, ViewsConfig,
 };
+
+/// Which backend a test runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Sled,
+    Redis,
+}
+
+/// Where a test's store lives: a temp dir (sled; also the scratch dir of every
+/// test) and, for Redis, the server.
+pub struct Env {
+    pub kind: Kind,
+    pub dir: tempfile::TempDir,
+    pub redis: Option<redis::RedisServer>,
+}
+
+impl Env {
+    pub fn new(kind: Kind) -> Self {
+        Env {
+            kind,
+            dir: tempfile::tempdir().unwrap(),
+            redis: (kind == Kind::Redis).then(redis::RedisServer::start),
+        }
+    }
+
+    /// These tests are about semantics, not timing: a lookup budget no loaded
+    /// test machine reaches, so no answer is ever degraded here
+    /// (`redis_backend.rs` tests the budget).
+    pub fn redis_options(&self) -> RedisOptions {
+        let r = self.redis.as_ref().expect("a redis env");
+        let mut o = RedisOptions::new(RedisTarget::Server(r.url()));
+        o.lookup_budget = std::time::Duration::from_secs(10);
+        o
+    }
+
+    /// Opens (or reopens) the store with `views` and `options`.
+    pub fn try_open(&self, views: &ViewsConfig, options: StoreOptions) -> Result<FeatureStore> {
+        match self.kind {
+            Kind::Sled => FeatureStore::open_with(self.dir.path().join("db"), views, options),
+            Kind::Redis => FeatureStore::open_redis(views, self.redis_options(), options),
+        }
+    }
+
+    pub fn open(&self) -> FeatureStore {
+        self.open_with(StoreOptions::default())
+    }
+
+    pub fn open_with(&self, options: StoreOptions) -> FeatureStore {
+        self.try_open(&views(), options).expect("open store")
+    }
+}
+
+/// Runs a test body on sled and on Redis: `both_backends!(fn name(env) { .. })`
+/// (or `async fn`) makes tests `name::sled` and `name::redis`, each with its own
+/// [`Env`].
+#[macro_export]
+macro_rules! both_backends {
+    (async fn $name:ident($env:ident) $body:block) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            async fn run($env: Env) $body
+            #[tokio::test]
+            async fn sled() {
+                run(Env::new(Kind::Sled)).await
+            }
+            #[tokio::test]
+            async fn redis() {
+                run(Env::new(Kind::Redis)).await
+            }
+        }
+    };
+    (fn $name:ident($env:ident) $body:block) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            fn run($env: Env) $body
+            #[test]
+            fn sled() {
+                run(Env::new(Kind::Sled))
+            }
+            #[test]
+            fn redis() {
+                run(Env::new(Kind::Redis))
+            }
+        }
+    };
+}
 
 pub const VIEWS: &str = r#"
 [[entities]]

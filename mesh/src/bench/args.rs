@@ -8,7 +8,9 @@ use clap::{Args, ValueEnum};
 pub enum Target {
     /// mesh.v1.Decisions/Decide with random card/merchant keys and request features.
     Decide,
-    /// inference.GRPCInferenceService/ModelInfer with one random row.
+    /// inference.GRPCInferenceService/ModelInfer with one random row, shaped as the
+    /// model's metadata says (its input's name, datatype and width; integer codes in
+    /// the categorical columns its config names).
     Infer,
 }
 

@@ -49,16 +49,123 @@ fn decide_request(rng: &mut impl Rng, i: u64, args: &BenchArgs) -> pb::DecideReq
     }
 }
 
-fn infer_request(rng: &mut impl Rng, model: &str) -> oip::ModelInferRequest {
-    let raw: Vec<u8> = (0..32)
-        .flat_map(|_| (rng.random::<f32>() * 2.0 - 1.0).to_le_bytes())
-        .collect();
+/// What one ModelInfer row of the model is, from its ModelMetadata (the input's
+/// name, datatype and width) and ModelConfig (`categorical_columns`, which take
+/// integer codes): the bench sends rows the model accepts whatever its kind.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InferShape {
+    pub input: String,
+    pub datatype: String,
+    /// Values per row (the input's dims without the batch dimension, multiplied).
+    pub width: usize,
+    /// Columns that take integer category codes.
+    pub categorical: Vec<usize>,
+}
+
+/// Category codes the bench sends: small non-negative integers, valid for any
+/// categorical column (a code the model never saw is evaluated as the library does).
+const BENCH_CODES: u32 = 16;
+
+impl Default for InferShape {
+    fn default() -> Self {
+        Self {
+            input: "input".into(),
+            datatype: "FP32".into(),
+            width: 32,
+            categorical: Vec::new(),
+        }
+    }
+}
+
+impl InferShape {
+    /// Reads the model's metadata and config from the mesh.
+    pub async fn fetch(c: &Clients, model: &str) -> anyhow::Result<Self> {
+        let mut infer = c.infer.clone();
+        let meta = infer
+            .model_metadata(oip::ModelMetadataRequest {
+                name: model.to_owned(),
+                version: String::new(),
+            })
+            .await
+            .map_err(|s| anyhow::anyhow!("ModelMetadata of '{model}': {}", s.message()))?
+            .into_inner();
+        let input = meta
+            .inputs
+            .first()
+            .ok_or_else(|| anyhow::anyhow!("model '{model}' declares no input"))?;
+        let dims: Vec<i64> = input.shape.iter().skip(1).copied().collect();
+        if dims.iter().any(|d| *d <= 0) {
+            anyhow::bail!(
+                "model '{model}': input '{}' has shape {:?}; the bench needs fixed dims after the batch dimension",
+                input.name,
+                input.shape
+            );
+        }
+        let width = dims.iter().product::<i64>() as usize;
+        // Older meshes report no parameters: no categorical column then.
+        let categorical = match infer
+            .model_config(oip::ModelConfigRequest {
+                name: model.to_owned(),
+                version: String::new(),
+            })
+            .await
+        {
+            Ok(r) => r
+                .into_inner()
+                .config
+                .and_then(|c| c.parameters.get("categorical_columns").cloned())
+                .map(|p| parse_columns(&p.string_value, width))
+                .transpose()?
+                .unwrap_or_default(),
+            Err(_) => Vec::new(),
+        };
+        Ok(Self {
+            input: input.name.clone(),
+            datatype: input.datatype.clone(),
+            width,
+            categorical,
+        })
+    }
+}
+
+/// `"32,33"` -> [32, 33], each below `width`.
+fn parse_columns(text: &str, width: usize) -> anyhow::Result<Vec<usize>> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(|t| match t.parse::<usize>() {
+            Ok(c) if c < width => Ok(c),
+            _ => anyhow::bail!("categorical_columns {text:?}: '{t}' is not a column below {width}"),
+        })
+        .collect()
+}
+
+/// One random row as `shape` says: values in [-1, 1), integer codes in the
+/// categorical columns, in the input's datatype (raw little-endian bytes).
+fn infer_request(rng: &mut impl Rng, model: &str, shape: &InferShape) -> oip::ModelInferRequest {
+    let values = (0..shape.width).map(|c| {
+        if shape.categorical.contains(&c) {
+            f64::from(rng.random_range(0..BENCH_CODES))
+        } else {
+            rng.random::<f64>() * 2.0 - 1.0
+        }
+    });
+    let raw: Vec<u8> = match shape.datatype.as_str() {
+        "FP64" => values.flat_map(f64::to_le_bytes).collect(),
+        "INT32" => values
+            .flat_map(|v| (v.round() as i32).to_le_bytes())
+            .collect(),
+        "INT64" => values
+            .flat_map(|v| (v.round() as i64).to_le_bytes())
+            .collect(),
+        _ => values.flat_map(|v| (v as f32).to_le_bytes()).collect(),
+    };
     oip::ModelInferRequest {
         model_name: model.to_owned(),
         inputs: vec![oip::model_infer_request::InferInputTensor {
-            name: "input".into(),
-            datatype: "FP32".into(),
-            shape: vec![1, 32],
+            name: shape.input.clone(),
+            datatype: shape.datatype.clone(),
+            shape: vec![1, shape.width as i64],
             ..Default::default()
         }],
         raw_input_contents: vec![raw],
@@ -95,6 +202,8 @@ pub struct Clients {
     decide: pb::decisions_client::DecisionsClient<tonic::transport::Channel>,
     infer:
         oip::grpc_inference_service_client::GrpcInferenceServiceClient<tonic::transport::Channel>,
+    /// The Infer target's rows (read from the model before the load starts).
+    pub shape: Arc<InferShape>,
 }
 
 impl Clients {
@@ -116,6 +225,7 @@ impl Clients {
         Ok(Self {
             decide: pb::decisions_client::DecisionsClient::new(channel.clone()),
             infer: oip::grpc_inference_service_client::GrpcInferenceServiceClient::new(channel),
+            shape: Arc::default(),
         })
     }
 }
@@ -159,7 +269,7 @@ async fn one(
                 Err(s) => (format!("{:?}", s.code()), None, None),
             },
         },
-        Target::Infer => match with_deadline(infer_request(rng, &args.model), args, intended) {
+        Target::Infer => match with_deadline(infer_request(rng, &args.model, &c.shape), args, intended) {
             None => not_sent(),
             Some(req) => match c.infer.model_infer(req).await {
                 Ok(_) => ("OK".to_owned(), None, None),
@@ -363,7 +473,7 @@ mod tests {
             assert!(m == "m000001" || m == "m000002", "{m}");
             assert_eq!(r.features.len(), 33);
         }
-        let r = infer_request(&mut rng, "m");
+        let r = infer_request(&mut rng, "m", &InferShape::default());
         assert_eq!(r.raw_input_contents[0].len(), 32 * 4);
         assert_eq!(r.inputs[0].shape, vec![1, 32]);
         assert_eq!(source_name(pb::AnswerSource::Model as i32), "MODEL");
@@ -384,5 +494,43 @@ mod tests {
         assert!((40_000..=50_000).contains(&left), "{t}");
         assert!(with_deadline((), &a, due - std::time::Duration::from_millis(60)).is_none());
         assert!(with_deadline((), &parse(&[]), due).unwrap().metadata().get("grpc-timeout").is_none());
+    }
+
+    #[test]
+    fn infer_rows_follow_the_models_shape_and_codes() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let shape = InferShape {
+            input: "x".into(),
+            datatype: "FP32".into(),
+            width: 34,
+            categorical: vec![32, 33],
+        };
+        for _ in 0..50 {
+            let r = infer_request(&mut rng, "m", &shape);
+            assert_eq!(
+                (r.inputs[0].name.as_str(), &r.inputs[0].shape[..]),
+                ("x", &[1, 34][..])
+            );
+            let row: Vec<f32> = r.raw_input_contents[0]
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            assert_eq!(row.len(), 34);
+            assert!(row[..32].iter().all(|v| (-1.0..1.0).contains(v)));
+            for code in &row[32..] {
+                assert!(code.fract() == 0.0 && (0.0..16.0).contains(code), "{code}");
+            }
+        }
+        let fp64 = InferShape {
+            datatype: "FP64".into(),
+            ..shape.clone()
+        };
+        assert_eq!(
+            infer_request(&mut rng, "m", &fp64).raw_input_contents[0].len(),
+            34 * 8
+        );
+        assert_eq!(parse_columns("32, 33", 34).unwrap(), [32, 33]);
+        assert!(parse_columns("34", 34).is_err() && parse_columns("x", 34).is_err());
+        assert!(parse_columns("", 34).unwrap().is_empty());
     }
 }

@@ -30,7 +30,10 @@ use tally::Tally;
 pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     // Bad arguments fail before any connection is tried.
     let load_s = args.load_seconds()?;
-    let clients = Clients::connect(&args.addr, args.tls_ca.as_deref()).await?;
+    let mut clients = Clients::connect(&args.addr, args.tls_ca.as_deref()).await?;
+    if args.target == Target::Infer {
+        clients.shape = Arc::new(load::InferShape::fetch(&clients, &args.model).await?);
+    }
     let max_requests = args.requests.unwrap_or(u64::MAX);
     let server_before = ServerStats::fetch(&clients, &args).await;
     let started = Instant::now();

@@ -36,11 +36,18 @@ use mesh_router::decide::Engine;
 pub use summary::{PhaseSummary, Summary, VersionSummary};
 use world::World;
 
-const MODEL: &str = "fraud_mlp";
+/// The model the demo decides with unless `--model` says otherwise.
+pub const DEFAULT_MODEL: &str = "fraud_mlp";
 const MARKER: &str = ".mesh-demo";
 
 #[derive(Debug, Args)]
 pub struct DemoArgs {
+    /// Model the decisions use: any model of the repository whose `[input_spec]`
+    /// reads the demo's features (the example's `fraud_mlp`, or the XGBoost
+    /// `fraud_xgb`). Its deployment comes from `--config` if it has one, else the
+    /// config's first deployment is moved to it.
+    #[arg(long, default_value = DEFAULT_MODEL)]
+    pub model: String,
     /// Seconds of traffic; the stall runs from 35% to 65% of it.
     #[arg(long, default_value_t = 20)]
     pub seconds: u64,
@@ -132,7 +139,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let world = Arc::new(World::new(args.cards.max(1), args.merchants.max(1), 7));
     let mesh = start(&args, &cfg).await?;
     fill_features(&mesh, world.clone(), &paths.features).await?;
-    batch_score(&cfg, &mesh, &world).await?;
+    batch_score(&cfg, &mesh, &world, &args.model).await?;
     let traffic = traffic::drive(mesh.server.grpc_addr, mesh.engine.clone(), world, &args).await?;
     let breaker_transitions = scrape_metrics(mesh.server.http_addr, &paths.metrics).await?;
     let log_records = stop(mesh, &paths.predictions).await?;
@@ -147,6 +154,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             fraud,
             join,
             files: paths.files(),
+            model: args.model.clone(),
         },
     )?;
     write(&paths.summary, serde_json::to_string_pretty(&summary)?)?;
@@ -255,17 +263,22 @@ async fn write_features(store: Arc<FeatureStore>, world: Arc<World>) -> anyhow::
 
 /// The precomputed fallback, as `mesh batch-score` writes it: every card scored
 /// into the deployment's batch-score view.
-async fn batch_score(cfg: &MeshConfig, mesh: &Mesh, world: &World) -> anyhow::Result<()> {
+async fn batch_score(
+    cfg: &MeshConfig,
+    mesh: &Mesh,
+    world: &World,
+    model: &str,
+) -> anyhow::Result<()> {
     let t = Instant::now();
     let score_view = cfg
         .decisions
-        .deployment(MODEL)
+        .deployment(model)
         .and_then(|d| d.batch_score.as_ref())
         .map_or("fraud_scores", |b| b.view.as_str());
     let handle = mesh
         .repo
-        .get(MODEL, None)
-        .with_context(|| format!("model {MODEL}"))?;
+        .get(model, None)
+        .with_context(|| format!("model {model}"))?;
     let keys: Vec<mesh_feature_store::EntityKey> = world
         .cards
         .iter()
@@ -282,7 +295,7 @@ async fn batch_score(cfg: &MeshConfig, mesh: &Mesh, world: &World) -> anyhow::Re
     .await
     .with_context(|| format!("batch-scoring the cards into view '{score_view}'"))?;
     println!(
-        "[3/6] batch scores: {scored} cards scored with {MODEL} v{} into view '{score_view}' in {:.1} s",
+        "[3/6] batch scores: {scored} cards scored with {model} v{} into view '{score_view}' in {:.1} s",
         handle.version,
         t.elapsed().as_secs_f64()
     );
@@ -390,12 +403,46 @@ fn mesh_toml(args: &DemoArgs, dir: &Path) -> anyhow::Result<String> {
     // admin token (a fresh random one, in a file only its owner can read).
     set("admin", "token_file", path(&admin_token(dir)?));
     set("admin", "fault_injection", Value::Boolean(true));
+    deploy(&mut cfg, &args.model);
     let body = toml::to_string(&cfg).with_context(|| format!("rewriting {config}"))?;
     Ok(format!(
         "# Written by `mesh demo` from {}; serve the same setup with\n# mesh serve --config {}\n{body}",
         config,
         dir.join("mesh.toml").display()
     ))
+}
+
+/// Makes sure `[decisions]` deploys `model`: kept as it is when a deployment names
+/// it, else the first deployment (its batch score, canary and so on) is moved to it,
+/// or a plain one is added.
+fn deploy(cfg: &mut toml::Table, model: &str) {
+    use toml::{Table, Value};
+    let decisions = cfg
+        .entry("decisions")
+        .or_insert_with(|| Value::Table(Table::new()));
+    let Value::Table(decisions) = decisions else {
+        return;
+    };
+    let list = decisions
+        .entry("deployments")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    let Value::Array(list) = list else { return };
+    let names = |d: &Value| d.get("model").and_then(Value::as_str) == Some(model);
+    if list.iter().any(names) {
+        return;
+    }
+    let mut first = match list.first() {
+        Some(Value::Table(t)) => t.clone(),
+        _ => Table::new(),
+    };
+    first.insert("model".into(), Value::String(model.to_owned()));
+    // Versions, canaries and shadows named for another model do not carry over.
+    for key in ["primary", "canary", "shadow"] {
+        first.remove(key);
+    }
+    list.retain(|d| !names(d));
+    list.insert(0, Value::Table(first));
+    list.truncate(1);
 }
 
 /// Writes a random admin token to `<dir>/admin.token` (mode 0600); returns its path.
@@ -475,6 +522,38 @@ mod tests {
         let t = breaker_transitions(text);
         assert_eq!(t.len(), 1);
         assert_eq!(t["fraud_mlp/v1/local0 -> open"], 2);
+    }
+
+    #[test]
+    fn the_demo_deploys_the_model_it_is_given() {
+        let mut cfg: toml::Table = toml::from_str(
+            r#"
+            [[decisions.deployments]]
+            model = "fraud_mlp"
+            canary = { version = 2, weight = 0.1 }
+            batch_score = { view = "fraud_scores", feature = "score" }
+            "#,
+        )
+        .unwrap();
+        let deployments = |cfg: &toml::Table| {
+            let d: mesh_router::config::MeshConfig =
+                toml::from_str(&toml::to_string(cfg).unwrap()).unwrap();
+            d.decisions.deployments
+        };
+        // Already deployed: unchanged.
+        deploy(&mut cfg, "fraud_mlp");
+        assert!(deployments(&cfg)[0].canary.is_some());
+        // Another model takes the deployment's place, batch score kept, canary not.
+        deploy(&mut cfg, "fraud_xgb");
+        let d = deployments(&cfg);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].model, "fraud_xgb");
+        assert!(d[0].canary.is_none());
+        assert_eq!(d[0].batch_score.as_ref().unwrap().view, "fraud_scores");
+        // No [decisions] at all: one plain deployment.
+        let mut empty = toml::Table::new();
+        deploy(&mut empty, "fraud_lgbm");
+        assert_eq!(deployments(&empty)[0].model, "fraud_lgbm");
     }
 
     #[test]

@@ -9,7 +9,6 @@ use mesh_prediction_log::JoinReport;
 use serde::Serialize;
 
 use super::traffic::{fallbacks, PhaseTally, Traffic, PHASES};
-use super::MODEL;
 
 #[derive(Debug, Serialize)]
 pub struct PhaseSummary {
@@ -40,6 +39,8 @@ pub struct VersionSummary {
 
 #[derive(Debug, Serialize)]
 pub struct Summary {
+    /// The model the decisions used (`--model`).
+    pub model: String,
     pub seconds: f64,
     pub concurrency: usize,
     pub decisions: u64,
@@ -75,6 +76,8 @@ pub(super) struct Findings {
     pub fraud: u64,
     pub join: JoinReport,
     pub files: BTreeMap<String, PathBuf>,
+    /// The model the decisions used (`--model`).
+    pub model: String,
 }
 
 /// The summary of the run.
@@ -113,7 +116,8 @@ pub(super) fn build(traffic: Traffic, found: Findings) -> anyhow::Result<Summary
         log_records: found.log_records,
         transactions: traffic.truths.len() as u64,
         fraud: found.fraud,
-        versions: versions(&found.join),
+        versions: versions(&found.join, &found.model),
+        model: found.model,
         files: found.files,
     })
 }
@@ -165,11 +169,11 @@ pub(super) fn model_back_after(
 }
 
 /// The join's groups of the demo's model, one per version and role.
-fn versions(report: &JoinReport) -> Vec<VersionSummary> {
+fn versions(report: &JoinReport, model: &str) -> Vec<VersionSummary> {
     report
         .groups
         .iter()
-        .filter(|g| g.model == MODEL)
+        .filter(|g| g.model == model)
         .map(|g| VersionSummary {
             version: g.version.clone(),
             role: format!("{:?}", g.role).to_lowercase(),
@@ -259,8 +263,8 @@ impl Summary {
     fn fmt_versions(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "\n== model versions against outcomes ({} transactions, {} fraud; {} log records)",
-            self.transactions, self.fraud, self.log_records
+            "\n== {} versions against outcomes ({} transactions, {} fraud; {} log records)",
+            self.model, self.transactions, self.fraud, self.log_records
         )?;
         writeln!(
             f,
@@ -326,6 +330,7 @@ mod tests {
             breaker_transitions: BTreeMap::from([("fraud_mlp/v1/local0 -> open".into(), 1)]),
             log_records: 9,
             fraud: 1,
+            model: "fraud_mlp".into(),
             join: JoinReport {
                 logs_dir: "p".into(),
                 labels_path: "o".into(),
@@ -426,6 +431,7 @@ mod tests {
                 "fraud",
                 "log_records",
                 "max_us",
+                "model",
                 "model_back_after_s",
                 "p50_us",
                 "p999_us",
@@ -460,6 +466,7 @@ mod tests {
             "ROC AUC",
             "fraud_mlp/v1/local0 -> open",
             "within 0.4 s",
+            "== fraud_mlp versions against outcomes",
         ] {
             assert!(text.contains(needle), "{needle} missing from:\n{text}");
         }

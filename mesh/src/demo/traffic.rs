@@ -16,7 +16,7 @@ use rand::SeedableRng;
 use tokio::task::JoinHandle;
 
 use super::world::{self, World};
-use super::{DemoArgs, MODEL};
+use super::DemoArgs;
 
 /// Phases of the traffic, as fractions of the run.
 pub(super) const PHASES: [(&str, f64); 4] = [
@@ -86,11 +86,14 @@ struct Shared {
     truths: Mutex<Vec<(String, f64)>>,
     next_id: AtomicUsize,
     first_model_after_clear: AtomicU64,
+    /// The model the decisions use (`--model`).
+    model: String,
 }
 
 impl Shared {
-    fn new(planned: Duration) -> anyhow::Result<Self> {
+    fn new(planned: Duration, model: &str) -> anyhow::Result<Self> {
         Ok(Self {
+            model: model.to_owned(),
             started: Instant::now(),
             planned,
             tallies: (0..PHASES.len())
@@ -153,7 +156,7 @@ pub(super) async fn drive(
     let planned = Duration::from_secs(args.seconds.max(1));
     println!("{}", announce(planned, concurrency, no_stall));
     let client = connect(grpc_addr).await?;
-    let shared = Arc::new(Shared::new(planned)?);
+    let shared = Arc::new(Shared::new(planned, &args.model)?);
     let drill = spawn_drill(engine, shared.clone(), no_stall);
     let callers: Vec<_> = (0..concurrency.max(1))
         .map(|w| tokio::spawn(caller(w, client.clone(), world.clone(), shared.clone())))
@@ -178,8 +181,8 @@ async fn connect(grpc_addr: SocketAddr) -> anyhow::Result<Client> {
 
 /// The replicas the drill stalls at step `step` of [`PHASES`]: the first of the
 /// model's, then all of them, then none (the faults are cleared).
-pub(super) fn drill_targets(step: usize, replicas: Vec<String>) -> Vec<String> {
-    let prefix = format!("{MODEL}/");
+pub(super) fn drill_targets(step: usize, model: &str, replicas: Vec<String>) -> Vec<String> {
+    let prefix = format!("{model}/");
     let replicas = replicas.into_iter().filter(|r| r.starts_with(&prefix));
     match step {
         1 => replicas.take(1).collect(),
@@ -198,7 +201,7 @@ fn spawn_drill(engine: Arc<Engine>, shared: Arc<Shared>, no_stall: bool) -> Join
             if no_stall {
                 continue;
             }
-            let targets = drill_targets(i, engine.replicas());
+            let targets = drill_targets(i, &shared.model, engine.replicas());
             let at = || shared.started.elapsed().as_secs_f64();
             if targets.is_empty() {
                 for r in stalled.drain(..) {
@@ -234,7 +237,7 @@ async fn caller(w: usize, mut client: Client, world: Arc<World>, shared: Arc<Sha
     while Instant::now() < end {
         let txn = world.transaction(&mut rng);
         let n = shared.next_id.fetch_add(1, Ordering::Relaxed) as u64;
-        let req = decide_request(n, &txn);
+        let req = decide_request(n, &shared.model, &txn);
         let p = shared.phase.load(Ordering::Relaxed);
         let t = Instant::now();
         let res = client.decide(req).await;
@@ -278,7 +281,7 @@ fn spawn_progress(shared: Arc<Shared>) -> JoinHandle<()> {
     })
 }
 
-pub(super) fn decide_request(n: u64, t: &world::Txn) -> pb::DecideRequest {
+pub(super) fn decide_request(n: u64, model: &str, t: &world::Txn) -> pb::DecideRequest {
     let mut features: std::collections::HashMap<String, f64> = t
         .extra
         .iter()
@@ -288,7 +291,7 @@ pub(super) fn decide_request(n: u64, t: &world::Txn) -> pb::DecideRequest {
     features.insert("amount".into(), t.amount);
     pb::DecideRequest {
         request_id: format!("demo-{n:07}"),
-        model: MODEL.into(),
+        model: model.into(),
         entities: [
             (
                 "card_id".to_string(),
@@ -334,14 +337,16 @@ mod tests {
                 "fraud_mlp/v1/local1".to_string(),
             ]
         };
-        assert_eq!(drill_targets(1, replicas()), ["fraud_mlp/v1/local0"]);
+        let m = "fraud_mlp";
+        assert_eq!(drill_targets(1, m, replicas()), ["fraud_mlp/v1/local0"]);
         assert_eq!(
-            drill_targets(2, replicas()),
+            drill_targets(2, m, replicas()),
             ["fraud_mlp/v1/local0", "fraud_mlp/v1/local1"]
         );
-        assert!(drill_targets(3, replicas()).is_empty());
+        assert!(drill_targets(3, m, replicas()).is_empty());
         // A replica of a model merely named like it is not the model's.
-        assert!(drill_targets(2, vec!["fraud_mlp2/v1/local0".into()]).is_empty());
+        assert!(drill_targets(2, m, vec!["fraud_mlp2/v1/local0".into()]).is_empty());
+        assert_eq!(drill_targets(1, "other", replicas()), ["other/v1/local0"]);
     }
 
     #[test]
@@ -375,10 +380,10 @@ mod tests {
         let w = World::new(5, 3, 7);
         let mut rng = rand::rngs::StdRng::seed_from_u64(1);
         let txn = w.transaction(&mut rng);
-        let r = decide_request(42, &txn);
+        let r = decide_request(42, "fraud_xgb", &txn);
         assert_eq!(
             (r.request_id.as_str(), r.model.as_str()),
-            ("demo-0000042", MODEL)
+            ("demo-0000042", "fraud_xgb")
         );
         assert_eq!(r.features["amount"], txn.amount);
         assert_eq!(r.features.len(), txn.extra.len() + 1);

@@ -34,6 +34,7 @@ pub async fn run_mesh(
             .env_remove("MESH_WRITER_TOKEN")
             .env_remove("MESH_FEATURES")
             .env_remove("MESH_VIEWS")
+            .env_remove("MESH_FEATURES_REMOTE")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

@@ -13,7 +13,7 @@ pub fn record(i: u64, version: &str, role: Role) -> PredictionRecord {
     r.features = Some(
         (0..4)
             .map(|f| FeatureUsed {
-                name: format!("f{f}"),
+                name: format!("f{f}").into(),
                 value: if f == 3 && i % 5 == 0 {
                     None
                 } else {

@@ -2,22 +2,26 @@
 //! features, preprocess, postprocess, log; `fallback`: routing, the model call,
 //! the time budgets and the fallback chain) to the model repository, the feature
 //! store and the model-call stacks, and sends the shadow copies.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mesh_feature_store::{FeatureStore, LookupResponse};
+use mesh_feature_store::LookupResponse;
 use mesh_model_actor::{ModelConfig, ModelRepository, ServedModel, VersionHandle};
 use mesh_prediction_log::Role;
 use mesh_proto::mesh::v1 as pb;
-use mesh_stack::{model_call_stack, ModelCallStack, ReplicaId};
+use mesh_stack::{model_call_stack_with_updates, ModelCallStack, ReplicaId};
 use metrics::counter;
 use parking_lot::Mutex;
 use tower::ServiceExt;
 
+use super::arms::Arms;
 use super::cache::VersionCache;
 use super::config::DecisionsConfig;
+use super::discovery::{self, Discovery, ReplicaMaker, Resolve, Target};
 use super::fallback;
+use super::feature_source::FeatureSource;
 use super::features::FeatureUsed;
 use super::outcome::entities;
 pub use super::outcome::{AnswerSource, Outcome, OutcomeSink, Timings};
@@ -30,9 +34,13 @@ use crate::telemetry::names;
 
 type Stack = ModelCallStack<ModelCall, ModelAnswer>;
 
+/// Fault switches by replica id.
+type Faults = Arc<Mutex<BTreeMap<String, Arc<Fault>>>>;
+
 pub struct Engine {
     repo: Arc<ModelRepository>,
-    store: Option<Arc<FeatureStore>>,
+    /// Where stored features come from (this process's store or a features role).
+    features: Option<Arc<FeatureSource>>,
     cfg: DecisionsConfig,
     /// Input specs by model, rebuilt when a reload replaced the model's config.
     specs: VersionCache<Arc<DecisionSpec>>,
@@ -45,9 +53,14 @@ pub struct Engine {
     /// Model-call stacks by model and version, rebuilt when a reload replaced the
     /// version's actor groups. A stack is cloned out per call (cheap, `Clone`).
     stacks: VersionCache<Stack>,
-    /// Fault switches by replica id; taken when a stack is built and by the admin
-    /// plane, never per call.
-    faults: Mutex<BTreeMap<String, Arc<Fault>>>,
+    /// Fault switches by replica id; taken when a stack is built (or a replica
+    /// joins it) and by the admin plane, never per call.
+    faults: Faults,
+    /// Resolves the names of `remote` entries.
+    resolver: Arc<dyn Resolve>,
+    /// The address sets of `remote` names, by (host, port); started at
+    /// [`Engine::start_discovery`], or when a stack first needs one.
+    discoveries: Mutex<HashMap<(String, u16), Discovery>>,
     sink: Option<Arc<dyn OutcomeSink>>,
     /// Itself, for the shadow tasks that outlive a request.
     me: std::sync::Weak<Engine>,
@@ -101,13 +114,13 @@ pub(crate) fn check_scores(a: &ModelAnswer) -> Result<(), RouterError> {
 /// configured) store sources are not checked: they all take defaults, which each
 /// decision names in its reasons.
 pub fn check_model(
-    store: Option<&FeatureStore>,
+    store: Option<&FeatureSource>,
     cfg: &DecisionsConfig,
     config: &ModelConfig,
 ) -> Result<(), String> {
     let spec = DecisionSpec::from_model(config)?;
     let Some(spec) = spec else {
-        if cfg.deployment(&config.name).is_some() {
+        if cfg.decides_with(&config.name) {
             return Err(format!(
                 "model '{}' is in [[decisions.deployments]] but its model.toml has no [input_spec], so it cannot take decisions",
                 config.name
@@ -164,31 +177,75 @@ impl Engine {
         self.repo.model(model).is_ok() || self.last_specs.load().contains_key(model)
     }
 
+    /// The engine over `repo`, reading stored features from `features`, resolving
+    /// `remote` names with `resolver` ([`discovery::SystemResolver`] in a server).
     pub fn new(
         repo: Arc<ModelRepository>,
-        store: Option<Arc<FeatureStore>>,
+        features: Option<Arc<FeatureSource>>,
         cfg: DecisionsConfig,
         sink: Option<Arc<dyn OutcomeSink>>,
+        resolver: Arc<dyn Resolve>,
     ) -> Result<Arc<Self>, RouterError> {
         cfg.validate().map_err(RouterError::InvalidArgument)?;
         // Every later load and reload checks the model's decision config first;
         // a refusal keeps what is served serving (the repository's rule).
-        let (check_store, check_cfg) = (store.clone(), cfg.clone());
+        let (check_store, check_cfg) = (features.clone(), cfg.clone());
         repo.set_validator(Arc::new(move |config: &ModelConfig| {
             check_model(check_store.as_deref(), &check_cfg, config)
         }));
+        if let Some(f) = &features {
+            f.describe();
+        }
         let engine = Arc::new_cyclic(|me| Self {
             repo,
-            store,
+            features,
             cfg,
             specs: VersionCache::default(),
             last_specs: Default::default(),
             stacks: VersionCache::default(),
-            faults: Mutex::new(BTreeMap::new()),
+            faults: Faults::default(),
+            resolver,
+            discoveries: Mutex::new(HashMap::new()),
             sink,
             me: me.clone(),
         });
         Ok(engine)
+    }
+
+    /// Resolves every `remote` name of the deployments once (each within
+    /// [`discovery::RESOLVE_TIMEOUT`]) and keeps them fresh from then on, so the
+    /// first decisions already balance over every address. A name that does not
+    /// resolve yet starts with no address (a warning says so) and joins later.
+    pub async fn start_discovery(&self) {
+        for d in &self.cfg.deployments {
+            for url in &d.remote {
+                let Ok(t) = Target::parse(url) else { continue };
+                if t.ip.is_some()
+                    || self
+                        .discoveries
+                        .lock()
+                        .contains_key(&(t.host.clone(), t.port))
+                {
+                    continue;
+                }
+                let disc =
+                    Discovery::start(&t.host, t.port, self.resolver.clone(), self.cfg.discovery())
+                        .await;
+                tracing::info!(remote = %url, addresses = ?disc.current(), "remote replicas by name");
+                self.discoveries.lock().insert((t.host, t.port), disc);
+            }
+        }
+    }
+
+    /// The discovery of a `remote` name, started now if it was not.
+    fn discovery(&self, t: &Target) -> Discovery {
+        self.discoveries
+            .lock()
+            .entry((t.host.clone(), t.port))
+            .or_insert_with(|| {
+                Discovery::spawn(&t.host, t.port, self.resolver.clone(), self.cfg.discovery())
+            })
+            .clone()
     }
 
     /// Checks the decision config of every served model ([`check_model`]: spec,
@@ -197,16 +254,16 @@ impl Engine {
     /// the repository before they are swapped in.
     pub fn check_specs(&self) -> Result<(), RouterError> {
         for d in &self.cfg.deployments {
-            if self.repo.model(&d.model).is_err() {
+            if let Some(m) = d.models().find(|m| self.repo.model(m).is_err()) {
                 return Err(RouterError::InvalidArgument(format!(
-                    "[[decisions.deployments]] model = \"{}\": no such model in the repository ({})",
+                    "[[decisions.deployments]] model = \"{}\": no model '{m}' in the repository ({})",
                     d.model,
                     self.repo.root().display()
                 )));
             }
         }
         for m in self.repo.models() {
-            check_model(self.store.as_deref(), &self.cfg, &m.config).map_err(|e| {
+            check_model(self.features.as_deref(), &self.cfg, &m.config).map_err(|e| {
                 RouterError::InvalidArgument(format!("model '{}' (model.toml): {e}", m.config.name))
             })?;
             if m.config.extra.contains_key("input_spec") {
@@ -311,7 +368,9 @@ impl Engine {
     }
 
     /// The replicas of a version (its local actor groups, the deployment's remote
-    /// endpoints), each with its fault switch, under one stack.
+    /// endpoints: one per IP address, one per address a name resolves to), each
+    /// with its fault switch, under one stack. A name's replicas follow its
+    /// addresses for as long as the stack lives ([`discovery::follow`]).
     fn build_stack(
         &self,
         model: &str,
@@ -330,19 +389,39 @@ impl Engine {
             };
             replicas.push((ReplicaId::from(id), Replica::Local(local)));
         }
+        let mut names = Vec::new();
+        let input = &served.config.input().name;
         for url in self
             .cfg
             .deployment(model)
             .map_or(&[][..], |d| d.remote.as_slice())
         {
-            let id = format!("{model}/v{version}/{url}");
-            let mut r = RemoteReplica::new(url, model, version, &served.config.input().name)
-                .map_err(RouterError::InvalidArgument)?;
-            r.fault = fault(&id);
-            replicas.push((ReplicaId::from(id), Replica::Remote(r)));
+            let target = Target::parse(url).map_err(RouterError::InvalidArgument)?;
+            if target.ip.is_some() {
+                let id = format!("{model}/v{version}/{url}");
+                let mut r = RemoteReplica::new(url, model, version, input)
+                    .map_err(RouterError::InvalidArgument)?;
+                r.fault = fault(&id);
+                replicas.push((ReplicaId::from(id), Replica::Remote(r)));
+                continue;
+            }
+            let maker = RemoteMaker {
+                model: model.to_owned(),
+                version,
+                url: url.clone(),
+                input: input.clone(),
+                faults: self.faults.clone(),
+            };
+            let (now, rx) = self.discovery(&target).subscribe();
+            replicas.extend(now.iter().filter_map(|a| maker.make(*a)));
+            names.push((maker, now, rx));
         }
-        model_call_stack(replicas, &self.cfg.stack)
-            .map_err(|e| RouterError::Internal(e.to_string()))
+        let (stack, updates) = model_call_stack_with_updates(replicas, &self.cfg.stack)
+            .map_err(|e| RouterError::Internal(e.to_string()))?;
+        for (maker, now, rx) in names {
+            discovery::follow(rx, now, updates.clone(), maker);
+        }
+        Ok(stack)
     }
 
     async fn call_model(
@@ -389,21 +468,30 @@ impl Engine {
         // decisions go down the fallback chain without a feature lookup for nothing.
         let refused = self.admission_probe(model, deadline);
 
+        let arms = self.arms(model);
         let t0 = Instant::now();
+        // The lookup may use the time the model call would have: a remote store
+        // that does not answer by then leaves the fallback reserve untouched.
+        let until = fallback::model_call_deadline(deadline, budget);
+        let lookup_spec = arms.lookup_spec(&spec);
+        let lookup_spec = lookup_spec.as_ref().unwrap_or(&spec);
         let lookup = match refused {
-            None => stages::lookup(self.store.as_deref(), &spec, &items).await?,
+            None => stages::lookup(self.features.as_deref(), lookup_spec, &items, until).await?,
             Some(_) => None,
         };
         shared.features = us(t0.elapsed());
 
         let futs = items.iter().enumerate().map(|(i, it)| {
-            let (spec, lookup, refused) = (&spec, lookup.as_ref(), refused.as_deref());
+            let (spec, lookup, arms) = (&spec, lookup.as_ref(), &arms);
+            let refused = refused.as_deref();
             async move {
                 let mut o = match refused {
-                    None => self.decide_one(it, i, model, lookup, deadline, spec).await,
-                    Some(why) => self.not_scored(it, model, why, spec).await,
+                    None => {
+                        self.decide_one(it, i, model, lookup, deadline, (spec, arms))
+                            .await
+                    }
+                    Some(why) => self.not_scored(it, model, why, spec, deadline).await,
                 };
-                o.model.clone_from(model);
                 o.timings.validate = shared.validate;
                 o.timings.features = shared.features;
                 o.timings.total = us(arrival.elapsed());
@@ -421,6 +509,32 @@ impl Engine {
         in_time?;
         Ok(outcomes)
     }
+
+    /// The other-model canary and shadow of `model`'s deployment, with their specs
+    /// (an arm whose model is not served, or has no usable spec, is left out: the
+    /// primary answers those requests).
+    fn arms(&self, model: &str) -> Arms {
+        let Some(d) = self.cfg.deployment(model) else {
+            return Arms::default();
+        };
+        let with_spec = |a: &super::config::ModelArm| {
+            let served = self.repo.model(&a.model).ok()?;
+            Some((a.clone(), self.spec(&served.config).ok()?))
+        };
+        Arms {
+            canary: d.canary_model.as_ref().and_then(with_spec),
+            shadow: d.shadow_model.as_ref().and_then(with_spec),
+        }
+    }
+
+    /// The version of `model` an arm names, or its newest ready one.
+    fn arm_version(&self, model: &str, version: Option<u64>) -> Option<u64> {
+        self.repo.get(model, version).ok().map(|h| h.version)
+    }
+
+    /// Item `i` from preprocess to postprocess: route (to the deployment's model or
+    /// its other-model canary), build the row, score it (model, then previous
+    /// versions), else the batch score; then the rules.
 
     /// Why no version of `model` would take a model call with `deadline` now (each
     /// local actor group asked, see `VersionHandle::would_admit`), or `None` when
@@ -451,10 +565,12 @@ impl Engine {
         model: &str,
         why: &str,
         spec: &DecisionSpec,
+        deadline: Instant,
     ) -> Outcome {
         let mut o = Outcome::new(it.req, model, Role::Primary, self.cfg.default_decision);
         o.reasons.push(format!("not scored: {why}"));
-        self.postprocess(&mut o, it, model, None, spec).await;
+        let bs = self.cfg.deployment(model).and_then(|d| d.batch_score.as_ref());
+        self.postprocess(&mut o, it, bs, None, spec, deadline).await;
         o
     }
 
@@ -464,17 +580,18 @@ impl Engine {
         &self,
         o: &mut Outcome,
         it: &Item<'_>,
-        model: &str,
+        bs: Option<&super::config::BatchScore>,
         answered: Option<(ModelAnswer, AnswerSource)>,
         spec: &DecisionSpec,
+        deadline: Instant,
     ) {
         let t_post = Instant::now();
         match answered {
             Some((a, source)) => stages::score_answer(o, &a, source, &spec.thresholds),
             None => {
-                let bs = self.cfg.deployment(model).and_then(|d| d.batch_score.as_ref());
                 let entities = &it.req.entities;
-                if let Some(s) = fallback::batch_score(self.store.as_deref(), bs, entities).await {
+                let features = self.features.as_deref();
+                if let Some(s) = fallback::batch_score(features, bs, entities, deadline).await {
                     stages::score_batch(o, s, &spec.thresholds);
                 }
             }
@@ -483,8 +600,6 @@ impl Engine {
         o.timings.postprocess = us(t_post.elapsed());
     }
 
-    /// Item `i` from preprocess to postprocess: route, build the row, score it
-    /// (model, then previous versions), else the batch score; then the rules.
     async fn decide_one(
         &self,
         it: &Item<'_>,
@@ -492,17 +607,33 @@ impl Engine {
         model: &str,
         lookup: Option<&LookupResponse>,
         deadline: Instant,
-        spec: &DecisionSpec,
+        (spec, arms): (&DecisionSpec, &Arms),
     ) -> Outcome {
         let deployment = self.cfg.deployment(model);
-        let newest = self.repo.get(model, None).ok().map(|h| h.version);
-        let ready = |v| self.repo.get(model, Some(v)).is_ok();
-        let (version, role) =
-            fallback::route(deployment, it.pinned, newest, ready, rand::random::<f64>);
+        let canary = arms
+            .canary_for(it.pinned, rand::random::<f64>)
+            .and_then(|(a, s)| {
+                Some((
+                    a.model.as_str(),
+                    s.as_ref(),
+                    self.arm_version(&a.model, a.version)?,
+                ))
+            });
+        let (model, spec, version, role) = match canary {
+            Some((m, s, v)) => (m, s, Some(v), Role::Canary),
+            None => {
+                let newest = self.repo.get(model, None).ok().map(|h| h.version);
+                let ready = |v| self.repo.get(model, Some(v)).is_ok();
+                let (version, role) =
+                    fallback::route(deployment, it.pinned, newest, ready, rand::random::<f64>);
+                (model, spec, version, role)
+            }
+        };
         let mut o = Outcome::new(it.req, model, role, self.cfg.default_decision);
 
         let t_pre = Instant::now();
         let row = stages::preprocess(spec, it, lookup, i);
+        stages::note_degraded(&mut o, lookup, i);
         o.timings.preprocess = us(t_pre.elapsed());
         let limit = deployment.and_then(|d| d.max_defaulted_features);
         let answered = match row {
@@ -511,8 +642,13 @@ impl Engine {
                 match stages::note_defaults(&mut o, limit) {
                     Ok(()) => {
                         let route = (version, role);
-                        self.score(it, model, route, Arc::new(row), deadline, &mut o.reasons)
-                            .await
+                        let a = self
+                            .score(it, model, route, Arc::new(row), deadline, &mut o.reasons)
+                            .await;
+                        if role == Role::Primary && it.pinned.is_none() {
+                            self.shadow_model(it, i, lookup, arms);
+                        }
+                        a
                     }
                     Err(refusal) => {
                         o.reasons.push(format!("not scored: {refusal}"));
@@ -526,7 +662,8 @@ impl Engine {
             }
         };
 
-        self.postprocess(&mut o, it, model, answered, spec).await;
+        let bs = deployment.and_then(|d| d.batch_score.as_ref());
+        self.postprocess(&mut o, it, bs, answered, spec, deadline).await;
         o
     }
 
@@ -565,6 +702,27 @@ impl Engine {
         else {
             return;
         };
+        self.send_shadow(it, model, version, row);
+    }
+
+    /// Sends a copy to the deployment's other-model shadow: its own row, built with
+    /// its own spec from the same lookup. A row its spec refuses is not sent.
+    fn shadow_model(&self, it: &Item<'_>, i: usize, lookup: Option<&LookupResponse>, arms: &Arms) {
+        let Some((arm, spec)) = &arms.shadow else {
+            return;
+        };
+        let Some(version) = self.arm_version(&arm.model, arm.version) else {
+            return;
+        };
+        match stages::preprocess(spec, it, lookup, i) {
+            Ok((row, _)) => self.send_shadow(it, &arm.model, version, &Arc::new(row)),
+            Err(refusal) => {
+                tracing::debug!(request_id = %it.req.request_id, model = %arm.model, %refusal, "shadow not sent")
+            }
+        }
+    }
+
+    fn send_shadow(&self, it: &Item<'_>, model: &str, version: u64, row: &Arc<Vec<f32>>) {
         let Some(me) = self.me.upgrade() else { return };
         let shadow = Shadow {
             request_id: it.req.request_id.clone(),
@@ -591,6 +749,52 @@ impl Engine {
                 sink.record(&o);
             }
         });
+    }
+}
+
+/// The replicas of one `remote` name in one version's stack: one per address,
+/// each with its fault switch (dropped when the address leaves).
+struct RemoteMaker {
+    model: String,
+    version: u64,
+    url: String,
+    input: String,
+    faults: Faults,
+}
+
+impl RemoteMaker {
+    /// `<model>/v<version>/<url>@<address>`.
+    fn id(&self, addr: SocketAddr) -> String {
+        format!(
+            "{}/v{}/{}@{}",
+            self.model,
+            self.version,
+            self.url,
+            addr.ip()
+        )
+    }
+}
+
+impl ReplicaMaker<Replica> for RemoteMaker {
+    fn make(&self, addr: SocketAddr) -> Option<(ReplicaId, Replica)> {
+        let id = self.id(addr);
+        match RemoteReplica::at(&self.url, addr, &self.model, self.version, &self.input) {
+            Ok(mut r) => {
+                r.fault = self.faults.lock().entry(id.clone()).or_default().clone();
+                Some((ReplicaId::from(id), Replica::Remote(r)))
+            }
+            Err(e) => {
+                tracing::warn!(replica = %id, error = %e, "remote replica not added");
+                None
+            }
+        }
+    }
+
+    fn retire(&self, addr: SocketAddr) -> ReplicaId {
+        let id = self.id(addr);
+        self.faults.lock().remove(&id);
+        tracing::info!(replica = %id, "remote replica retired: its address left the name");
+        ReplicaId::from(id)
     }
 }
 
@@ -643,7 +847,7 @@ impl Shadow {
 mod tests {
     use super::*;
     use crate::decide::testing::answer;
-    use mesh_stack::{StackConfig, StackError};
+    use mesh_stack::{model_call_stack, StackConfig, StackError};
     use std::sync::Mutex as StdMutex;
 
     #[test]

@@ -11,10 +11,11 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use mesh_feature_store::{ColumnValues, FeatureStatus, FeatureStore, KeyColumn, LookupRequest};
+use mesh_feature_store::{ColumnValues, FeatureStatus, KeyColumn, LookupRequest};
 use mesh_proto::mesh::v1 as pb;
 
 use super::config::{BatchScore, Deployment};
+use super::feature_source::FeatureSource;
 use super::replica::ModelAnswer;
 use crate::error::RouterError;
 use mesh_prediction_log::Role;
@@ -38,6 +39,10 @@ pub const PREVIOUS_VERSION_MIN_LEFT: Duration = Duration::from_micros(500);
 /// A previous version's call must end this long before the decision deadline, so
 /// that the batch score lookup, the rules and the log still fit when it fails.
 pub const PREVIOUS_VERSION_MARGIN: Duration = Duration::from_micros(200);
+
+/// A batch-score lookup (fallback 2) must end this long before the decision
+/// deadline, so that the rules and the log still fit.
+pub const BATCH_SCORE_MARGIN: Duration = Duration::from_micros(200);
 
 /// The time kept back from the routed version's call for the fallbacks.
 pub fn fallback_reserve(budget: Duration) -> Duration {
@@ -151,9 +156,10 @@ where
 /// Fallback 2: the precomputed score of the request's entity, only if fresh
 /// (status PRESENT, i.e. within the view's max_age).
 pub async fn batch_score(
-    store: Option<&FeatureStore>,
+    store: Option<&FeatureSource>,
     bs: Option<&BatchScore>,
     entities: &HashMap<String, pb::EntityKey>,
+    deadline: Instant,
 ) -> Option<f32> {
     let (store, bs) = (store?, bs?);
     let view = store.view(&bs.view).ok()?;
@@ -164,12 +170,9 @@ pub async fn batch_score(
         Key::StringKey(k) => KeyColumn::String(vec![k]),
     };
     let name = format!("{}:{}", bs.view, bs.feature);
-    let resp = store
-        .get_online_features(
-            LookupRequest::new([name.clone()]).with_keys(view.join_key.clone(), col),
-        )
-        .await
-        .ok()?;
+    let req = LookupRequest::new([name.clone()]).with_keys(view.join_key.clone(), col);
+    let until = deadline.checked_sub(BATCH_SCORE_MARGIN).unwrap_or(deadline);
+    let resp = store.lookup(req, until).await.ok()?;
     let c = resp.column(&name)?;
     if c.statuses.first() != Some(&FeatureStatus::Present) {
         return None;
@@ -374,29 +377,50 @@ mod tests {
 
     #[tokio::test]
     async fn batch_score_answers_only_a_fresh_score() {
-        let (_dir, store) = testing::store();
+        let (_dir, store) = testing::source();
         let bs: BatchScore = toml::from_str("view = \"fraud_scores\"").unwrap();
         let entities = |card| testing::request("r", 1.0, card).entities;
-        let score = batch_score(Some(&store), Some(&bs), &entities(Some(7))).await;
+        let score = batch_score(
+            Some(&store),
+            Some(&bs),
+            &entities(Some(7)),
+            testing::later(),
+        )
+        .await;
         assert_eq!(score, Some(0.95));
         // Older than the view's max_age (1d): not an answer.
         assert_eq!(
-            batch_score(Some(&store), Some(&bs), &entities(Some(8))).await,
+            batch_score(
+                Some(&store),
+                Some(&bs),
+                &entities(Some(8)),
+                testing::later()
+            )
+            .await,
             None
         );
         // Unknown entity, no entity key, no batch_score configured, no store.
         assert_eq!(
-            batch_score(Some(&store), Some(&bs), &entities(Some(9))).await,
+            batch_score(
+                Some(&store),
+                Some(&bs),
+                &entities(Some(9)),
+                testing::later()
+            )
+            .await,
             None
         );
         assert_eq!(
-            batch_score(Some(&store), Some(&bs), &entities(None)).await,
+            batch_score(Some(&store), Some(&bs), &entities(None), testing::later()).await,
             None
         );
         assert_eq!(
-            batch_score(Some(&store), None, &entities(Some(7))).await,
+            batch_score(Some(&store), None, &entities(Some(7)), testing::later()).await,
             None
         );
-        assert_eq!(batch_score(None, Some(&bs), &entities(Some(7))).await, None);
+        assert_eq!(
+            batch_score(None, Some(&bs), &entities(Some(7)), testing::later()).await,
+            None
+        );
     }
 }

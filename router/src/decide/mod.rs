@@ -5,14 +5,20 @@
 //! A decision's stages (DESIGN.md, "How a decision flows"), and where each lives:
 //! validate, features, preprocess, postprocess and log in [`stages`]; routing, the
 //! model call, the time budgets and the fallback chain in [`fallback`]; the engine
-//! ([`engine`]) runs them in order against the repository, the store and the
-//! model-call stacks (kept in [`cache`]).
+//! ([`engine`]) runs them in order against the repository, the feature source
+//! ([`feature_source`]: this process's store, or a features role through
+//! [`remote_features`]) and the model-call stacks (kept in [`cache`]; remote
+//! replica names are resolved by [`discovery`]).
+pub mod arms;
 pub mod cache;
 pub mod config;
+pub mod discovery;
 pub mod engine;
 pub mod fallback;
+pub mod feature_source;
 pub mod features;
 pub mod outcome;
+pub mod remote_features;
 pub mod replica;
 pub mod service;
 pub mod spec;

@@ -1,6 +1,7 @@
 //! Replicas of a model version as tower services: a local actor group, or a
 //! remote `mesh serve --role model` reached over OIP gRPC. Both carry a fault
 //! switch (added delay, forced failure) for drills, the demo and tests.
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -155,29 +156,86 @@ pub struct RemoteReplica {
 }
 
 impl RemoteReplica {
-    /// A lazily connected client: an unreachable endpoint fails calls (and trips
-    /// its breaker), not the start of the router.
+    /// A lazily connected client of `url`: an unreachable endpoint fails calls
+    /// (and trips its breaker), not the start of the router.
     pub fn new(url: &str, model: &str, version: u64, input: &str) -> Result<Self, String> {
-        let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
-            .map_err(|e| format!("remote replica '{url}': {e}"))?;
-        if url.starts_with("https://") {
-            let tls = CLIENT_TLS.read().clone().ok_or_else(|| {
-                format!("remote replica '{url}' is https but [tls.client] ca is not set")
-            })?;
-            endpoint = endpoint
-                .tls_config(tls)
-                .map_err(|e| format!("remote replica '{url}': TLS: {e}"))?;
-        }
-        let channel = endpoint
-            .connect_timeout(Duration::from_secs(1))
-            .tcp_nodelay(true)
-            .connect_lazy();
+        Self::with_channel(remote_channel(url, None)?, model, version, input)
+    }
+
+    /// Like [`RemoteReplica::new`], but always connecting to `addr` (one address
+    /// of the name in `url`, which stays the HTTP authority and the TLS name).
+    pub fn at(
+        url: &str,
+        addr: SocketAddr,
+        model: &str,
+        version: u64,
+        input: &str,
+    ) -> Result<Self, String> {
+        Self::with_channel(remote_channel(url, Some(addr))?, model, version, input)
+    }
+
+    fn with_channel(
+        channel: Channel,
+        model: &str,
+        version: u64,
+        input: &str,
+    ) -> Result<Self, String> {
         Ok(Self {
             client: GrpcInferenceServiceClient::new(channel),
             model: model.to_owned(),
             version,
             input: input.to_owned(),
             fault: Arc::default(),
+        })
+    }
+}
+
+/// How long connecting to a remote role may take.
+pub const REMOTE_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A lazily connected channel to a remote role (`http://` or `https://` with
+/// `[tls.client]`), to `url`'s host, or to `addr` when given (the URL's host then
+/// still names the server: HTTP authority, TLS name).
+pub fn remote_channel(url: &str, addr: Option<SocketAddr>) -> Result<Channel, String> {
+    let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
+        .map_err(|e| format!("remote '{url}': {e}"))?;
+    if url.starts_with("https://") {
+        let tls = CLIENT_TLS
+            .read()
+            .clone()
+            .ok_or_else(|| format!("remote '{url}' is https but [tls.client] ca is not set"))?;
+        endpoint = endpoint
+            .tls_config(tls)
+            .map_err(|e| format!("remote '{url}': TLS: {e}"))?;
+    }
+    let endpoint = endpoint
+        .connect_timeout(REMOTE_CONNECT_TIMEOUT)
+        .tcp_nodelay(true);
+    Ok(match addr {
+        None => endpoint.connect_lazy(),
+        Some(addr) => endpoint.connect_with_connector_lazy(FixedAddr(addr)),
+    })
+}
+
+/// Connects to one address whatever the URI's host says.
+#[derive(Debug, Clone, Copy)]
+struct FixedAddr(SocketAddr);
+
+impl tower::Service<http::Uri> for FixedAddr {
+    type Response = hyper_util::rt::TokioIo<tokio::net::TcpStream>;
+    type Error = std::io::Error;
+    type Future = BoxFuture<'static, std::io::Result<Self::Response>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: http::Uri) -> Self::Future {
+        let addr = self.0;
+        Box::pin(async move {
+            let s = tokio::net::TcpStream::connect(addr).await?;
+            s.set_nodelay(true)?;
+            Ok(hyper_util::rt::TokioIo::new(s))
         })
     }
 }

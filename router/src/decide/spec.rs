@@ -14,23 +14,65 @@
 //! source = "request:merchant_category"
 //! one_hot = ["grocery", "travel", "electronics"]   # fills one position per category
 //! on_missing = "refuse"             # a missing value means: do not score, fall back
+//! [[input_spec.features]]
+//! source = "card:home_country"      # a categorical source (tree models): text -> code
+//! categories = ["US", "GB", "DE"]   # code = position in the list (pandas' category codes)
+//! on_missing = "nan"                # missing -> NaN (only where the model accepts missing)
 //!
 //! [decision]
 //! review_at = 0.5                   # score >= review_at -> review
 //! decline_at = 0.9                  # score >= decline_at -> decline
 //! ```
+//!
+//! Missing values: `on_missing` says what a value that is missing (a request
+//! feature not sent; a store value NOT_FOUND, NULL, OUTSIDE_MAX_AGE or
+//! UNAVAILABLE) becomes: `"default"` the entry's `default`, `"refuse"` no score
+//! (the fallback chain answers), `"nan"` NaN, the model's own missing value, which
+//! the tree evaluators route by each node's default direction. `"nan"` is accepted
+//! only for an entry of one position whose column the model declares missing
+//! (`[trees] missing`); anywhere else (the MLP, ONNX) it refuses the load. A request
+//! sends a missing value by leaving the feature out: NaN in a request is refused.
+//!
+//! Categorical sources: an entry with `categories` maps a text value (a request's
+//! categorical feature, or a store string; a number is read as its decimal text) to
+//! its position in the list, the integer code the model was trained with. A value
+//! that is not in the list is **unseen**: logged with status `UNSEEN`, named in the
+//! reasons and counted like a missing value, and the entry's `on_missing` applies
+//! (`"nan"`: sent as missing, as XGBoost and LightGBM treat a category pandas could
+//! not code; `"default"`: the entry's `default`, which a `categories` entry must
+//! then give, as a code; `"refuse"`: not scored). A column the model declares
+//! categorical (`[trees] categorical`) takes a `categories` entry, a `const`, or a
+//! plain entry without transforms whose values are already codes; every row is
+//! checked against the model's column rules before it is sent, so a value that is
+//! not a code (2.5, -1) is refused naming the entry, never scored.
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use mesh_feature_store::{FeatureType, ViewInfo};
+use mesh_model_actor::config::ColumnRules;
 use mesh_model_actor::ModelConfig;
 use serde::Deserialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum OnMissing {
+    /// The entry's `default`.
     #[default]
     Default,
+    /// Not scored: the fallback chain answers.
     Refuse,
+    /// NaN, the model's missing value (only where the model accepts missing).
+    Nan,
+}
+
+impl OnMissing {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Default => "default",
+            Self::Refuse => "refuse",
+            Self::Nan => "nan",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
@@ -57,6 +99,7 @@ struct RawEntry {
     default: Option<f64>,
     on_missing: Option<OnMissing>,
     one_hot: Option<Vec<String>>,
+    categories: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -83,11 +126,16 @@ pub enum Source {
 #[derive(Debug, Clone)]
 pub struct Entry {
     pub source: Source,
+    /// [`Entry::name`], made once: every decision's features (and its log record) share it.
+    pub label: Arc<str>,
     pub transforms: Vec<Transform>,
     pub default: f64,
     pub on_missing: OnMissing,
     /// Categories for a one-hot entry (one position each); `None` for a number.
     pub one_hot: Option<Vec<String>>,
+    /// Categories of a categorical source: the value's position in the list is
+    /// the code sent; a value not in it is unseen (see the module docs).
+    pub categories: Option<Vec<String>>,
 }
 
 impl Entry {
@@ -98,11 +146,22 @@ impl Entry {
 
     /// `view:feature` or `request:name` (for logs and messages).
     pub fn name(&self) -> String {
-        match &self.source {
+        self.label.to_string()
+    }
+
+    /// The name of an entry reading `source` (what [`Entry::label`] holds).
+    pub fn label_of(source: &Source) -> Arc<str> {
+        match source {
             Source::Request(n) => format!("request:{n}"),
             Source::Store { view, feature } => format!("{view}:{feature}"),
             Source::Const(c) => format!("const:{c}"),
         }
+        .into()
+    }
+
+    /// The code of a categorical value: its position in `categories`.
+    pub fn code(&self, text: &str) -> Option<usize> {
+        self.categories.as_ref()?.iter().position(|c| c == text)
     }
 
     /// Applies the transforms in order.
@@ -175,6 +234,10 @@ pub struct DecisionSpec {
     pub store_features: Vec<String>,
     /// Views the spec reads.
     pub views: BTreeSet<String>,
+    /// What each position of the row may hold (the model's `[trees] missing` and
+    /// `categorical` columns; finite values only for the MLP): every built row is
+    /// checked against it before it is sent.
+    pub columns: ColumnRules,
 }
 
 fn parse_transform(t: RawTransform) -> Result<Transform, String> {
@@ -235,6 +298,10 @@ impl DecisionSpec {
         for (i, e) in raw.features.into_iter().enumerate() {
             let ctx = |m: String| format!("[input_spec].features[{i}]: {m}");
             let source = parse_source(&e.source).map_err(ctx)?;
+            let on_missing = e.on_missing.unwrap_or(raw.on_missing);
+            if let Some(cats) = &e.categories {
+                check_categories(cats, &e, on_missing).map_err(ctx)?;
+            }
             let transforms = e
                 .transforms
                 .into_iter()
@@ -245,11 +312,13 @@ impl DecisionSpec {
                 return Err(ctx("one_hot needs at least one category".into()));
             }
             entries.push(Entry {
+                label: Entry::label_of(&source),
                 source,
                 transforms,
                 default: e.default.unwrap_or(0.0),
-                on_missing: e.on_missing.unwrap_or(raw.on_missing),
+                on_missing,
                 one_hot: e.one_hot,
+                categories: e.categories,
             });
         }
         let width: usize = entries.iter().map(Entry::width).sum();
@@ -260,6 +329,7 @@ impl DecisionSpec {
                 config.name
             ));
         }
+        check_columns(&entries, config)?;
         let mut store_features = Vec::new();
         let mut views = BTreeSet::new();
         for e in &entries {
@@ -274,8 +344,109 @@ impl DecisionSpec {
             thresholds,
             store_features,
             views,
+            columns: config.columns.clone(),
         }))
     }
+
+    /// The entry that fills position `col` of the row.
+    pub fn entry_at(&self, col: usize) -> Option<&Entry> {
+        let mut start = 0;
+        for e in &self.entries {
+            if col < start + e.width() {
+                return Some(e);
+            }
+            start += e.width();
+        }
+        None
+    }
+}
+
+/// A `categories` list: not empty, no duplicates, no transforms or one_hot beside
+/// it, and an explicit `default` code when missing or unseen values take defaults.
+fn check_categories(cats: &[String], e: &RawEntry, on_missing: OnMissing) -> Result<(), String> {
+    if cats.is_empty() {
+        return Err("categories needs at least one category".into());
+    }
+    if e.one_hot.is_some() {
+        return Err("an entry takes one_hot or categories, not both".into());
+    }
+    if !e.transforms.is_empty() {
+        return Err("a categories entry sends codes; it takes no transforms".into());
+    }
+    let mut seen = BTreeSet::new();
+    if let Some(dup) = cats.iter().find(|c| !seen.insert(c.as_str())) {
+        return Err(format!(
+            "categories lists '{}' twice",
+            crate::error::clip(dup, 64)
+        ));
+    }
+    if on_missing == OnMissing::Default && e.default.is_none() {
+        return Err(
+            "a categories entry with on_missing = \"default\" must give its default code \
+             (default = N), used for missing and unseen values; or use on_missing = \"nan\" \
+             or \"refuse\""
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// Each entry against the model's column rules at its position: `on_missing =
+/// "nan"` only on one position the model accepts missing in; a categorical column
+/// takes a `categories` entry, a `const` code, or a plain entry without transforms.
+fn check_columns(entries: &[Entry], config: &ModelConfig) -> Result<(), String> {
+    let mut col = 0;
+    for (i, e) in entries.iter().enumerate() {
+        let at = format!("[input_spec].features[{i}] ({})", e.name());
+        let flags = config.columns.column(col);
+        if e.on_missing == OnMissing::Nan {
+            if e.one_hot.is_some() {
+                return Err(format!(
+                    "{at}: on_missing = \"nan\" needs an entry of one position, not one_hot"
+                ));
+            }
+            if flags & ColumnRules::MISSING == 0 {
+                return Err(format!(
+                    "{at}: on_missing = \"nan\" sends NaN to column {col}, but model '{}' (kind {}) \
+                     does not accept missing values there{}",
+                    config.name,
+                    config.kind.as_str(),
+                    if config.kind.is_trees() {
+                        " (add the column to [trees] missing, or use on_missing = \"default\")"
+                    } else {
+                        " (only tree models take NaN; use on_missing = \"default\" or \"refuse\")"
+                    }
+                ));
+            }
+        }
+        if flags & ColumnRules::CATEGORICAL != 0 {
+            let codes = match (&e.source, &e.one_hot, &e.categories) {
+                (_, Some(_), _) => false,
+                (_, _, Some(_)) => true,
+                (Source::Const(c), _, _) => *c >= 0.0 && c.fract() == 0.0,
+                _ => e.transforms.is_empty(),
+            };
+            let default_ok = e.on_missing != OnMissing::Default
+                || matches!(e.source, Source::Const(_))
+                || (e.default >= 0.0 && e.default.fract() == 0.0);
+            if !default_ok {
+                return Err(format!(
+                    "{at}: column {col} is categorical, but the entry's default {} is not an integer code",
+                    e.default
+                ));
+            }
+            if !codes {
+                return Err(format!(
+                    "{at}: column {col} of model '{}' is categorical ([trees] categorical) and takes \
+                     integer codes: give the entry categories = [...], or read codes without \
+                     transforms or one_hot",
+                    config.name
+                ));
+            }
+        }
+        col += e.width();
+    }
+    Ok(())
 }
 
 /// Edit distance of two short names (for "did you mean").
@@ -333,19 +504,20 @@ impl DecisionSpec {
                     known.join(", ")
                 ));
             };
-            let fits = match (&e.one_hot, f.dtype) {
-                (_, FeatureType::F32Vector) => false,
-                (Some(_), _) => true,
-                (None, t) => t != FeatureType::String,
+            let coded = e.one_hot.is_some() || e.categories.is_some();
+            let fits = match f.dtype {
+                FeatureType::F32Vector => false,
+                FeatureType::String => coded,
+                _ => true,
             };
             if !fits {
                 return Err(format!(
                     "{at}: '{view}:{feature}' is of type {}, which {}",
                     f.dtype,
-                    if e.one_hot.is_some() {
-                        "cannot be one-hot encoded"
+                    if coded {
+                        "cannot be one-hot encoded or coded"
                     } else {
-                        "is not a number (give the entry one_hot categories)"
+                        "is not a number (give the entry one_hot or categories)"
                     }
                 ));
             }
@@ -455,6 +627,115 @@ mod tests {
         let e = spec("cards:f31", false).check_views(views).unwrap_err();
         assert!(
             e.contains("no view 'cards'") && e.contains("did you mean 'card'"),
+            "{e}"
+        );
+    }
+
+    /// A tree model of 4 inputs: column 1 may be missing, column 3 is categorical.
+    fn tree_model(spec: &str) -> ModelConfig {
+        ModelConfig::parse(
+            &format!(
+                r#"
+                kind = "xgboost"
+                [[inputs]]
+                name = "input"
+                datatype = "FP32"
+                dims = [4]
+                [[outputs]]
+                name = "p"
+                datatype = "FP32"
+                dims = [1]
+                [trees]
+                categorical = [3]
+                missing = [1]
+                {spec}
+                "#
+            ),
+            "t",
+        )
+        .unwrap()
+    }
+
+    /// `[input_spec]` of four entries: `request:a`, then `second`, `request:c`, `fourth`.
+    fn four(second: &str, fourth: &str) -> String {
+        format!(
+            "[input_spec]\n[[input_spec.features]]\nsource = \"request:a\"\n\
+             [[input_spec.features]]\n{second}\n\
+             [[input_spec.features]]\nsource = \"request:c\"\n\
+             [[input_spec.features]]\n{fourth}\n"
+        )
+    }
+
+    #[test]
+    fn nan_and_codes_are_checked_against_the_model_columns() {
+        let codes =
+            "source = \"request:country\"\ncategories = [\"US\", \"GB\"]\non_missing = \"refuse\"";
+        let nan = "source = \"card:b\"\non_missing = \"nan\"";
+        let s = DecisionSpec::from_model(&tree_model(&four(nan, codes)))
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.entries[1].on_missing, OnMissing::Nan);
+        assert_eq!(s.entries[3].code("GB"), Some(1));
+        assert_eq!(s.entries[3].code("FR"), None);
+        assert_eq!(s.entry_at(3).unwrap().name(), "request:country");
+        // A plain entry without transforms may carry codes; a const code too.
+        for fourth in ["source = \"request:mcc\"", "source = \"const:7\""] {
+            assert!(DecisionSpec::from_model(&tree_model(&four(nan, fourth))).is_ok());
+        }
+        let bad = |second: &str, fourth: &str| {
+            DecisionSpec::from_model(&tree_model(&four(second, fourth))).unwrap_err()
+        };
+        // NaN where the model does not accept missing values.
+        let e = bad(
+            "source = \"card:b\"",
+            "source = \"request:d\"\non_missing = \"nan\"",
+        );
+        assert!(
+            e.starts_with(
+                "[input_spec].features[3] (request:d): on_missing = \"nan\" sends NaN to column 3"
+            ) && e.contains("[trees] missing"),
+            "{e}"
+        );
+        // A categorical column with transforms, a fraction, or a default that is no code.
+        for (fourth, needle) in [
+            (
+                "source = \"request:mcc\"\ntransforms = [\"log1p\"]",
+                "is categorical",
+            ),
+            ("source = \"const:2.5\"", "is categorical"),
+            (
+                "source = \"request:mcc\"\ndefault = -1.0",
+                "not an integer code",
+            ),
+        ] {
+            let e = bad(nan, fourth);
+            assert!(e.contains(needle), "{fourth}: {e}");
+        }
+        // categories: a default code when defaults apply, no duplicates, no transforms.
+        for (fourth, needle) in [
+            ("source = \"request:c\"\ncategories = [\"US\"]", "must give its default code"),
+            ("source = \"request:c\"\ncategories = [\"US\", \"US\"]\ndefault = 0.0", "'US' twice"),
+            ("source = \"request:c\"\ncategories = []\ndefault = 0.0", "at least one"),
+            ("source = \"request:c\"\ncategories = [\"US\"]\ndefault = 0.0\ntransforms = [\"log1p\"]", "no transforms"),
+        ] {
+            let e = bad(nan, fourth);
+            assert!(e.contains(needle), "{fourth}: {e}");
+        }
+        // The MLP takes no NaN at all.
+        let e = DecisionSpec::from_model(&model(
+            "[input_spec]\non_missing = \"nan\"\n[[input_spec.features]]\nsource = \"request:a\"\none_hot=[\"a\",\"b\",\"c\",\"d\"]\n",
+        ))
+        .unwrap_err();
+        assert!(e.contains("not one_hot"), "{e}");
+        let mut text = String::from("[input_spec]\n");
+        for i in 0..4 {
+            text += &format!("[[input_spec.features]]\nsource = \"request:f{i}\"\n");
+        }
+        text += "on_missing = \"nan\"\n";
+        let e = DecisionSpec::from_model(&model(&text)).unwrap_err();
+        assert!(
+            e.contains("model 'm' (kind mlp) does not accept missing values")
+                && e.contains("only tree models take NaN"),
             "{e}"
         );
     }

@@ -4,11 +4,14 @@
 //! postprocess -> log.
 use std::collections::HashMap;
 
-use mesh_feature_store::{FeatureStore, KeyColumn, KeyType, LookupRequest, LookupResponse};
+use std::time::Instant;
+
+use mesh_feature_store::{KeyColumn, KeyType, LookupRequest, LookupResponse};
 use mesh_proto::mesh::v1 as pb;
 use metrics::{counter, histogram};
 
 use super::config::Rule;
+use super::feature_source::FeatureSource;
 use super::features::{build_row, FeatureUsed, RequestFeatures};
 use super::outcome::{stages, AnswerSource, Outcome, OutcomeSink};
 use super::replica::ModelAnswer;
@@ -81,7 +84,7 @@ pub fn validate(
 
 /// The join keys the spec's views need, with their key types and the views.
 fn join_keys(
-    store: &FeatureStore,
+    store: &FeatureSource,
     spec: &DecisionSpec,
 ) -> Result<Vec<(String, KeyType, Vec<String>)>, RouterError> {
     let mut out: Vec<(String, KeyType, Vec<String>)> = Vec::new();
@@ -141,13 +144,16 @@ fn key_column(
     })
 }
 
-/// Stage 2: one batched lookup for every item; `None` when the spec reads no
-/// store feature, the store is absent, or the lookup failed (a store failure
-/// degrades to defaults / refusals per the spec, it is not an error).
+/// Stage 2: one batched lookup for every item, ending by `deadline` (a remote
+/// store's gRPC timeout); `None` when the spec reads no store feature, there is
+/// no store, or the lookup failed (a store failure, or a remote that did not
+/// answer in time, degrades to defaults / refusals per the spec, it is not an
+/// error).
 pub async fn lookup(
-    store: Option<&FeatureStore>,
+    store: Option<&FeatureSource>,
     spec: &DecisionSpec,
     items: &[Item<'_>],
+    deadline: Instant,
 ) -> Result<Option<LookupResponse>, RouterError> {
     let Some(store) = store else {
         return Ok(None);
@@ -160,13 +166,8 @@ pub async fn lookup(
         let col = key_column(items, &join_key, key_type, &views)?;
         req = req.with_keys(join_key, col);
     }
-    match store.get_online_features(req).await {
-        Ok(r) => Ok(Some(r)),
-        Err(e) => {
-            tracing::warn!(error = %e, "feature lookup failed");
-            Ok(None)
-        }
-    }
+    // The source counts and logs a failure.
+    Ok(store.lookup(req, deadline).await.ok())
 }
 
 /// Stage 3: the input row of item `i` (row `i` of the lookup); `Err` is the
@@ -184,6 +185,18 @@ pub fn preprocess(
     build_row(spec, &req_features, lookup, i)
 }
 
+/// Stage 3, after the row is built: when the store's backend (Redis) did not
+/// answer this item's entities within its lookup budget, the reason says so (its
+/// values came from the cache as OUTSIDE_MAX_AGE, or are UNAVAILABLE; the
+/// defaults they took are named by [`note_defaults`]).
+pub fn note_degraded(o: &mut Outcome, lookup: Option<&LookupResponse>, i: usize) {
+    if let Some(d) = lookup.and_then(|l| l.degraded.as_ref()) {
+        if d.rows.get(i).copied().unwrap_or(false) {
+            o.reasons.push(format!("features degraded: {}", d.reason));
+        }
+    }
+}
+
 /// Stage 3, after the row is built: the features that took the spec's default
 /// (unknown entity, null, stale, a failed lookup, a request feature not sent) are
 /// named in the reasons, grouped by view and status, and counted per view
@@ -198,7 +211,7 @@ pub fn note_defaults(o: &mut Outcome, limit: Option<usize>) -> Result<(), String
     let mut groups: Vec<((&str, &str), Vec<&str>)> = Vec::new();
     for f in &defaulted {
         let key = (f.view(), f.status);
-        let short = f.name.split_once(':').map_or(f.name.as_str(), |(_, n)| n);
+        let short = f.name.split_once(':').map_or(&*f.name, |(_, n)| n);
         match groups.iter_mut().find(|(k, _)| *k == key) {
             Some((_, names)) => names.push(short),
             None => groups.push((key, vec![short])),
@@ -404,28 +417,41 @@ mod tests {
 
     #[tokio::test]
     async fn lookup_reads_one_batch_and_names_missing_keys() {
-        let (_dir, store) = testing::store();
+        let (_dir, store) = testing::source();
         let spec = testing::spec();
         let reqs = [request("a", 1.0, Some(7)), request("b", 1.0, Some(9))];
         let items = validate(&reqs, 10).unwrap();
-        let resp = lookup(Some(&store), &spec, &items).await.unwrap().unwrap();
+        let resp = lookup(Some(&store), &spec, &items, testing::later())
+            .await
+            .unwrap()
+            .unwrap();
         let col = resp.column("card:f31").unwrap();
         assert_eq!(
             col.statuses,
             vec![FeatureStatus::Present, FeatureStatus::NotFound]
         );
         // No store, or a spec that reads none: no lookup, no error.
-        assert!(lookup(None, &spec, &items).await.unwrap().is_none());
-        let mut request_only = testing::spec();
-        request_only.store_features.clear();
-        assert!(lookup(Some(&store), &request_only, &items)
+        assert!(lookup(None, &spec, &items, testing::later())
             .await
             .unwrap()
             .is_none());
+        let mut request_only = testing::spec();
+        request_only.store_features.clear();
+        assert!(
+            lookup(Some(&store), &request_only, &items, testing::later())
+                .await
+                .unwrap()
+                .is_none()
+        );
         // A missing key is the caller's mistake, named with its item.
         let reqs = [request("a", 1.0, Some(7)), request("b", 1.0, None)];
         let items = validate(&reqs, 10).unwrap();
-        let m = message(lookup(Some(&store), &spec, &items).await.err().unwrap());
+        let m = message(
+            lookup(Some(&store), &spec, &items, testing::later())
+                .await
+                .err()
+                .unwrap(),
+        );
         assert_eq!(
             m,
             "requests[1]: missing entity key 'card_id' (needed by view card)"
@@ -433,12 +459,71 @@ mod tests {
     }
 
     #[tokio::test]
+    #[allow(clippy::unwrap_used)]
+    async fn a_failed_lookup_is_no_lookup_and_is_counted() {
+        use crate::decide::feature_source::FeatureSource;
+        use crate::decide::remote_features::RemoteFeatures;
+        // A features role that is not there: a port nothing listens on.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let (_dir, local) = testing::source();
+        let remote = FeatureSource::Remote(Box::new(RemoteFeatures::unconnected(
+            &format!("http://127.0.0.1:{port}"),
+            local.views().to_vec(),
+            None,
+        )));
+        let spec = testing::spec();
+        let reqs = [request("a", 1.0, Some(7))];
+        let items = validate(&reqs, 10).unwrap();
+        let rec = testing::Recorder::default();
+        let guard = metrics::set_default_local_recorder(&rec);
+        let started = std::time::Instant::now();
+        let got = lookup(
+            Some(&remote),
+            &spec,
+            &items,
+            started + std::time::Duration::from_millis(300),
+        )
+        .await
+        .unwrap();
+        assert!(got.is_none());
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
+        // No time left: not sent, and a failure too.
+        assert!(
+            lookup(Some(&remote), &spec, &items, std::time::Instant::now())
+                .await
+                .unwrap()
+                .is_none()
+        );
+        drop(guard);
+        let failures: Vec<_> = rec
+            .take()
+            .into_iter()
+            .filter(|m| m.name == names::FEATURE_LOOKUP_FAILURES)
+            .collect();
+        assert_eq!(failures.len(), 2, "{failures:?}");
+        assert_eq!(
+            failures[0].labels,
+            vec![("store".to_string(), "remote".to_string())]
+        );
+        // The row then takes the spec's default, UNAVAILABLE.
+        let (row, used) = preprocess(&spec, &items[0], None, 0).unwrap();
+        assert_eq!(row, vec![1.0, -1.0]);
+        assert_eq!(used[1].status, "UNAVAILABLE");
+    }
+
+    #[tokio::test]
     async fn preprocess_builds_the_row_or_refuses() {
-        let (_dir, store) = testing::store();
+        let (_dir, store) = testing::source();
         let spec = testing::spec();
         let reqs = [request("a", 12.5, Some(7)), request("b", 3.0, Some(9))];
         let items = validate(&reqs, 10).unwrap();
-        let resp = lookup(Some(&store), &spec, &items).await.unwrap();
+        let resp = lookup(Some(&store), &spec, &items, testing::later())
+            .await
+            .unwrap();
         let (row, used) = preprocess(&spec, &items[0], resp.as_ref(), 0).unwrap();
         assert_eq!(row, vec![12.5, 0.25]);
         assert_eq!(used[1].status, "PRESENT");

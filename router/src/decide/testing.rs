@@ -53,14 +53,27 @@ pub fn store() -> (tempfile::TempDir, FeatureStore) {
     (dir, store)
 }
 
+/// [`store`] as the decision stages see it.
+pub fn source() -> (tempfile::TempDir, super::feature_source::FeatureSource) {
+    let (dir, store) = store();
+    (dir, std::sync::Arc::new(store).into())
+}
+
+/// A deadline far enough away for any lookup of a test.
+pub fn later() -> std::time::Instant {
+    std::time::Instant::now() + Duration::from_secs(10)
+}
+
 /// An entry of an input spec (no transforms).
 pub fn entry(source: Source, on_missing: OnMissing) -> Entry {
     Entry {
+        label: Entry::label_of(&source),
         source,
         transforms: Vec::new(),
         default: -1.0,
         on_missing,
         one_hot: None,
+        categories: None,
     }
 }
 
@@ -83,6 +96,7 @@ pub fn spec() -> DecisionSpec {
         },
         store_features: vec!["card:f31".into()],
         views: BTreeSet::from(["card".to_owned()]),
+        columns: Default::default(),
     }
 }
 

@@ -118,6 +118,32 @@ fn config_datatype(d: DataType) -> i32 {
     }) as i32
 }
 
+/// What the input columns take, as ModelConfig `parameters` (for clients that build
+/// rows, such as `mesh bench`): `categorical_columns` (integer codes) and
+/// `missing_columns` (NaN accepted; `any`), comma-separated; absent when none.
+fn column_parameters(c: &ModelConfig) -> std::collections::HashMap<String, pb::ModelParameter> {
+    use mesh_model_actor::config::ColumnRules;
+    let width = c.input().row_width();
+    let cols = |flag: u8| {
+        let v: Vec<String> = (0..width)
+            .filter(|&i| c.columns.column(i) & flag != 0)
+            .map(|i| i.to_string())
+            .collect();
+        match v.len() {
+            0 => None,
+            n if n == width && flag == ColumnRules::MISSING && width > 1 => Some("any".to_owned()),
+            _ => Some(v.join(",")),
+        }
+    };
+    [
+        ("categorical_columns", cols(ColumnRules::CATEGORICAL)),
+        ("missing_columns", cols(ColumnRules::MISSING)),
+    ]
+    .into_iter()
+    .filter_map(|(k, v)| Some((k.to_owned(), pb::ModelParameter { string_value: v? })))
+    .collect()
+}
+
 /// The model's configuration in Triton's shape.
 pub fn model_config(c: &ModelConfig) -> pb::ModelConfig {
     use mesh_model_actor::config::VersionPolicy;
@@ -180,7 +206,7 @@ pub fn model_config(c: &ModelConfig) -> pb::ModelConfig {
                 preserve_ordering: false,
             },
         )),
-        parameters: Default::default(),
+        parameters: column_parameters(c),
         model_warmup: vec![pb::ModelWarmup {
             name: "zeros".to_owned(),
             batch_size: c.warmup.batch_size as u32,

@@ -163,8 +163,9 @@ async fn readiness(State(s): State<HttpState>, model: String, version: String) -
     Ok(StatusCode::OK.into_response())
 }
 
+/// The body of an OIP REST inference request, as the mesh parses it.
 #[derive(Deserialize)]
-struct InferRequestJson {
+pub struct InferRequestJson {
     #[serde(default)]
     id: Option<String>,
     inputs: Vec<InputJson>,
@@ -275,6 +276,30 @@ fn json_elements(name: &str, dt: DataType, data: &FlatNumbers) -> Result<Element
     })
 }
 
+/// Parses an OIP REST inference request body (tensor data flattened while parsing).
+/// Public so that the do-nothing REST server of the benchmarks parses exactly as the
+/// mesh does.
+pub fn parse_infer_body(body: &[u8]) -> Result<InferRequestJson, RouterError> {
+    serde_json::from_slice(body).map_err(|e| {
+        RouterError::invalid(format!(
+            "request body is not a valid inference request: {e}"
+        ))
+    })
+}
+
+impl InferRequestJson {
+    /// The request's id, its inputs' names and element counts (for servers that only
+    /// look at the request).
+    pub fn summary(&self) -> (Option<&str>, Vec<(&str, usize)>) {
+        let inputs = self
+            .inputs
+            .iter()
+            .map(|t| (t.name.as_str(), t.data.0.len()))
+            .collect();
+        (self.id.as_deref(), inputs)
+    }
+}
+
 pub(crate) type Body = Result<Bytes, BytesRejection>;
 
 /// When the request arrived (stamped by the server's outermost layer; now, when
@@ -321,11 +346,7 @@ async fn do_infer(
             None => RouterError::invalid(format!("request body: {e}")),
         },
     })?;
-    let req: InferRequestJson = serde_json::from_slice(&body).map_err(|e| {
-        RouterError::invalid(format!(
-            "request body is not a valid inference request: {e}"
-        ))
-    })?;
+    let req = parse_infer_body(&body)?;
     // Optional per-request timeout in milliseconds, the REST analogue of grpc-timeout.
     let timeout = headers
         .get("x-mesh-timeout-ms")

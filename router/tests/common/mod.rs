@@ -57,3 +57,66 @@ pub fn model_repo(repo: &Path, versions: &[u64], model_toml: &str) -> PathBuf {
     std::fs::write(m.join("model.toml"), model_toml).unwrap();
     repo.to_path_buf()
 }
+
+/// One reference row of tests/data/fraud-trees: 34 inputs (f0..f31, mcc, country;
+/// NaN = missing) and each library's probability (tolerance 1e-6 absolute).
+pub struct TreeSample {
+    pub x: Vec<f32>,
+    pub xgb: f64,
+    pub lgbm: f64,
+}
+
+/// The 1,000 reference rows of the tree models.
+pub fn tree_samples() -> Vec<TreeSample> {
+    let text = std::fs::read_to_string(root().join("tests/data/fraud-trees/samples.csv"))
+        .expect("tests/data/fraud-trees/samples.csv");
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
+    assert_eq!(
+        header[33..38],
+        ["mcc", "country", "label", "xgb_proba", "lgbm_proba"]
+    );
+    lines
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let c: Vec<&str> = l.split(',').collect();
+            TreeSample {
+                x: c[1..35]
+                    .iter()
+                    .map(|v| {
+                        if v.is_empty() {
+                            f32::NAN
+                        } else {
+                            v.parse().unwrap()
+                        }
+                    })
+                    .collect(),
+                xgb: c[36].parse().unwrap(),
+                lgbm: c[37].parse().unwrap(),
+            }
+        })
+        .collect()
+}
+
+/// Writes `<repo>/<name>/` with the reference tree model `file` of
+/// tests/data/fraud-trees as version 1 (`model.json` or `model.txt`) and the
+/// example's model.toml (examples/models/<name>, without its `[input_spec]`)
+/// followed by `spec`.
+pub fn tree_model(repo: &Path, name: &str, file: &str, spec: &str) {
+    let m = repo.join(name);
+    std::fs::create_dir_all(m.join("1")).unwrap();
+    let dst = if file.ends_with(".json") {
+        "model.json"
+    } else {
+        "model.txt"
+    };
+    std::fs::copy(
+        root().join("tests/data/fraud-trees").join(file),
+        m.join("1").join(dst),
+    )
+    .unwrap();
+    let example =
+        std::fs::read_to_string(root().join(format!("examples/models/{name}/model.toml"))).unwrap();
+    let base = example.split("\n[input_spec]").next().unwrap_or_default();
+    std::fs::write(m.join("model.toml"), format!("{base}\n{spec}")).unwrap();
+}

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Issue 13's figures side by side in one run, one table per question:
+#   1. the prediction log on vs off, Decide at 50 % of saturation   (bench/plog_bench.sh)
+#   2. overload at 1x, 2x, 4x of saturation with a 50 ms deadline   (bench/overload_bench.sh)
+#   3. OIP gRPC and REST against do-nothing servers                  (bench/oip_compare.sh)
+#   4. feature lookups in process and over gRPC, with a writer       (feature-store/benches/lookup.rs)
+# plus the `mesh bench --html` report of a Decide run (the tails, per second).
+#
+#   bench/compare.sh                 (builds the release binaries it needs)
+#   ONLY="plog oip" bench/compare.sh (a subset: plog overload oip features)
+#
+# Each part's own settings pass through (SECS, ROUNDS, ...; see each script). The
+# machine is shared and noisy: read ratios within one run, and the spread over rounds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+export MESH_VENV=${MESH_VENV:-$ROOT/.venv}
+OUT=${OUT:-$(mktemp -d)}
+ONLY=${ONLY:-plog overload oip features}
+cargo build -q --release -p mesh --bin mesh --example null_oip --example null_rest
+export MESH_BIN=$TARGET/release/mesh
+PYTHON=${PYTHON:-$MESH_VENV/bin/python}
+export PYTHON
+
+part() { echo; echo "## $1"; echo; }
+for p in $ONLY; do
+    case $p in
+        plog)
+            part "Prediction log on vs off (Decide, open loop at ${PCT:-50}% of saturation)"
+            OUT=$OUT/plog bench/plog_bench.sh "$MESH_BIN" ;;
+        overload)
+            part "Overload: useful answers within a ${DEADLINE_MS:-50} ms deadline"
+            OUT=$OUT/overload bench/overload_bench.sh "$MESH_BIN" ;;
+        oip)
+            part "OIP transport: mesh against do-nothing servers"
+            OUT=$OUT/oip bench/oip_compare.sh ;;
+        features)
+            part "Feature store lookups (1M entities x 16 f32, a writer at 1,000 rows/s)"
+            cargo bench -q -p mesh-feature-store --bench lookup -- --seconds "${SECS:-4}" 2>/dev/null ;;
+        *) echo "bench/compare.sh: unknown part '$p' (plog overload oip features)" >&2; exit 2 ;;
+    esac
+done
+
+part "Decide latency report (mesh bench --html)"
+mkdir -p "$OUT/html"
+P=18590
+"$MESH_BIN" features demo --store "$OUT/html/features" --views examples/features/views.toml >/dev/null 2>&1
+"$MESH_BIN" serve --config examples/mesh.toml --grpc-port $((P+1)) --http-port $P \
+    --features "$OUT/html/features" >"$OUT/html/serve.log" 2>&1 &
+spid=$!
+trap 'kill $spid 2>/dev/null || true' EXIT
+for _ in $(seq 150); do (exec 3<>/dev/tcp/127.0.0.1/$((P+1))) 2>/dev/null && break; sleep 0.2; done
+"$MESH_BIN" bench --addr "http://127.0.0.1:$((P+1))" --target decide --rate "${HTML_RATE:-2000}" \
+    --seconds "${SECS:-10}" --html "$OUT/decide.html" | tail -4
+echo "report: $OUT/decide.html"

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# OIP transport overhead, side by side in one run: `mesh serve` against do-nothing
+# servers that speak the same protocol on the same machine.
+#   gRPC: h2load (1 row per request) against mesh and mesh/examples/null_oip.rs at
+#         concurrency 1, 8 and 32; p50 at concurrency 1 from `mesh bench --target infer`
+#         (closed loop), which reports percentiles (h2load reports only mean/sd).
+#   REST: wrk with the same JSON body against mesh and mesh/examples/null_rest.rs
+#         (parses the body exactly as the mesh does, answers a fixed OIP response).
+# Rounds alternate the two servers (ROUNDS, default 2); the table shows the median of
+# the rounds and the spread.
+#
+#   bench/oip_compare.sh      (builds what it needs in release)
+#
+# Needs Debian's nghttp2-client (h2load) and wrk, and the test venv (MESH_VENV) for
+# the gRPC body (tritonclient's protobufs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+VENV=${MESH_VENV:-$ROOT/.venv}
+OUT=${OUT:-$(mktemp -d)}
+ROUNDS=${ROUNDS:-2}
+SECONDS_EACH=${SECONDS_EACH:-5}
+for tool in h2load wrk; do
+    command -v $tool >/dev/null || { echo "oip_compare.sh: $tool missing (apt-get install nghttp2-client wrk)" >&2; exit 1; }
+done
+if [ -z "${MESH_BIN:-}" ]; then
+    cargo build -q --release -p mesh --bin mesh --example null_oip --example null_rest
+    MESH_BIN=$TARGET/release/mesh
+fi
+EX=$(dirname "$MESH_BIN")/examples
+
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+wait_port() { for _ in $(seq 150); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.2; done; echo "port $1 never opened" >&2; exit 1; }
+
+P=${PORT_BASE:-18400}
+"$MESH_BIN" serve --models examples/models --grpc-port $((P+1)) --http-port $((P+0)) >"$OUT/mesh.log" 2>&1 & pids+=($!)
+"$EX/null_oip" examples/models/fraud_mlp $((P+11)) >"$OUT/null_oip.log" 2>&1 & pids+=($!)
+"$EX/null_rest" examples/models/fraud_mlp $((P+12)) >"$OUT/null_rest.log" 2>&1 & pids+=($!)
+wait_port $((P+1)); wait_port $((P+0)); wait_port $((P+11)); wait_port $((P+12))
+sleep 1 # warmup of the mesh's models
+
+"$VENV/bin/python" bench/grpc_body.py tests/data/fraud-mlp/samples.csv fraud_mlp "$OUT/body.bin"
+"$VENV/bin/python" - "$OUT/body.json" <<'PY'
+import csv, json, sys
+with open("tests/data/fraud-mlp/samples.csv") as f:
+    next(f)
+    x = [float(v) for v in next(f).split(",")[1:33]]
+json.dump({"inputs": [{"name": "input", "shape": [1, 32], "datatype": "FP32", "data": x}]}, open(sys.argv[1], "w"))
+PY
+cat >"$OUT/post.lua" <<LUA
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local f = io.open("$OUT/body.json", "r"); wrk.body = f:read("*a"); f:close()
+LUA
+
+# h2load: concurrency c as streams over up to 4 connections.
+grpc_run() { # name port c
+    local conns=$(( $3 < 4 ? $3 : 4 ))
+    local streams=$(( $3 / conns ))
+    h2load -D "$SECONDS_EACH" -c "$conns" -m "$streams" -d "$OUT/body.bin" \
+        -H content-type:application/grpc -H te:trailers \
+        "http://127.0.0.1:$2/inference.GRPCInferenceService/ModelInfer" >"$OUT/h2-$1-c$3-r$r.txt" 2>&1 || true
+    awk '/finished in/ {gsub(",","",$4); print $4}' "$OUT/h2-$1-c$3-r$r.txt"
+}
+grpc_p50() { # name port
+    "$MESH_BIN" bench --addr "http://127.0.0.1:$2" --target infer --concurrency 1 \
+        --seconds "$SECONDS_EACH" --json >"$OUT/bench-$1-r$r.json" 2>/dev/null || true
+    "$VENV/bin/python" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["p50_us"])' "$OUT/bench-$1-r$r.json" 2>/dev/null || echo nan
+}
+rest_run() { # name port c -> "req/s p50_us"
+    wrk -t 1 -c "$3" -d "${SECONDS_EACH}s" --latency -s "$OUT/post.lua" \
+        "http://127.0.0.1:$2/v2/models/fraud_mlp/infer" >"$OUT/wrk-$1-c$3-r$r.txt" 2>&1 || true
+    "$VENV/bin/python" - "$OUT/wrk-$1-c$3-r$r.txt" <<'PY'
+import re, sys
+t = open(sys.argv[1]).read()
+rps = re.search(r"Requests/sec:\s+([\d.]+)", t)
+p50 = re.search(r"^\s+50%\s+([\d.]+)(us|ms|s)", t, re.M)
+non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", t)
+scale = {"us": 1, "ms": 1e3, "s": 1e6}
+print(rps.group(1) if rps and not non2xx else "nan", float(p50.group(1)) * scale[p50.group(2)] if p50 else "nan")
+PY
+}
+
+: >"$OUT/results.txt"
+for r in $(seq "$ROUNDS"); do
+    for c in 1 8 32; do
+        for s in "mesh $((P+1))" "null $((P+11))"; do
+            set -- $s; echo "grpc $1 c$c $(grpc_run "$1" "$2" "$c")" >>"$OUT/results.txt"
+        done
+        for s in "mesh $((P+0))" "null $((P+12))"; do
+            set -- $s; echo "rest $1 c$c $(rest_run "$1" "$2" "$c")" >>"$OUT/results.txt"
+        done
+    done
+    for s in "mesh $((P+1))" "null $((P+11))"; do
+        set -- $s; echo "grpcp50 $1 c1 $(grpc_p50 "$1" "$2")" >>"$OUT/results.txt"
+    done
+done
+
+"$VENV/bin/python" - "$OUT/results.txt" <<'PY'
+import statistics as st, sys
+rows = {}
+for line in open(sys.argv[1]):
+    parts = line.split()
+    kind, server, c = parts[:3]
+    vals = [float(v) for v in parts[3:]] or [float("nan")]
+    rows.setdefault((kind, c, server), []).append(vals)
+def med(kind, c, server, i=0):
+    v = [x[i] for x in rows.get((kind, c, server), []) if len(x) > i]
+    return (st.median(v), min(v), max(v)) if v else (float("nan"),) * 3
+def fmt(m): return f"{m[0]:,.0f} ({m[1]:,.0f}-{m[2]:,.0f})"
+print("| protocol | concurrency | mesh req/s | null server req/s | ratio |")
+print("| --- | ---: | ---: | ---: | ---: |")
+for kind in ("grpc", "rest"):
+    for c in ("c1", "c8", "c32"):
+        m, n = med(kind, c, "mesh"), med(kind, c, "null")
+        print(f"| {kind} | {c[1:]} | {fmt(m)} | {fmt(n)} | {m[0] / n[0]:.2f} |")
+m, n = med("grpcp50", "c1", "mesh"), med("grpcp50", "c1", "null")
+print(f"\np50 at concurrency 1, gRPC (mesh bench): mesh {m[0]:.0f} µs, null {n[0]:.0f} µs, difference {m[0]-n[0]:.0f} µs")
+m, n = med("rest", "c1", "mesh", 1), med("rest", "c1", "null", 1)
+print(f"p50 at concurrency 1, REST (wrk): mesh {m[0]:.0f} µs, null {n[0]:.0f} µs, difference {m[0]-n[0]:.0f} µs")
+PY
+echo "raw output: $OUT"

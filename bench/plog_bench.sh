@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Prediction log on vs off (issue 13): Decide through `mesh serve` on the example
+# configuration, open loop at a fraction (default 50 %) of the saturation measured
+# first, the log on and off alternating for ROUNDS rounds (on/off, then off/on, ...),
+# each run on a freshly started server. Prints one table: latency from the intended
+# send time (p50/p99/p99.9/max), throughput, errors, the log's dropped and written
+# records (from /metrics), and the CPU the server and its log threads used.
+#
+#   bench/plog_bench.sh [MESH_BIN]       (default $MESH_BIN, else $CARGO_TARGET_DIR/release/mesh)
+#
+# Settings (environment): SECS=10 seconds per run, ROUNDS=2, PCT=50 (% of saturation),
+# RATE (skip the saturation run and use this rate), CONCURRENCY=32 (most outstanding
+# requests of the open loop; callers of the saturation run), PORT=18731 (gRPC; HTTP is
+# PORT-1; both must be free), OUT (directory for the raw output; default a new temp
+# dir), LOG_CONFIG (extra lines for [prediction_log], e.g. 'writer_nice = 0'), NICE
+# (run the server and the load at this nice value, e.g. -10 as root, to keep other work
+# on a shared machine out of the figures; the log's writer_nice stays relative to it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${1:-${MESH_BIN:-${CARGO_TARGET_DIR:-target}/release/mesh}}
+[ -x "$BIN" ] || { echo "no mesh binary at $BIN (cargo build --release -p mesh --bin mesh)" >&2; exit 2; }
+OUT=${OUT:-$(mktemp -d)}
+SECS=${SECS:-10}
+ROUNDS=${ROUNDS:-2}
+PCT=${PCT:-50}
+CONCURRENCY=${CONCURRENCY:-32}
+PORT=${PORT:-18731}
+HTTP_PORT=$((PORT - 1))
+RUN=()
+[ -n "${NICE:-}" ] && RUN=(nice -n "$NICE")
+DATA=$OUT/data
+mkdir -p "$DATA"
+pid=
+cleanup() { if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi; }
+trap cleanup EXIT
+wait_port() { for _ in $(seq 150); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.2; done; echo "port $1 never opened" >&2; exit 1; }
+
+"$BIN" features demo --store "$DATA/features" --views examples/features/views.toml --cards 10000 --merchants 1000 >"$OUT/features.log" 2>&1
+
+serve() { # name on|off
+    local cfg=$OUT/mesh-$1.toml
+    # Relative paths in a mesh.toml resolve against its directory: the copy in $OUT
+    # names every path absolutely.
+    sed -e "s#^models = .*#models = \"$PWD/examples/models\"#" \
+        -e "s#^views = .*#views = \"$PWD/examples/features/views.toml\"#" \
+        -e "s#^path = .*#path = \"$DATA/features\"#" -e "s#^dir = .*#dir = \"$DATA/predictions-$1\"#" \
+        -e "s#grpc_port = 8001#grpc_port = $PORT#" -e "s#http_port = 8000#http_port = $HTTP_PORT#" examples/mesh.toml >"$cfg"
+    if [ "$2" = off ]; then
+        sed -i '/^\[prediction_log\]/,/^$/d' "$cfg"
+    elif [ -n "${LOG_CONFIG:-}" ]; then
+        sed -i "/^\[prediction_log\]/a $LOG_CONFIG" "$cfg"
+    fi
+    for p in "$PORT" "$HTTP_PORT"; do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "port $p is already in use: set PORT" >&2; exit 1; fi
+    done
+    "${RUN[@]}" "$BIN" serve --config "$cfg" >"$OUT/serve-$1.log" 2>&1 &
+    pid=$!
+    wait_port "$PORT"
+    kill -0 "$pid" 2>/dev/null || { echo "mesh serve exited: $OUT/serve-$1.log" >&2; exit 1; }
+}
+stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=; }
+bench() { # name seconds args...
+    local name=$1 secs=$2; shift 2
+    "${RUN[@]}" "$BIN" bench --addr "http://127.0.0.1:$PORT" --target decide --seconds "$secs" --json "$@" >"$OUT/$name.json" 2>"$OUT/$name.err"
+}
+# CPU seconds (user + system) of the server, and of its threads named prediction-log*.
+cpu() {
+    python3 - "$pid" <<'PY'
+import os, sys
+pid, tck = sys.argv[1], os.sysconf("SC_CLK_TCK")
+def secs(stat):
+    f = stat.rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / tck
+total = secs(open(f"/proc/{pid}/stat").read())
+log = 0.0
+for t in os.listdir(f"/proc/{pid}/task"):
+    try:
+        if open(f"/proc/{pid}/task/{t}/comm").read().startswith("prediction-log"):
+            log += secs(open(f"/proc/{pid}/task/{t}/stat").read())
+    except OSError:
+        pass
+print(f"{total:.3f} {log:.3f}")
+PY
+}
+metric() { # name: value from /metrics (0 when absent)
+    curl -s "http://127.0.0.1:$HTTP_PORT/metrics" | awk -v m="$1" '$1 == m {v = $2} END {print v + 0}'
+}
+
+if [ -n "${RATE:-}" ]; then
+    echo "open loop at RATE=$RATE req/s (given)"
+else
+    serve sat off
+    bench sat-warmup 2 --concurrency 8
+    bench saturation "$SECS" --concurrency "$CONCURRENCY"
+    stop
+    SAT=$(python3 -c "import json;print(round(json.load(open('$OUT/saturation.json'))['throughput']))")
+    RATE=$(python3 -c "print(round($SAT * $PCT / 100))")
+    echo "saturation (log off, closed loop, $CONCURRENCY callers): $SAT req/s; open loop at $PCT %: $RATE req/s"
+fi
+
+runs=()
+for r in $(seq "$ROUNDS"); do
+    if [ $((r % 2)) -eq 1 ]; then order="on off"; else order="off on"; fi
+    for mode in $order; do
+        name=log-$mode-$r
+        serve "$name" "$mode"
+        bench "$name-warmup" 2 --concurrency 8
+        read -r cpu0 log0 < <(cpu)
+        bench "$name" "$SECS" --rate "$RATE" --concurrency "$CONCURRENCY"
+        read -r cpu1 log1 < <(cpu)
+        sleep 0.5 # one flush tick, so the written count is current
+        printf '{"mode": "%s", "dropped": %s, "written": %s, "cpu_s": %s, "log_cpu_s": %s}\n' "$mode" \
+            "$(metric mesh_log_dropped_records_total)" "$(metric mesh_log_written_records_total)" \
+            "$(python3 -c "print(round($cpu1 - $cpu0, 3))")" "$(python3 -c "print(round($log1 - $log0, 3))")" >"$OUT/$name.server.json"
+        stop
+        runs+=("$name")
+    done
+done
+
+python3 - "$OUT" "$RATE" "${runs[@]}" <<'PY'
+import json, statistics, sys
+out, rate, runs = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
+print(f"\nDecide, open loop at {rate:.0f} req/s, prediction log on vs off (latency in µs from the intended send time)")
+print(f"{'run':<12}{'req/s':>8}{'p50':>7}{'p99':>8}{'p99.9':>8}{'max':>8}{'errors':>8}{'dropped':>9}{'written':>9}{'cpu %':>7}{'log cpu %':>10}")
+p99 = {"on": [], "off": []}
+for n in runs:
+    r = json.load(open(f"{out}/{n}.json"))
+    s = json.load(open(f"{out}/{n}.server.json"))
+    errors = sum(v for k, v in r["codes"].items() if k != "OK")
+    mode = s["mode"]
+    p99[mode].append(r["p99_us"])
+    dropped = "-" if mode == "off" else f"{s['dropped']:.0f}"
+    written = "-" if mode == "off" else f"{s['written']:.0f}"
+    print(f"{n:<12}{r['throughput']:>8.0f}{r['p50_us']:>7}{r['p99_us']:>8}{r['p999_us']:>8}{r['max_us']:>8}{errors:>8}"
+          f"{dropped:>9}{written:>9}{100 * s['cpu_s'] / r['seconds']:>7.0f}{100 * s['log_cpu_s'] / r['seconds']:>10.1f}")
+if p99["on"] and p99["off"]:
+    on, off = statistics.median(p99["on"]), statistics.median(p99["off"])
+    print(f"median p99: log on {on:.0f} µs, log off {off:.0f} µs, on/off {on / off:.3f}")
+print(f"raw output in {out}")
+PY

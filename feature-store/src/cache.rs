@@ -1,0 +1,278 @@
+//! The in-process cache of decoded rows in front of Redis.
+//!
+//! - Keyed by the entity's Redis key (one view, one entity); holds the decoded row
+//!   (event time and typed values) or "not stored" (a negative entry).
+//! - Bounded by size: an estimate of each entry's bytes, `max_bytes` in all, split
+//!   over shards; the oldest entries go first (FIFO by insertion, which is also
+//!   the order in which entries age out).
+//! - Bounded by age: an entry younger than `max_age` answers a lookup like the
+//!   store would (statuses still follow the view's `max_age`); an older one is kept
+//!   only to answer, marked, when Redis fails (see `redis_store::lookup`).
+//! - Invalidated by this process's own writes: every key a write touched is
+//!   dropped, and a lookup that read Redis before such a write does not put what
+//!   it read back (a per-shard epoch, taken before the read, must be unchanged).
+//!   Writes by other processes are seen once the entry is older than `max_age`.
+use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::types::{Micros, Value};
+
+const SHARDS: usize = 32;
+/// Bookkeeping per entry (map slot, queue slot, Arc header), bytes.
+const ENTRY_OVERHEAD: usize = 96;
+
+/// One stored row, decoded: its event time and its non-null fields by feature id.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct DecodedRow {
+    pub event_time: Micros,
+    pub fields: Vec<(u16, Value)>,
+}
+
+impl DecodedRow {
+    fn bytes(&self) -> usize {
+        16 + self
+            .fields
+            .iter()
+            .map(|(_, v)| {
+                32 + match v {
+                    Value::String(s) => s.len(),
+                    Value::F32Vector(xs) => xs.len() * 4,
+                    _ => 0,
+                }
+            })
+            .sum::<usize>()
+    }
+}
+
+/// What the cache holds for one entity: its row, or `None` (Redis had none).
+pub(crate) type Cached = Option<Arc<DecodedRow>>;
+
+struct Entry {
+    row: Cached,
+    at: Instant,
+    seq: u64,
+    bytes: usize,
+}
+
+#[derive(Default)]
+struct Shard {
+    map: HashMap<Box<[u8]>, Entry>,
+    /// Insertion order: (key, seq); a key re-inserted later has a newer seq, and its
+    /// older queue slot is skipped when popped.
+    order: VecDeque<(Box<[u8]>, u64)>,
+    bytes: usize,
+    seq: u64,
+    /// Bumped by every invalidation; see [`Cache::epoch`].
+    epoch: u64,
+}
+
+/// A cache answer.
+pub(crate) enum Hit {
+    /// Younger than `max_age`: answers like the store.
+    Fresh(Cached),
+    /// Older: only for answering a failed read, marked.
+    Old(Cached),
+}
+
+pub(crate) struct Cache {
+    shards: Vec<Mutex<Shard>>,
+    hasher: std::collections::hash_map::RandomState,
+    max_bytes_per_shard: usize,
+    max_age: Duration,
+    bytes: AtomicUsize,
+}
+
+impl Cache {
+    /// A cache of at most `max_bytes` (0: nothing is cached) whose entries answer
+    /// for `max_age`.
+    pub(crate) fn new(max_bytes: usize, max_age: Duration) -> Self {
+        Cache {
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            hasher: Default::default(),
+            max_bytes_per_shard: max_bytes / SHARDS,
+            max_age,
+            bytes: AtomicUsize::new(0),
+        }
+    }
+
+    fn shard(&self, key: &[u8]) -> &Mutex<Shard> {
+        &self.shards[(self.hasher.hash_one(key) as usize) % SHARDS]
+    }
+
+    pub(crate) fn get(&self, key: &[u8], now: Instant) -> Option<Hit> {
+        let shard = self.shard(key).lock();
+        let e = shard.map.get(key)?;
+        Some(if now.saturating_duration_since(e.at) < self.max_age {
+            Hit::Fresh(e.row.clone())
+        } else {
+            Hit::Old(e.row.clone())
+        })
+    }
+
+    /// The invalidation epoch of `key`'s shard: take it before reading Redis and
+    /// hand it to [`Cache::insert`].
+    pub(crate) fn epoch(&self, key: &[u8]) -> u64 {
+        self.shard(key).lock().epoch
+    }
+
+    /// Caches what a read returned, unless a write invalidated the shard since
+    /// `epoch` was taken (the read may predate it).
+    pub(crate) fn insert(&self, key: &[u8], row: Cached, epoch: u64, now: Instant) {
+        let bytes = ENTRY_OVERHEAD + 2 * key.len() + row.as_ref().map_or(0, |r| r.bytes());
+        if bytes > self.max_bytes_per_shard {
+            return;
+        }
+        let mut guard = self.shard(key).lock();
+        let shard = &mut *guard;
+        if shard.epoch != epoch {
+            return;
+        }
+        shard.seq += 1;
+        let seq = shard.seq;
+        let before = shard.bytes;
+        if let Some(old) = shard.map.insert(
+            key.into(),
+            Entry {
+                row,
+                at: now,
+                seq,
+                bytes,
+            },
+        ) {
+            shard.bytes -= old.bytes;
+        }
+        shard.bytes += bytes;
+        shard.order.push_back((key.into(), seq));
+        while shard.bytes > self.max_bytes_per_shard {
+            let Some((k, s)) = shard.order.pop_front() else {
+                break;
+            };
+            if shard.map.get(&k).is_some_and(|e| e.seq == s) {
+                if let Some(e) = shard.map.remove(&k) {
+                    shard.bytes -= e.bytes;
+                }
+            }
+        }
+        // Re-inserted keys leave stale queue slots behind; drop them once they
+        // outnumber the live ones (amortised: the queue at most doubles).
+        if shard.order.len() > 2 * shard.map.len() + 16 {
+            let map = &shard.map;
+            shard
+                .order
+                .retain(|(k, s)| map.get(k).is_some_and(|e| e.seq == *s));
+        }
+        self.account(before, shard.bytes);
+    }
+
+    /// Drops `key` (this process wrote it) and bumps its shard's epoch.
+    pub(crate) fn invalidate(&self, key: &[u8]) {
+        let mut shard = self.shard(key).lock();
+        shard.epoch += 1;
+        let before = shard.bytes;
+        if let Some(e) = shard.map.remove(key) {
+            shard.bytes -= e.bytes;
+        }
+        let after = shard.bytes;
+        drop(shard);
+        self.account(before, after);
+    }
+
+    fn account(&self, before: usize, after: usize) {
+        if after >= before {
+            self.bytes.fetch_add(after - before, Ordering::Relaxed);
+        } else {
+            self.bytes.fetch_sub(before - after, Ordering::Relaxed);
+        }
+    }
+
+    /// Estimated bytes held.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn row(t: Micros) -> Cached {
+        Some(Arc::new(DecodedRow {
+            event_time: t,
+            fields: vec![(0, Value::F32(1.0))],
+        }))
+    }
+
+    #[test]
+    fn fresh_then_old_by_age() {
+        let c = Cache::new(1 << 20, Duration::from_millis(100));
+        let t0 = Instant::now();
+        c.insert(b"k", row(5), c.epoch(b"k"), t0);
+        assert!(matches!(c.get(b"k", t0), Some(Hit::Fresh(Some(r))) if r.event_time == 5));
+        let later = t0 + Duration::from_millis(150);
+        assert!(matches!(c.get(b"k", later), Some(Hit::Old(Some(_)))));
+        assert!(c.get(b"other", t0).is_none());
+    }
+
+    #[test]
+    fn a_write_between_read_and_insert_keeps_the_read_out() {
+        let c = Cache::new(1 << 20, Duration::from_secs(1));
+        let now = Instant::now();
+        let epoch = c.epoch(b"k"); // a lookup starts reading Redis
+        c.invalidate(b"k"); // this process writes k meanwhile
+        c.insert(b"k", row(1), epoch, now); // the lookup's (older) read
+        assert!(c.get(b"k", now).is_none());
+        c.insert(b"k", row(2), c.epoch(b"k"), now);
+        c.invalidate(b"k");
+        assert!(c.get(b"k", now).is_none());
+        assert_eq!(c.bytes(), 0);
+    }
+
+    #[test]
+    fn size_bound_evicts_the_oldest() {
+        let per_entry = ENTRY_OVERHEAD + 2 * 8 + row(0).unwrap().bytes();
+        // Room for about 4 entries per shard.
+        let c = Cache::new(SHARDS * per_entry * 4, Duration::from_secs(60));
+        let now = Instant::now();
+        for i in 0..10_000u64 {
+            let k = i.to_be_bytes();
+            c.insert(&k, row(i as i64), c.epoch(&k), now);
+        }
+        assert!(c.bytes() <= SHARDS * per_entry * 4, "{}", c.bytes());
+        let last = 9_999u64.to_be_bytes();
+        assert!(c.get(&last, now).is_some(), "the newest entry stays");
+        let kept = (0..10_000u64)
+            .filter(|i| c.get(&i.to_be_bytes(), now).is_some())
+            .count();
+        assert!(kept <= SHARDS * 4, "{kept}");
+        // Nothing fits in a zero-byte cache.
+        let none = Cache::new(0, Duration::from_secs(1));
+        none.insert(b"k", row(1), none.epoch(b"k"), now);
+        assert!(none.get(b"k", now).is_none());
+    }
+
+    #[test]
+    fn refreshing_the_same_keys_keeps_them_and_bounds_the_queue() {
+        let c = Cache::new(1 << 20, Duration::from_secs(60));
+        let now = Instant::now();
+        for round in 0..50 {
+            for i in 0..100u64 {
+                let k = i.to_be_bytes();
+                c.insert(&k, row(round), c.epoch(&k), now);
+            }
+        }
+        for i in 0..100u64 {
+            assert!(
+                matches!(c.get(&i.to_be_bytes(), now), Some(Hit::Fresh(Some(r))) if r.event_time == 49),
+                "key {i}"
+            );
+        }
+        let queued: usize = c.shards.iter().map(|s| s.lock().order.len()).sum();
+        assert!(queued <= 2 * 100 + 16 * SHARDS, "{queued}");
+    }
+}

@@ -1,0 +1,156 @@
+//! The sled backend (the embedded default): opening the database, and the write
+//! that applies the event-time rule under one in-process write lock. sled allows
+//! one process per database (a lock file), so that lock serialises every writer
+//! and "read the stored event time, then write" cannot race with another writer.
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::config::ViewsConfig;
+use crate::encoding::decode_event_time;
+use crate::error::{FeatureStoreError, OpenFailure, Result};
+use crate::metrics as m;
+use crate::registry::{self, ViewInfo};
+use crate::store::{EncodedRow, StoreOptions, WriteReport};
+use crate::types::Durability;
+
+pub const ROWS_TREE: &str = "rows";
+
+pub(crate) struct SledStore {
+    pub(crate) db: sled::Db,
+    pub(crate) rows: sled::Tree,
+    pub(crate) path: PathBuf,
+    write_lock: Mutex<()>,
+    last_size_report: AtomicI64,
+}
+
+impl SledStore {
+    /// Opens (or creates) the database at `path` and reconciles its registry with
+    /// `views`. Blocking.
+    pub(crate) fn open(
+        path: &Path,
+        views: &ViewsConfig,
+        options: &StoreOptions,
+    ) -> Result<(Self, Vec<ViewInfo>)> {
+        let path = path.to_path_buf();
+        let db = open_sled(&path, options)?;
+        let rows = db.open_tree(ROWS_TREE).map_err(|e| open_error(&path, e))?;
+        let live = registry::reconcile(&db, views, &path)?;
+        Ok((
+            SledStore {
+                db,
+                rows,
+                path,
+                write_lock: Mutex::new(()),
+                last_size_report: AtomicI64::new(i64::MIN),
+            },
+            live,
+        ))
+    }
+
+    /// Writes validated rows as one atomic batch, skipping each row older than the
+    /// stored row of its key. Blocking.
+    pub(crate) fn write(
+        &self,
+        view: &str,
+        encoded: Vec<EncodedRow>,
+        duplicates: u64,
+        durability: Durability,
+    ) -> Result<WriteReport> {
+        let mut report = WriteReport {
+            rows_skipped_older: duplicates,
+            ..Default::default()
+        };
+        {
+            let _writer = self.write_lock.lock();
+            let mut batch = sled::Batch::default();
+            for (key, event_time, value) in encoded {
+                if let Some(old) = self.rows.get(&key)? {
+                    match decode_event_time(&old) {
+                        Ok(stored) if stored > event_time => {
+                            report.rows_skipped_older += 1;
+                            continue;
+                        }
+                        Ok(_) => {}
+                        // An undecodable stored value cannot be newer in any way we can
+                        // prove; replacing it with a good one repairs the key.
+                        Err(what) => {
+                            tracing::warn!(view, %what, "replacing undecodable stored value")
+                        }
+                    }
+                }
+                batch.insert(key, value);
+                report.rows_written += 1;
+            }
+            self.rows.apply_batch(batch)?;
+        }
+        if durability == Durability::Sync {
+            self.db.flush()?;
+            report.synced = true;
+        }
+        Ok(report)
+    }
+
+    // Walking the files costs a few syscalls; do it at most every 10 s.
+    pub(crate) fn report_size(&self, force: bool) {
+        let now = crate::types::now_micros();
+        let last = self.last_size_report.load(Ordering::Relaxed);
+        if !force && now.saturating_sub(last) < 10_000_000 {
+            return;
+        }
+        if self
+            .last_size_report
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            if let Ok(size) = self.db.size_on_disk() {
+                m::record_store_size(size);
+            }
+        }
+    }
+}
+
+fn open_sled(path: &Path, options: &StoreOptions) -> Result<sled::Db> {
+    let config = sled::Config::new()
+        .path(path)
+        .cache_capacity(options.cache_capacity_bytes)
+        .flush_every_ms(options.flush_every_ms);
+    // sled 0.34 can panic instead of returning an error on some damaged files; a
+    // start must fail with a message, never a panic.
+    match std::panic::catch_unwind(AssertUnwindSafe(|| config.open())) {
+        Ok(Ok(db)) => Ok(db),
+        Ok(Err(e)) => Err(open_error(path, e)),
+        Err(panic) => {
+            let detail = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "sled panicked while recovering".into());
+            Err(FeatureStoreError::Open {
+                path: path.to_path_buf(),
+                kind: OpenFailure::Corrupt,
+                detail,
+            })
+        }
+    }
+}
+
+fn open_error(path: &Path, e: sled::Error) -> FeatureStoreError {
+    let detail = e.to_string();
+    let kind = match &e {
+        sled::Error::Io(io) if io.to_string().contains("could not acquire lock") => {
+            OpenFailure::LockHeld
+        }
+        sled::Error::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock => OpenFailure::LockHeld,
+        sled::Error::Corruption { .. } | sled::Error::ReportableBug(_) => OpenFailure::Corrupt,
+        sled::Error::Unsupported(_) => OpenFailure::Corrupt,
+        _ => OpenFailure::Io,
+    };
+    FeatureStoreError::Open {
+        path: path.to_path_buf(),
+        kind,
+        detail,
+    }
+}

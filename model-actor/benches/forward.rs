@@ -1,0 +1,72 @@
+//! The MLP forward pass in process, the number that moves with the CPU features a
+//! build targets (README, "CPU targets"): the example fraud MLP (32-64-32-1) at batch
+//! 1 and 64, and a compute-heavy MLP (32-1024-1024-1, random weights) at batch 64.
+//!
+//!     cargo bench -p mesh-model-actor --bench forward
+//!     RUSTFLAGS="-C target-cpu=x86-64-v3" cargo bench -p mesh-model-actor --bench forward
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+
+use candle_core::{Device, Tensor};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use mesh_model_actor::repository::build_factory;
+use mesh_model_actor::{Batch, Model, ModelConfig};
+
+fn load(dir: &Path) -> Box<dyn Model> {
+    let config = ModelConfig::load(dir).expect("model.toml");
+    build_factory(&config, &dir.join("1")).expect("weights")()
+}
+
+/// A 32-1024-1024-1 MLP with seeded random weights, in a temporary repository.
+fn heavy(tmp: &Path) -> Box<dyn Model> {
+    let dir = tmp.join("heavy");
+    std::fs::create_dir_all(dir.join("1")).expect("dir");
+    let example = example_dir().join("model.toml");
+    let toml = std::fs::read_to_string(example).expect("example model.toml");
+    std::fs::write(dir.join("model.toml"), toml).expect("model.toml");
+    let widths = [32, 1024, 1024, 1];
+    let mut tensors = HashMap::new();
+    for (i, w) in widths.windows(2).enumerate() {
+        let scale = (1.0 / w[0] as f64).sqrt();
+        let weight = Tensor::randn(0f32, scale as f32, (w[1], w[0]), &Device::Cpu).expect("randn");
+        let bias = Tensor::zeros(w[1], candle_core::DType::F32, &Device::Cpu).expect("zeros");
+        tensors.insert(format!("l{i}.weight"), weight);
+        tensors.insert(format!("l{i}.bias"), bias);
+    }
+    candle_core::safetensors::save(&tensors, dir.join("1/model.safetensors")).expect("save");
+    load(&dir)
+}
+
+fn example_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/models/fraud_mlp")
+}
+
+fn batch(rows: usize) -> Batch {
+    let data = (0..rows * 32).map(|i| ((i * 7919) % 1000) as f32 / 1000.0).collect();
+    Batch { rows, cols: 32, data }
+}
+
+fn forward(c: &mut Criterion) {
+    // One thread per forward pass, as `mesh serve` runs it (`compute_threads = 1`).
+    std::env::set_var("RAYON_NUM_THREADS", "1");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut models = vec![("fraud_mlp", load(&example_dir())), ("heavy_mlp", heavy(tmp.path()))];
+    let mut g = c.benchmark_group("forward");
+    for (name, model) in models.iter_mut() {
+        for rows in [1usize, 64] {
+            if *name == "heavy_mlp" && rows == 1 {
+                continue;
+            }
+            let b = batch(rows);
+            g.throughput(Throughput::Elements(rows as u64));
+            g.bench_function(format!("{name}/batch{rows}"), |bench| {
+                bench.iter(|| black_box(model.forward(black_box(&b)).expect("forward")))
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, forward);
+criterion_main!(benches);
