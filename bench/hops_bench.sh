@@ -32,12 +32,15 @@ trap cleanup EXIT
 wait_port() { for _ in $(seq 300); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.2; done; echo "port $1 never opened" >&2; exit 1; }
 
 "$PYTHON" bench/grpc_body.py tests/data/fraud-mlp/samples.csv fraud_mlp "$OUT/body.bin"
+# A repository of the fraud MLP alone: what the requests call, and nothing an older
+# build (OTHERS) might not know how to load.
+mkdir -p "$OUT/models" && cp -r examples/models/fraud_mlp "$OUT/models/"
 servers="null:8602 mesh:8601"
 "$NULL_BIN" examples/models/fraud_mlp 8602 >"$OUT/null.log" 2>&1 & pids+=($!)
-"$BIN" serve --models examples/models --grpc-port 8601 --http-port 8600 >"$OUT/mesh.log" 2>&1 & pids+=($!)
+"$BIN" serve --models "$OUT/models" --grpc-port 8601 --http-port 8600 >"$OUT/mesh.log" 2>&1 & pids+=($!)
 port=8603
 for o in $OTHERS; do
-    "${o#*=}" serve --models examples/models --grpc-port "$port" --http-port $((port + 100)) >"$OUT/${o%%=*}.log" 2>&1 & pids+=($!)
+    "${o#*=}" serve --models "$OUT/models" --grpc-port "$port" --http-port $((port + 100)) >"$OUT/${o%%=*}.log" 2>&1 & pids+=($!)
     servers="$servers ${o%%=*}:$port"
     port=$((port + 1))
 done
