@@ -10,19 +10,12 @@ One runner thread, batches of up to 8 rows (a batch is a few milliseconds, so a
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_heavy_mlp import write_safetensors  # noqa: E402
+from make_heavy_mlp import random_mlp, write_safetensors  # noqa: E402
 
 
 def main(repo: Path, hidden: int) -> None:
-    rng = np.random.default_rng(13)
-    sizes = [32, hidden, hidden, 1]
-    tensors = {}
-    for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])):
-        tensors[f"l{i}.weight"] = rng.standard_normal((n_out, n_in), dtype=np.float32) / np.sqrt(n_in)
-        tensors[f"l{i}.bias"] = np.zeros(n_out, dtype=np.float32)
+    tensors = random_mlp(13, [32, hidden, hidden, 1])
     d = repo / "heavy_fraud"
     (d / "1").mkdir(parents=True, exist_ok=True)
     write_safetensors(d / "1" / "model.safetensors", tensors)

@@ -22,13 +22,19 @@ def write_safetensors(path: Path, tensors: dict) -> None:
     path.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
-def main(repo: Path) -> None:
-    rng = np.random.default_rng(11)
-    sizes = [256, 1024, 1024, 1]
+def random_mlp(seed: int, sizes: list) -> dict:
+    """Dense layers of the given widths (torch Linear layout), weights scaled by
+    1/sqrt(fan-in), zero biases."""
+    rng = np.random.default_rng(seed)
     tensors = {}
     for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])):
         tensors[f"l{i}.weight"] = rng.standard_normal((n_out, n_in), dtype=np.float32) / np.sqrt(n_in)
         tensors[f"l{i}.bias"] = np.zeros(n_out, dtype=np.float32)
+    return tensors
+
+
+def main(repo: Path) -> None:
+    tensors = random_mlp(11, [256, 1024, 1024, 1])
     for name, max_batch, delay in [("heavy_batched", 32, 500), ("heavy_unbatched", 1, 0)]:
         d = repo / name
         (d / "1").mkdir(parents=True, exist_ok=True)
