@@ -11,19 +11,7 @@ cd "$(dirname "$0")/.."
 
 PROMTOOL=${PROMTOOL:-promtool}
 PYTHON=${PYTHON:-python3}
-failed=0
-
-step() {
-    local what=$1
-    shift
-    echo "== $what"
-    if "$@"; then
-        echo "   ok"
-    else
-        echo "   FAILED: $what"
-        failed=1
-    fi
-}
+. scripts/step.sh
 
 if ! command -v "$PROMTOOL" >/dev/null 2>&1; then
     echo "FAILED: promtool not found (install Debian's prometheus package, or set PROMTOOL)" >&2

@@ -41,18 +41,7 @@ case "${1:-}" in
     *) echo "usage: deploy/check.sh [--update]" >&2; exit 2 ;;
 esac
 
-failed=0
-step() {
-    local what=$1
-    shift
-    echo "== $what"
-    if "$@"; then
-        echo "   ok"
-    else
-        echo "   FAILED: $what"
-        failed=1
-    fi
-}
+. scripts/step.sh
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
