@@ -28,24 +28,14 @@ use anyhow::Result;
 use hdrhistogram::Histogram;
 use mesh_feature_store::{
     now_micros, Durability, EntityKey, FeatureStore, KeyColumn, LookupRequest, RedisOptions,
-    RedisTarget, Row, StoreOptions, Value, ViewsConfig,
+    RedisTarget, Row, StoreOptions, Value,
 };
 use rand::Rng;
 
-const FEATURES: usize = 16;
-const KEYS: usize = 100;
+mod common;
+use common::{views, FEATURES};
 
-fn views() -> Result<ViewsConfig> {
-    let feats: Vec<String> = (0..FEATURES)
-        .map(|i| format!("{{ name = \"f{i}\", type = \"f32\" }}"))
-        .collect();
-    let text = format!(
-        "[[entities]]\nname = \"entity\"\njoin_key = \"entity_id\"\nkey_type = \"int64\"\n\n\
-         [[views]]\nname = \"bench\"\nentity = \"entity\"\nmax_age = \"7d\"\nfeatures = [{}]\n",
-        feats.join(", ")
-    );
-    Ok(ViewsConfig::from_toml_str(&text)?)
-}
+const KEYS: usize = 100;
 
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();

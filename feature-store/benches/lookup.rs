@@ -25,24 +25,13 @@ use hdrhistogram::Histogram;
 use mesh_feature_store::service::FeatureStoreService;
 use mesh_feature_store::{
     ingest_file, now_micros, Durability, EntityKey, FeatureStore, FetchStrategy, IngestOptions,
-    KeyColumn, Limits, LookupRequest, Row, StoreOptions, Value, ViewsConfig,
+    KeyColumn, Limits, LookupRequest, Row, StoreOptions, Value,
 };
 use mesh_proto::mesh::v1 as pb;
 use rand::Rng;
 
-const FEATURES: usize = 16;
-
-fn views() -> Result<ViewsConfig> {
-    let feats: Vec<String> = (0..FEATURES)
-        .map(|i| format!("{{ name = \"f{i}\", type = \"f32\" }}"))
-        .collect();
-    let text = format!(
-        "[[entities]]\nname = \"entity\"\njoin_key = \"entity_id\"\nkey_type = \"int64\"\n\n\
-         [[views]]\nname = \"bench\"\nentity = \"entity\"\nmax_age = \"7d\"\nfeatures = [{}]\n",
-        feats.join(", ")
-    );
-    Ok(ViewsConfig::from_toml_str(&text)?)
-}
+mod common;
+use common::{views, FEATURES};
 
 struct Args {
     entities: i64,

@@ -26,7 +26,10 @@ async fn infer(
     let req = match parse_infer_body(&body) {
         Ok(r) => r,
         Err(e) => {
-            return (StatusCode::BAD_REQUEST, Json(json!({ "error": e.to_string() })))
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(json!({ "error": e.to_string() })),
+            )
                 .into_response()
         }
     };

@@ -69,7 +69,11 @@ pub fn check() -> Result<(), String> {
 
 /// The features this build assumes beyond the architecture's baseline.
 pub fn assumed(features: &[Feature]) -> Vec<&'static str> {
-    features.iter().filter(|f| f.assumed).map(|f| f.name).collect()
+    features
+        .iter()
+        .filter(|f| f.assumed)
+        .map(|f| f.name)
+        .collect()
 }
 
 /// The x86-64 microarchitecture level this build assumes (`x86-64`, `-v2`, `-v3`,
@@ -89,7 +93,10 @@ fn level(has: impl Fn(&str) -> bool) -> &'static str {
         return std::env::consts::ARCH;
     }
     let v2 = all(&["sse3", "ssse3", "sse4.1", "sse4.2", "popcnt"]);
-    let v3 = v2 && all(&["avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "lzcnt", "movbe"]);
+    let v3 = v2
+        && all(&[
+            "avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "lzcnt", "movbe",
+        ]);
     let v4 = v3 && all(&["avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"]);
     match (v2, v3, v4) {
         (_, _, true) => "x86-64-v4",
@@ -104,12 +111,20 @@ mod tests {
     use super::*;
 
     fn f(name: &'static str, assumed: bool, present: bool) -> Feature {
-        Feature { name, assumed, present }
+        Feature {
+            name,
+            assumed,
+            present,
+        }
     }
 
     #[test]
     fn a_feature_the_build_assumes_and_the_cpu_lacks_is_named() {
-        let list = [f("avx2", true, false), f("fma", true, true), f("avx512f", false, false)];
+        let list = [
+            f("avx2", true, false),
+            f("fma", true, true),
+            f("avx512f", false, false),
+        ];
         assert_eq!(missing(&list), vec!["avx2"]);
         assert_eq!(assumed(&list), vec!["avx2", "fma"]);
     }
@@ -122,7 +137,10 @@ mod tests {
 
     #[test]
     fn levels_follow_the_psabi_feature_sets() {
-        let v3 = ["sse3", "ssse3", "sse4.1", "sse4.2", "popcnt", "avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "lzcnt", "movbe"];
+        let v3 = [
+            "sse3", "ssse3", "sse4.1", "sse4.2", "popcnt", "avx", "avx2", "fma", "bmi1", "bmi2",
+            "f16c", "lzcnt", "movbe",
+        ];
         if cfg!(target_arch = "x86_64") {
             assert_eq!(level(|n| v3.contains(&n)), "x86-64-v3");
             assert_eq!(level(|n| v3[..5].contains(&n)), "x86-64-v2");

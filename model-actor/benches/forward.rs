@@ -43,15 +43,24 @@ fn example_dir() -> PathBuf {
 }
 
 fn batch(rows: usize) -> Batch {
-    let data = (0..rows * 32).map(|i| ((i * 7919) % 1000) as f32 / 1000.0).collect();
-    Batch { rows, cols: 32, data }
+    let data = (0..rows * 32)
+        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0)
+        .collect();
+    Batch {
+        rows,
+        cols: 32,
+        data,
+    }
 }
 
 fn forward(c: &mut Criterion) {
     // One thread per forward pass, as `mesh serve` runs it (`compute_threads = 1`).
     std::env::set_var("RAYON_NUM_THREADS", "1");
     let tmp = tempfile::tempdir().expect("tempdir");
-    let mut models = vec![("fraud_mlp", load(&example_dir())), ("heavy_mlp", heavy(tmp.path()))];
+    let mut models = vec![
+        ("fraud_mlp", load(&example_dir())),
+        ("heavy_mlp", heavy(tmp.path())),
+    ];
     let mut g = c.benchmark_group("forward");
     for (name, model) in models.iter_mut() {
         for rows in [1usize, 64] {

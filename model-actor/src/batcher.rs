@@ -211,9 +211,7 @@ impl Queue {
     /// nothing better to do, and running it corrects a cost estimate that an
     /// outlier spoiled (were every request dropped on it, nothing would run again).
     fn prune_head(&self, s: &mut State, now: Instant) {
-        let batch_time = s
-            .cost
-            .time(s.rows_waiting.min(self.policy.max_batch_size));
+        let batch_time = s.cost.time(s.rows_waiting.min(self.policy.max_batch_size));
         let mut i = 0;
         let mut rows = 0;
         while i < s.waiting.len() && rows < self.policy.max_batch_size {

@@ -418,7 +418,11 @@ mod tests {
         assert!((us(c.time(1)) as i64 - 1500).abs() <= 5, "{:?}", c.time(1));
         assert!((us(c.time(8)) as i64 - 5000).abs() <= 5, "{:?}", c.time(8));
         // A full batch is known from small ones: 64 rows were never seen.
-        assert!((us(c.time(64)) as i64 - 33_000).abs() <= 40, "{:?}", c.time(64));
+        assert!(
+            (us(c.time(64)) as i64 - 33_000).abs() <= 40,
+            "{:?}",
+            c.time(64)
+        );
     }
 
     #[test]
@@ -459,7 +463,10 @@ mod tests {
         // unless the request's rows do not fit in it.
         assert_eq!(load(20, 2, 8).batches_ahead(), 2);
         assert_eq!(load(20, 2, 8).own_batch_rows(), 5);
-        let big = Load { rows: 5, ..load(20, 2, 8) };
+        let big = Load {
+            rows: 5,
+            ..load(20, 2, 8)
+        };
         assert_eq!(big.batches_ahead(), 3);
         assert_eq!(big.own_batch_rows(), 5);
     }

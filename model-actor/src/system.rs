@@ -69,7 +69,11 @@ impl ActorSystem {
     }
 
     /// Starts one actor (and thread) per runner of the group that `queue` feeds.
-    pub(crate) fn spawn_group(&self, queue: &Arc<Queue>, runners: Vec<Runner>) -> std::io::Result<()> {
+    pub(crate) fn spawn_group(
+        &self,
+        queue: &Arc<Queue>,
+        runners: Vec<Runner>,
+    ) -> std::io::Result<()> {
         if self.stopped.load(Ordering::Acquire) {
             return Err(std::io::Error::other("the actor system has stopped"));
         }

@@ -213,18 +213,22 @@ async fn admission_refuses_at_once_what_cannot_be_answered_in_time() {
         .await;
     let took = t.elapsed();
     match &tight {
-        Err(e @ ModelError::CannotMeetDeadline {
-            expected,
-            remaining,
-            batches_ahead: 1,
-            runners: 1,
-            ..
-        }) => {
+        Err(
+            e @ ModelError::CannotMeetDeadline {
+                expected,
+                remaining,
+                batches_ahead: 1,
+                runners: 1,
+                ..
+            },
+        ) => {
             assert!(*expected > Duration::from_millis(250), "{e}");
             assert!(*remaining <= Duration::from_millis(150), "{e}");
             let msg = e.to_string();
             assert!(
-                msg.starts_with("model 'fake' version 1 cannot answer in time: expected answer in "),
+                msg.starts_with(
+                    "model 'fake' version 1 cannot answer in time: expected answer in "
+                ),
                 "{msg}"
             );
             assert!(msg.contains("(1 full batches ahead of "), "{msg}");
@@ -241,7 +245,10 @@ async fn admission_refuses_at_once_what_cannot_be_answered_in_time() {
     running.await.unwrap().unwrap();
     waiting.await.unwrap().unwrap();
     let computed: Vec<f32> = seen.lock().iter().map(|b| b[0]).collect();
-    assert!(!computed.contains(&3.0), "a refused request was computed: {computed:?}");
+    assert!(
+        !computed.contains(&3.0),
+        "a refused request was computed: {computed:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -257,7 +264,11 @@ async fn a_request_that_expires_in_the_queue_is_not_computed_nor_counted_ok() {
         .infer(row(55.0), Some(Instant::now() + Duration::from_millis(60)))
         .await;
     assert!(matches!(r, Err(ModelError::DeadlineExceeded(_))), "{r:?}");
-    assert!(t.elapsed() < Duration::from_millis(250), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_millis(250),
+        "{:?}",
+        t.elapsed()
+    );
     first.await.unwrap().unwrap();
     // The runner, free again, drops it instead of computing it.
     let after = h.infer(row(2.0), in_secs(5)).await.unwrap();

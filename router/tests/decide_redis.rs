@@ -5,7 +5,6 @@
 //! on the dead master say so in their reasons (their store features come from the
 //! cache as OUTSIDE_MAX_AGE and take the spec's default).
 #![allow(clippy::unwrap_used)]
-use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -78,25 +77,6 @@ fn config(dir: &Path, nodes: &[String]) -> MeshConfig {
     toml::from_str(&text).unwrap()
 }
 
-fn request(id: usize, x: &[f32]) -> pb::DecideRequest {
-    let features: HashMap<String, f64> = (0..31)
-        .map(|i| (format!("f{i}"), f64::from(x[i])))
-        .collect();
-    pb::DecideRequest {
-        request_id: format!("r{id}"),
-        model: "fraud_mlp".into(),
-        entities: [(
-            "card_id".to_string(),
-            pb::EntityKey {
-                key: Some(pb::entity_key::Key::Int64Key(id as i64)),
-            },
-        )]
-        .into(),
-        features,
-        ..Default::default()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decisions_keep_their_deadline_when_a_redis_master_dies() {
     let mut cluster = redis_server::RedisCluster::start();
@@ -125,7 +105,7 @@ async fn decisions_keep_their_deadline_when_a_redis_master_dies() {
         .unwrap();
     // Warm: every card is read once (and so cached).
     for (i, (x, _)) in rows.iter().enumerate().take(300) {
-        client.decide(request(i, x)).await.unwrap();
+        client.decide(common::decide_request(i, x)).await.unwrap();
     }
 
     let margin = Duration::from_millis(120);
@@ -144,7 +124,7 @@ async fn decisions_keep_their_deadline_when_a_redis_master_dies() {
         i += 1;
         let start = Instant::now();
         let r = client
-            .decide(request(id, &rows[id].0))
+            .decide(common::decide_request(id, &rows[id].0))
             .await
             .expect("a decision, never an error")
             .into_inner();

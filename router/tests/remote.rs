@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -122,25 +121,6 @@ fn router_config(dir: &Path, deadline_ms: u64, extra: &str) -> MeshConfig {
     .unwrap()
 }
 
-fn request(id: usize, x: &[f32]) -> pb::DecideRequest {
-    let features: HashMap<String, f64> = (0..31)
-        .map(|i| (format!("f{i}"), f64::from(x[i])))
-        .collect();
-    pb::DecideRequest {
-        request_id: format!("r{id}"),
-        model: "fraud_mlp".into(),
-        entities: [(
-            "card_id".to_string(),
-            pb::EntityKey {
-                key: Some(pb::entity_key::Key::Int64Key(id as i64)),
-            },
-        )]
-        .into(),
-        features,
-        ..Default::default()
-    }
-}
-
 async fn client(r: &Running) -> DecisionsClient<tonic::transport::Channel> {
     DecisionsClient::connect(format!("http://{}", r.grpc_addr))
         .await
@@ -154,7 +134,7 @@ async fn decide(
     x: &[f32],
 ) -> (pb::DecideResponse, Duration) {
     let t = Instant::now();
-    let mut req = tonic::Request::new(request(id, x));
+    let mut req = tonic::Request::new(common::decide_request(id, x));
     req.set_timeout(Duration::from_secs(5));
     let r = c.decide(req).await.unwrap().into_inner();
     (r, t.elapsed())

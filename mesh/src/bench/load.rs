@@ -269,13 +269,15 @@ async fn one(
                 Err(s) => (format!("{:?}", s.code()), None, None),
             },
         },
-        Target::Infer => match with_deadline(infer_request(rng, &args.model, &c.shape), args, intended) {
-            None => not_sent(),
-            Some(req) => match c.infer.model_infer(req).await {
-                Ok(_) => ("OK".to_owned(), None, None),
-                Err(s) => (format!("{:?}", s.code()), None, None),
-            },
-        },
+        Target::Infer => {
+            match with_deadline(infer_request(rng, &args.model, &c.shape), args, intended) {
+                None => not_sent(),
+                Some(req) => match c.infer.model_infer(req).await {
+                    Ok(_) => ("OK".to_owned(), None, None),
+                    Err(s) => (format!("{:?}", s.code()), None, None),
+                },
+            }
+        }
     };
     let us = intended.elapsed().as_micros() as u64;
     let mut t = tally.lock();
@@ -489,11 +491,20 @@ mod tests {
         let a = parse(&["--deadline-ms", "50"]);
         let due = Instant::now();
         let req = with_deadline((), &a, due).unwrap();
-        let t = req.metadata().get("grpc-timeout").unwrap().to_str().unwrap();
+        let t = req
+            .metadata()
+            .get("grpc-timeout")
+            .unwrap()
+            .to_str()
+            .unwrap();
         let left = timeout_us(t);
         assert!((40_000..=50_000).contains(&left), "{t}");
         assert!(with_deadline((), &a, due - std::time::Duration::from_millis(60)).is_none());
-        assert!(with_deadline((), &parse(&[]), due).unwrap().metadata().get("grpc-timeout").is_none());
+        assert!(with_deadline((), &parse(&[]), due)
+            .unwrap()
+            .metadata()
+            .get("grpc-timeout")
+            .is_none());
     }
 
     #[test]

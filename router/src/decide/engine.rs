@@ -541,7 +541,11 @@ impl Engine {
     /// one would, or when remote replicas may (they are not asked).
     fn admission_probe(&self, model: &str, deadline: Instant) -> Option<String> {
         let served = self.repo.model(model).ok()?;
-        if self.cfg.deployment(model).is_some_and(|d| !d.remote.is_empty()) {
+        if self
+            .cfg
+            .deployment(model)
+            .is_some_and(|d| !d.remote.is_empty())
+        {
             return None;
         }
         let call_ends = fallback::model_call_deadline(deadline, self.cfg.deadline())
@@ -569,7 +573,10 @@ impl Engine {
     ) -> Outcome {
         let mut o = Outcome::new(it.req, model, Role::Primary, self.cfg.default_decision);
         o.reasons.push(format!("not scored: {why}"));
-        let bs = self.cfg.deployment(model).and_then(|d| d.batch_score.as_ref());
+        let bs = self
+            .cfg
+            .deployment(model)
+            .and_then(|d| d.batch_score.as_ref());
         self.postprocess(&mut o, it, bs, None, spec, deadline).await;
         o
     }
@@ -663,7 +670,8 @@ impl Engine {
         };
 
         let bs = deployment.and_then(|d| d.batch_score.as_ref());
-        self.postprocess(&mut o, it, bs, answered, spec, deadline).await;
+        self.postprocess(&mut o, it, bs, answered, spec, deadline)
+            .await;
         o
     }
 

@@ -220,7 +220,6 @@ fn check_columns(spec: &DecisionSpec, row: &[f32]) -> Result<(), String> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use mesh_model_actor::ModelConfig;
     use mesh_prediction_log::status;
 
     /// A tree model of 4 inputs (column 1 may be missing, column 3 is categorical)
@@ -229,18 +228,6 @@ mod tests {
     fn spec(fourth: &str) -> DecisionSpec {
         let text = format!(
             r#"
-            kind = "xgboost"
-            [[inputs]]
-            name = "input"
-            datatype = "FP32"
-            dims = [4]
-            [[outputs]]
-            name = "p"
-            datatype = "FP32"
-            dims = [1]
-            [trees]
-            categorical = [3]
-            missing = [1]
             [input_spec]
             [[input_spec.features]]
             source = "request:a"
@@ -254,7 +241,7 @@ mod tests {
             {fourth}
             "#
         );
-        let c = ModelConfig::parse(&text, "t").unwrap();
+        let c = crate::decide::testing::tree_model(&text);
         DecisionSpec::from_model(&c).unwrap().unwrap()
     }
 

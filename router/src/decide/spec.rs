@@ -529,6 +529,7 @@ impl DecisionSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decide::testing::tree_model;
 
     fn model(spec: &str) -> ModelConfig {
         ModelConfig::parse(
@@ -629,31 +630,6 @@ mod tests {
             e.contains("no view 'cards'") && e.contains("did you mean 'card'"),
             "{e}"
         );
-    }
-
-    /// A tree model of 4 inputs: column 1 may be missing, column 3 is categorical.
-    fn tree_model(spec: &str) -> ModelConfig {
-        ModelConfig::parse(
-            &format!(
-                r#"
-                kind = "xgboost"
-                [[inputs]]
-                name = "input"
-                datatype = "FP32"
-                dims = [4]
-                [[outputs]]
-                name = "p"
-                datatype = "FP32"
-                dims = [1]
-                [trees]
-                categorical = [3]
-                missing = [1]
-                {spec}
-                "#
-            ),
-            "t",
-        )
-        .unwrap()
     }
 
     /// `[input_spec]` of four entries: `request:a`, then `second`, `request:c`, `fourth`.

@@ -9,6 +9,32 @@ use mesh_proto::mesh::v1 as pb;
 use super::replica::ModelAnswer;
 use super::spec::{DecisionSpec, Entry, OnMissing, Source, Thresholds};
 
+/// A tree model of 4 inputs (column 1 may be missing, column 3 is categorical),
+/// with `spec` appended (an `[input_spec]`, or nothing).
+pub fn tree_model(spec: &str) -> mesh_model_actor::ModelConfig {
+    mesh_model_actor::ModelConfig::parse(
+        &format!(
+            r#"
+            kind = "xgboost"
+            [[inputs]]
+            name = "input"
+            datatype = "FP32"
+            dims = [4]
+            [[outputs]]
+            name = "p"
+            datatype = "FP32"
+            dims = [1]
+            [trees]
+            categorical = [3]
+            missing = [1]
+            {spec}
+            "#
+        ),
+        "t",
+    )
+    .unwrap()
+}
+
 /// `card` (f31, 1h) and `fraud_scores` (score, 1d), both keyed by int64 `card_id`.
 const VIEWS: &str = r#"
 [[entities]]

@@ -120,3 +120,25 @@ pub fn tree_model(repo: &Path, name: &str, file: &str, spec: &str) {
     let base = example.split("\n[input_spec]").next().unwrap_or_default();
     std::fs::write(m.join("model.toml"), format!("{base}\n{spec}")).unwrap();
 }
+
+/// A Decide request for card `id` of fraud_mlp with the reference row `x` as request
+/// features f0..f30 (f31 comes from the store).
+pub fn decide_request(id: usize, x: &[f32]) -> mesh_proto::mesh::v1::DecideRequest {
+    use mesh_proto::mesh::v1 as pb;
+    let features: std::collections::HashMap<String, f64> = (0..31)
+        .map(|i| (format!("f{i}"), f64::from(x[i])))
+        .collect();
+    pb::DecideRequest {
+        request_id: format!("r{id}"),
+        model: "fraud_mlp".into(),
+        entities: [(
+            "card_id".to_string(),
+            pb::EntityKey {
+                key: Some(pb::entity_key::Key::Int64Key(id as i64)),
+            },
+        )]
+        .into(),
+        features,
+        ..Default::default()
+    }
+}
