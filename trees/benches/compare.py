@@ -75,6 +75,42 @@ def main():
     lg = lgb.Booster(model_file=os.path.join(DATA, "fraud_lgbm.txt"))
     check("lightgbm predict", lg.predict(X), np.array([float(r["lgbm_proba"]) for r in ref]))
     measure(f"lightgbm {lgb.__version__} predict", lambda x: lg.predict(x), X)
+    onnx_runtime(X, bst, lg, ref)
+
+
+def onnx_runtime(X, bst, lg, ref):
+    try:
+        import onnxmltools
+        import onnxruntime as ort
+        from onnxmltools.convert.common.data_types import FloatTensorType
+    except ImportError as e:
+        print(f"ONNX Runtime comparison skipped: {e}")
+        return
+    inputs = [("input", FloatTensorType([None, X.shape[1]]))]
+    models = []
+    try:
+        # zipmap=False: probabilities as one [N, 2] tensor, as the mesh's kind onnx reads it.
+        models.append(("lightgbm", onnxmltools.convert_lightgbm(lg, initial_types=inputs, target_opset=15, zipmap=False), "lgbm_proba"))
+    except Exception as e:  # noqa: BLE001 - report and go on
+        print(f"onnxmltools cannot convert the LightGBM model: {e}")
+    try:
+        b = bst.copy()
+        b.feature_names, b.feature_types = None, None  # the converter wants f0, f1, ...
+        models.append(("xgboost", onnxmltools.convert_xgboost(b, initial_types=inputs, target_opset=15), "xgb_proba"))
+    except Exception as e:  # noqa: BLE001
+        print(f"onnxmltools cannot convert the XGBoost model: {str(e).splitlines()[0][:200]}")
+    for name, model, column in models:
+        for threads in (1, 0):
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = threads
+            opts.log_severity_level = 3
+            s = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+            out = [o.name for o in s.get_outputs()].index("probabilities")
+            predict = lambda x, s=s, out=out: s.run(None, {"input": x})[out][:, 1]  # noqa: E731
+            if threads == 1:
+                check(f"{name} via ONNX Runtime", predict(X), np.array([float(r[column]) for r in ref]))
+            label = "1 thread" if threads == 1 else "default threads"
+            measure(f"{name} onnxmltools {onnxmltools.__version__} + onnxruntime {ort.__version__} ({label})", predict, X)
 
 
 if __name__ == "__main__":
