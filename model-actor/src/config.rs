@@ -58,7 +58,8 @@
 //!
 //! [trees]
 //! file = "model.json"          # inside each version directory (default: model.json for
-//!                              # xgboost, model.txt for lightgbm)
+//!                              # xgboost, model.txt for lightgbm); an xgboost file
+//!                              # named *.ubj is read as UBJSON
 //! categorical = [32, 33]       # columns holding integer category codes; must equal the
 //!                              # model file's categorical features
 //! missing = [4, 9, 20]         # columns where NaN (missing) is accepted; or "any" | "none"
@@ -287,7 +288,8 @@ pub enum MissingColumns {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TreesConfig {
     /// The model file inside each version directory (default `model.json` for
-    /// `xgboost`, `model.txt` for `lightgbm`).
+    /// `xgboost`, `model.txt` for `lightgbm`). An `xgboost` file named `*.ubj` is read
+    /// as XGBoost's UBJSON, any other as JSON.
     pub file: String,
     /// Input columns holding category codes (ascending, distinct); must equal the
     /// categorical features of the model file.

@@ -45,6 +45,10 @@ pub fn read_forest(kind: ModelKind, path: &Path) -> Result<Forest, String> {
     }
     let bytes = std::fs::read(path).map_err(|e| format!("reading {}: {e}", shown(path)))?;
     let forest = match kind {
+        // XGBoost picks the format by the file name the same way.
+        ModelKind::Xgboost if path.extension().is_some_and(|e| e == "ubj") => {
+            Forest::from_xgboost_ubjson(&bytes)
+        }
         ModelKind::Xgboost => Forest::from_xgboost_json(&bytes),
         ModelKind::Lightgbm => {
             let text = std::str::from_utf8(&bytes).map_err(|e| {

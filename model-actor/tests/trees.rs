@@ -166,6 +166,32 @@ async fn every_row_reproduces_the_library_one_row_and_in_batches() {
     system.stop();
 }
 
+/// An xgboost model file named `*.ubj` is read as XGBoost's UBJSON and serves the same
+/// probabilities as the JSON file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_xgboost_ubj_file_serves_the_same_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    write_model(dir.path(), "fraud_xgb", &[1], |t| {
+        t.replace("file = \"model.json\"", "file = \"model.ubj\"")
+    });
+    let v1 = dir.path().join("fraud_xgb/1");
+    std::fs::remove_file(v1.join("model.json")).unwrap();
+    std::fs::copy(data_dir().join("fraud_xgb.ubj"), v1.join("model.ubj")).unwrap();
+    let system = ActorSystem::start().unwrap();
+    let repo = ModelRepository::new(dir.path(), system.clone()).unwrap();
+    repo.load_all().await.unwrap();
+    let h = repo.get("fraud_xgb", None).unwrap();
+    let s = samples();
+    let mut worst = 0f64;
+    for (c, chunk) in s.rows.chunks(64).enumerate() {
+        for (j, got) in infer(&h, chunk).await.unwrap().iter().enumerate() {
+            worst = worst.max((f64::from(*got) - s.xgb[c * 64 + j]).abs());
+        }
+    }
+    assert!(worst <= TOLERANCE, "ubj: max abs error {worst}");
+    system.stop();
+}
+
 /// Requests of more rows than `max_batch_size` are refused; the example's own limit
 /// (64) serves the 1,000 rows split into requests of at most 64.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -23,6 +23,7 @@
 mod error;
 mod layout;
 mod lightgbm;
+mod ubjson;
 mod xgboost;
 
 pub use error::{Result, TreeError};
@@ -103,6 +104,12 @@ impl Forest {
     /// name). See the crate README for what is supported and what is refused.
     pub fn from_xgboost_json(bytes: &[u8]) -> Result<Forest> {
         xgboost::load(bytes)
+    }
+
+    /// Loads an XGBoost UBJSON model (`Booster.save_model` with a `.ubj` name, XGBoost's
+    /// default binary format): the same document and the same checks as the JSON format.
+    pub fn from_xgboost_ubjson(bytes: &[u8]) -> Result<Forest> {
+        xgboost::load_ubjson(bytes)
     }
 
     /// Loads a LightGBM text model (as written by `Booster.save_model`).

@@ -170,10 +170,31 @@ fn logit_f32(p: f32) -> f32 {
     -(1.0f32 / p - 1.0f32).ln()
 }
 
-/// Loads an XGBoost JSON model: version, booster, shape, objective, then the trees.
+/// Loads an XGBoost JSON model.
 pub(crate) fn load(bytes: &[u8]) -> Result<Forest> {
     crate::check_size(FORMAT, bytes.len())?;
     let doc: Document = serde_json::from_slice(bytes).map_err(|e| malformed(e.to_string()))?;
+    load_document(doc)
+}
+
+/// Loads an XGBoost UBJSON model (`save_model("*.ubj")`): the same document as the JSON
+/// format in a binary encoding, decoded with bounds and then checked as JSON is.
+pub(crate) fn load_ubjson(bytes: &[u8]) -> Result<Forest> {
+    const UBJ: &str = "XGBoost UBJSON";
+    crate::check_size(UBJ, bytes.len())?;
+    let value = crate::ubjson::decode(bytes).map_err(|detail| TreeError::Malformed {
+        format: UBJ,
+        detail,
+    })?;
+    let doc: Document = serde_json::from_value(value).map_err(|e| TreeError::Malformed {
+        format: UBJ,
+        detail: e.to_string(),
+    })?;
+    load_document(doc)
+}
+
+/// Checks and lays out a parsed model: version, booster, shape, objective, then the trees.
+fn load_document(doc: Document) -> Result<Forest> {
     check_version(&doc.version)?;
     let learner = doc.learner;
     let model = gbtree_model(learner.gradient_booster)?;

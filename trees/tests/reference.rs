@@ -102,6 +102,34 @@ fn xgboost_reproduces_library_probabilities() {
 }
 
 #[test]
+fn xgboost_ubjson_reproduces_library_probabilities_like_its_json() {
+    let s = samples();
+    let bytes = std::fs::read(data_dir().join("fraud_xgb.ubj")).expect("fraud_xgb.ubj");
+    let f = Forest::from_xgboost_ubjson(&bytes).expect("load xgboost ubjson");
+    let json = xgb();
+    assert_eq!(f.num_trees(), 300);
+    assert_eq!(f.objective(), "binary:logistic");
+    assert_eq!(f.categorical_features(), &[32, 33]);
+    assert_eq!(f.feature_names(), json.feature_names());
+    check(&f, &s, &s.xgb, "xgboost ubjson");
+    // The same bits as the JSON model, row by row.
+    let (mut a, mut b) = (vec![0f32; s.n], vec![0f32; s.n]);
+    f.predict(&s.rows, s.n, &mut a).expect("ubjson");
+    json.predict(&s.rows, s.n, &mut b).expect("json");
+    assert_eq!(a, b);
+    // The JSON loader refuses the binary file and the binary loader the JSON one.
+    assert!(Forest::from_xgboost_json(&bytes).is_err());
+    let text = std::fs::read(data_dir().join("fraud_xgb.json")).expect("fraud_xgb.json");
+    let e = Forest::from_xgboost_ubjson(&text).unwrap_err().to_string();
+    assert!(e.contains("UBJSON"), "{e}");
+    // A truncated file is refused, not half-loaded.
+    let e = Forest::from_xgboost_ubjson(&bytes[..bytes.len() / 2])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("UBJSON") && e.contains("offset"), "{e}");
+}
+
+#[test]
 fn lightgbm_reproduces_library_probabilities() {
     let s = samples();
     let f = lgbm();
