@@ -31,7 +31,7 @@ CHART=deploy/helm/inference-mesh
 GOLDEN=deploy/helm/golden
 NAMESPACE=fraud
 # value set -> release name
-declare -A RELEASE=([default]=mesh [model]=mesh-model [router]=mesh-router [features]=mesh-features)
+declare -A RELEASE=([default]=mesh [model]=mesh-model [router]=mesh-router [features]=mesh-features [redis]=mesh-redis-features)
 HELM_SHA256=210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9
 
 update=0
@@ -200,6 +200,13 @@ step "refused: a sled store on a PVC with two pods" \
 step "refused: redis without a server" refuses "redis.enabled needs redis.url or redis.cluster" --set redis.enabled=true
 step "refused: a Redis password in a URL (it would be in the ConfigMap)" \
     refuses "redis: redis://:***@cache:6379 carries a password" --set redis.enabled=true,redis.url=redis://:hunter2@cache:6379
+step "refused: TLS to Redis (rediss://; the mesh has none)" \
+    refuses "does not match pattern" --set redis.enabled=true,redis.url=rediss://cache:6379
+step "refused: a Redis password Secret without Redis" \
+    refuses "redis.passwordSecret is set but redis.enabled is false" --set features.enabled=true,redis.passwordSecret=redis
+step "refused: a Redis password file path in config" \
+    refuses "config.features.redis_password_file is set by the chart" \
+    --set redis.enabled=true,redis.url=redis://cache:6379,config.features.redis_password_file=/x
 step "refused: TLS without a Secret" refuses "tls.enabled needs tls.secretName" --set tls.enabled=true
 step "refused: minReplicas above maxReplicas" \
     refuses "autoscaling.minReplicas is above autoscaling.maxReplicas" \

@@ -38,7 +38,7 @@ pub use ingest::{
 };
 pub use lookup::{ColumnValues, Degraded, FeatureColumn, KeyColumn, LookupRequest, LookupResponse};
 pub use redis_store::{
-    RedisOptions, RedisTarget, DEFAULT_CACHE_MAX_AGE, DEFAULT_CACHE_MAX_BYTES,
+    RedisOptions, RedisPassword, RedisTarget, DEFAULT_CACHE_MAX_AGE, DEFAULT_CACHE_MAX_BYTES,
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_LOOKUP_BUDGET, DEFAULT_WRITE_TIMEOUT,
     WRITE_SCRIPT,
 };

@@ -13,7 +13,7 @@ use common::redis::{RedisCluster, RedisServer};
 use common::*;
 use mesh_feature_store::{
     ColumnValues, Durability, FeatureStatus, FeatureStore, KeyColumn, LookupRequest, RedisOptions,
-    RedisTarget, StoreOptions,
+    RedisPassword, RedisTarget, StoreOptions,
 };
 
 /// A store on `server`; the lookup budget is generous (tests about semantics must
@@ -149,6 +149,47 @@ fn the_write_script_keeps_the_newest_across_writers_and_refuses_future_rows() {
         .query(&mut conn)
         .unwrap();
     assert_eq!(exists, 0);
+}
+
+/// A server with `requirepass`: the store authenticates with the password it was
+/// given; without it, or with a wrong one, opening fails with Redis's reason and the
+/// password appears in no message.
+#[tokio::test]
+async fn a_password_protected_server_needs_the_password() {
+    let server = RedisServer::start_with(&["--requirepass", "pw-Secret-123"]);
+    let password = RedisPassword::from_file_contents("pw-Secret-123\n").unwrap();
+    let store = server_store(&server, |o| o.password = Some(password.clone()));
+    let t = fresh();
+    store
+        .push("card", vec![card_row(1, t, 1)], Durability::Buffered)
+        .await
+        .unwrap();
+    let got = store.get_online_features(amounts(vec![1])).await.unwrap();
+    assert_eq!(f32s(&got.column("card:amount").unwrap().values), [1.5]);
+
+    for given in [None, Some("wrong-password")] {
+        let mut o = RedisOptions::new(RedisTarget::Server(server.url()));
+        o.connect_timeout = Duration::from_secs(2);
+        o.password = given.map(|p| RedisPassword::from_file_contents(p).unwrap());
+        // Opening blocks (the mesh opens the store off the async threads too).
+        let e = tokio::task::spawn_blocking(move || {
+            FeatureStore::open_redis(&views(), o, StoreOptions::default())
+                .err()
+                .map(|e| e.to_string())
+        })
+        .await
+        .unwrap()
+        .expect("opening without the right password fails");
+        let lower = e.to_lowercase();
+        assert!(
+            lower.contains("auth") || lower.contains("password"),
+            "{given:?}: {e}"
+        );
+        assert!(
+            !e.contains("pw-Secret-123") && !e.contains("wrong-password"),
+            "{e}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -169,17 +169,17 @@ fn read_token(
 }
 
 #[cfg(unix)]
-fn warn_if_readable_by_others(section: &str, path: &std::path::Path) {
+pub(crate) fn warn_if_readable_by_others(section: &str, path: &std::path::Path) {
     use std::os::unix::fs::PermissionsExt;
     if let Ok(m) = std::fs::metadata(path) {
         if m.permissions().mode() & 0o077 != 0 {
-            tracing::warn!(section, file = %path.display(), "the token file can be read by group or others; chmod 600 it");
+            tracing::warn!(section, file = %path.display(), "the secret file can be read by group or others; chmod 600 it");
         }
     }
 }
 
 #[cfg(not(unix))]
-fn warn_if_readable_by_others(_: &str, _: &std::path::Path) {}
+pub(crate) fn warn_if_readable_by_others(_: &str, _: &std::path::Path) {}
 
 /// Equal in time that depends only on the length of `expected`.
 fn ct_matches(given: &[u8], expected: &[u8]) -> bool {

@@ -32,6 +32,7 @@
 //! # redis_url = "redis://127.0.0.1:6379"           # one server, or
 //! # redis_cluster = ["redis://10.0.0.1:6379", ...] # some nodes of a cluster
 //! # redis_key_prefix = "mesh"
+//! # redis_password_file = "/etc/mesh/secrets/redis/password"  # AUTH, read at start
 //! # lookup_budget = "20ms"      # past it: cached values as OUTSIDE_MAX_AGE, or UNAVAILABLE
 //! # redis_write_timeout = "2s"
 //! # redis_connect_timeout = "5s"
@@ -52,7 +53,7 @@
 //! [`mesh_stack::config`]; `[admin]` and `[writer]`: see [`crate::auth`];
 //! `[tls]`: see [`crate::tls`].
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use mesh_stack::config::duration;
@@ -245,6 +246,10 @@ pub struct FeaturesConfig {
     pub redis_url: Option<String>,
     /// Redis backend: nodes of a Redis Cluster (`redis://host:port` each).
     pub redis_cluster: Vec<String>,
+    /// Redis backend: a file holding the password (`AUTH`) for the server or
+    /// every cluster node, for example a mounted Secret; read at start. Keeps the
+    /// password out of the URL and out of this file.
+    pub redis_password_file: Option<PathBuf>,
     /// Redis backend: first part of every key (default `mesh`).
     pub redis_key_prefix: Option<String>,
     /// Redis backend: how long a lookup waits for Redis (default 20ms); past it,
@@ -287,6 +292,7 @@ impl Default for FeaturesConfig {
             max_keys_per_lookup: None,
             redis_url: None,
             redis_cluster: Vec::new(),
+            redis_password_file: None,
             redis_key_prefix: None,
             lookup_budget: None,
             redis_write_timeout: None,
@@ -351,6 +357,7 @@ impl FeaturesConfig {
         use mesh_feature_store::{RedisOptions, RedisTarget};
         let redis_keys_set = self.redis_url.is_some()
             || !self.redis_cluster.is_empty()
+            || self.redis_password_file.is_some()
             || self.redis_key_prefix.is_some()
             || self.lookup_budget.is_some()
             || self.redis_write_timeout.is_some()
@@ -401,10 +408,35 @@ impl FeaturesConfig {
         Ok(Some(o))
     }
 
+    /// The Redis password from `redis_password_file`, read now (at start, not when
+    /// the config is parsed, so that a config can be checked where the Secret is not
+    /// mounted).
+    pub fn read_redis_password(&self) -> Result<Option<mesh_feature_store::RedisPassword>, String> {
+        let Some(path) = &self.redis_password_file else {
+            return Ok(None);
+        };
+        let text = read_small_file(path, mesh_feature_store::RedisPassword::MAX_LEN + 2)
+            .map_err(|e| format!("[features] redis_password_file {}: {e}", path.display()))?;
+        mesh_feature_store::RedisPassword::from_file_contents(&text)
+            .map(Some)
+            .map_err(|e| format!("[features] redis_password_file {} {e}", path.display()))
+    }
+
     /// Whether a store is configured (a sled `path`, or the Redis backend).
     pub fn configured(&self) -> bool {
         self.path.is_some() || self.backend == FeatureBackend::Redis
     }
+}
+
+/// Reads a secret file of at most `max` bytes (checked before reading), warning when
+/// others may read it.
+fn read_small_file(path: &Path, max: usize) -> Result<String, String> {
+    let len = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
+    if len > max as u64 {
+        return Err(format!("is {len} bytes, more than {max}"));
+    }
+    crate::auth::warn_if_readable_by_others("features", path);
+    std::fs::read_to_string(path).map_err(|e| e.to_string())
 }
 
 /// `[server]`.

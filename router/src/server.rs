@@ -142,7 +142,14 @@ pub async fn open_store(cfg: &FeaturesConfig) -> Result<Option<Arc<FeatureStore>
     if !cfg.configured() {
         return Ok(None);
     }
-    let redis = cfg.redis_options().map_err(RouterError::InvalidArgument)?;
+    let mut redis = cfg.redis_options().map_err(RouterError::InvalidArgument)?;
+    if let Some(r) = &mut redis {
+        r.password = cfg
+            .read_redis_password()
+            .map_err(RouterError::InvalidArgument)?;
+        r.validate()
+            .map_err(|e| RouterError::InvalidArgument(format!("[features] {e}")))?;
+    }
     let views_path = cfg.views.clone().ok_or_else(|| {
         RouterError::InvalidArgument(
             "[features] has a store (path or backend = \"redis\") but views (the views file) is not set"

@@ -223,6 +223,45 @@ fn from_file_names_the_file() {
     );
 }
 
+/// The password comes from a file, read at start (the config parses where the file is
+/// not there); its errors name the file and never show the password.
+#[test]
+fn the_redis_password_comes_from_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("redis-password");
+    let text = format!(
+        "[features]\nbackend = \"redis\"\nredis_url = \"redis://127.0.0.1:6379\"\nviews = \"v.toml\"\nredis_password_file = {:?}\n",
+        file.display().to_string()
+    );
+    let c = MeshConfig::from_toml(&text).unwrap();
+    let e = c.features.read_redis_password().unwrap_err();
+    assert!(
+        e.contains("redis_password_file") && e.contains("redis-password"),
+        "{e}"
+    );
+    std::fs::write(&file, "hunter2-but-longer\n").unwrap();
+    let p = c.features.read_redis_password().unwrap().unwrap();
+    assert_eq!(
+        p,
+        mesh_feature_store::RedisPassword::from_file_contents("hunter2-but-longer").unwrap()
+    );
+    assert!(!format!("{p:?}").contains("hunter2"));
+    std::fs::write(&file, "two\nlines\n").unwrap();
+    let e = c.features.read_redis_password().unwrap_err();
+    assert!(
+        e.contains("control character") && !e.contains("lines"),
+        "{e}"
+    );
+    std::fs::write(&file, vec![b'x'; 10_000]).unwrap();
+    let e = c.features.read_redis_password().unwrap_err();
+    assert!(e.contains("more than"), "{e}");
+    // Only with the Redis backend.
+    let e = MeshConfig::from_toml("[features]\npath = \"db\"\nredis_password_file = \"p\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("backend is \"sled\""), "{e}");
+}
+
 #[test]
 fn the_redis_backend_keys_parse_and_refuse_what_cannot_work() {
     let c = MeshConfig::from_toml(
@@ -241,6 +280,8 @@ fn the_redis_backend_keys_parse_and_refuse_what_cannot_work() {
         ])
     );
     assert!(c.features.configured());
+    assert_eq!(r.password, None);
+    assert_eq!(c.features.read_redis_password(), Ok(None));
     // sled stays the default, and has no Redis options.
     let c = MeshConfig::from_toml("[features]\npath = \"db\"\nviews = \"v.toml\"\n").unwrap();
     assert!(c.features.redis_options().unwrap().is_none());

@@ -220,40 +220,31 @@ impl<'a> Reader<'a> {
         };
         if object {
             let mut map = Map::new();
-            let mut i = 0usize;
-            loop {
-                match count {
-                    Some(n) if i == n => break,
-                    None => {
-                        if self.peek()? == b'}' {
-                            self.pos += 1;
-                            break;
-                        }
-                    }
-                    _ => {}
-                }
+            while !self.at_end(count, map.len(), b'}')? {
                 let key = self.string()?;
                 let v = element(self)?;
                 map.insert(key, v);
-                i += 1;
             }
             Ok(Value::Object(map))
         } else {
             let mut items = Vec::with_capacity(count.unwrap_or(0));
-            loop {
-                match count {
-                    Some(n) if items.len() == n => break,
-                    None => {
-                        if self.peek()? == b']' {
-                            self.pos += 1;
-                            break;
-                        }
-                    }
-                    _ => {}
-                }
+            while !self.at_end(count, items.len(), b']')? {
                 items.push(element(self)?);
             }
             Ok(Value::Array(items))
+        }
+    }
+
+    /// Whether a container is complete: `done` items of a counted one, or (uncounted)
+    /// its closing marker next, which is then consumed.
+    fn at_end(&mut self, count: Option<usize>, done: usize, close: u8) -> Result<bool, String> {
+        match count {
+            Some(n) => Ok(done == n),
+            None if self.peek()? == close => {
+                self.pos += 1;
+                Ok(true)
+            }
+            None => Ok(false),
         }
     }
 }

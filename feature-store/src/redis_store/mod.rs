@@ -42,10 +42,13 @@ pub enum RedisTarget {
 
 /// Settings of the Redis backend (`[features]` keys `redis_url`, `redis_cluster`,
 /// `redis_key_prefix`, `lookup_budget`, `redis_write_timeout`,
-/// `redis_connect_timeout`, `cache_max_bytes`, `cache_max_age`).
+/// `redis_connect_timeout`, `cache_max_bytes`, `cache_max_age`, `redis_password_file`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RedisOptions {
     pub target: RedisTarget,
+    /// The password (Redis `AUTH`), read from a file by the caller so that it never
+    /// sits in a URL or a config file; applies to every node of a cluster.
+    pub password: Option<RedisPassword>,
     /// First part of every key; `[A-Za-z0-9_-]`, 1-64 characters.
     pub key_prefix: String,
     /// How long a lookup waits for Redis. Past it, the entities Redis did not
@@ -75,6 +78,7 @@ impl RedisOptions {
     pub fn new(target: RedisTarget) -> Self {
         RedisOptions {
             target,
+            password: None,
             key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
             lookup_budget: DEFAULT_LOOKUP_BUDGET,
             write_timeout: DEFAULT_WRITE_TIMEOUT,
@@ -105,6 +109,13 @@ impl RedisOptions {
             RedisTarget::Cluster(us) => us,
         };
         for u in urls {
+            if self.password.is_some() && has_password(u) {
+                return Err(format!(
+                    "redis address {:?} carries a password and redis_password_file is set: \
+                     keep the file",
+                    redact(u)
+                ));
+            }
             if u.starts_with("rediss://") {
                 return Err(format!(
                     "redis address {:?}: TLS to Redis (rediss://) is not built in; use \
@@ -142,6 +153,53 @@ impl RedisOptions {
                 us.iter().map(|u| redact(u)).collect::<Vec<_>>().join(", ")
             ),
         }
+    }
+}
+
+/// A Redis password. Its `Debug` does not show it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisPassword(String);
+
+impl RedisPassword {
+    /// Most bytes a password may have.
+    pub const MAX_LEN: usize = 4096;
+
+    /// A password read from a file's contents: one trailing newline (`\n` or `\r\n`)
+    /// is dropped, as `echo` and Kubernetes Secrets made with it add one; empty,
+    /// longer than [`Self::MAX_LEN`], or holding other control characters is refused.
+    pub fn from_file_contents(contents: &str) -> std::result::Result<Self, String> {
+        let p = contents
+            .strip_suffix('\n')
+            .map(|p| p.strip_suffix('\r').unwrap_or(p))
+            .unwrap_or(contents);
+        if p.is_empty() {
+            return Err("is empty".into());
+        }
+        if p.len() > Self::MAX_LEN {
+            return Err(format!("holds more than {} bytes", Self::MAX_LEN));
+        }
+        if p.chars().any(char::is_control) {
+            return Err("holds a control character (more than one line?)".into());
+        }
+        Ok(RedisPassword(p.to_owned()))
+    }
+
+    fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for RedisPassword {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RedisPassword(***)")
+    }
+}
+
+/// Whether a URL has a password (`redis://[user]:secret@host`).
+fn has_password(url: &str) -> bool {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => url[s + 3..at].contains(':'),
+        _ => false,
     }
 }
 
@@ -593,7 +651,13 @@ fn parse_scan(v: Value) -> Option<(u64, Vec<Vec<u8>>)> {
 async fn connect(o: &RedisOptions) -> redis::RedisResult<Conn> {
     match &o.target {
         RedisTarget::Server(url) => {
-            let client = redis::Client::open(url.as_str())?;
+            use redis::IntoConnectionInfo;
+            let mut info = url.as_str().into_connection_info()?;
+            if let Some(p) = &o.password {
+                let settings = info.redis_settings().clone().set_password(p.expose());
+                info = info.set_redis_settings(settings);
+            }
+            let client = redis::Client::open(info)?;
             let cfg = redis::aio::ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(o.connect_timeout))
                 .set_response_timeout(Some(o.write_timeout))
@@ -604,11 +668,14 @@ async fn connect(o: &RedisOptions) -> redis::RedisResult<Conn> {
             ))
         }
         RedisTarget::Cluster(urls) => {
-            let client = redis::cluster::ClusterClientBuilder::new(urls.clone())
+            let mut builder = redis::cluster::ClusterClientBuilder::new(urls.clone())
                 .connection_timeout(o.connect_timeout.min(o.write_timeout))
                 .response_timeout(o.write_timeout)
-                .retries(1)
-                .build()?;
+                .retries(1);
+            if let Some(p) = &o.password {
+                builder = builder.password(p.expose());
+            }
+            let client = builder.build()?;
             let c = client.get_async_connection().await?;
             Conn::cluster(c).await
         }
@@ -645,5 +712,40 @@ mod tests {
             "redis://user:***@h:1/0"
         );
         assert_eq!(redact("redis://h:1"), "redis://h:1");
+    }
+
+    #[test]
+    fn a_password_comes_from_a_file_and_is_never_shown() {
+        let p = RedisPassword::from_file_contents("s3cret\n").unwrap();
+        assert_eq!(p.expose(), "s3cret");
+        assert_eq!(RedisPassword::from_file_contents("s3cret\r\n").unwrap(), p);
+        assert_eq!(RedisPassword::from_file_contents("s3cret").unwrap(), p);
+        for (bad, why) in [
+            ("", "empty"),
+            ("\n", "empty"),
+            ("a\nb\n", "control"),
+            ("a\tb", "control"),
+        ] {
+            let e = RedisPassword::from_file_contents(bad).unwrap_err();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
+        let long = "x".repeat(RedisPassword::MAX_LEN + 1);
+        assert!(RedisPassword::from_file_contents(&long)
+            .unwrap_err()
+            .contains("4096"));
+        let mut o = RedisOptions::new(RedisTarget::Server("redis://127.0.0.1:6379".into()));
+        o.password = Some(p.clone());
+        assert_eq!(o.validate(), Ok(()));
+        assert!(!format!("{o:?}").contains("s3cret"), "{o:?}");
+        // A password in the URL as well as the file: refused, and not shown.
+        o.target = RedisTarget::Cluster(vec!["redis://:other@127.0.0.1:1".into()]);
+        let e = o.validate().unwrap_err();
+        assert!(
+            e.contains("redis_password_file") && !e.contains("other"),
+            "{e}"
+        );
+        // A user name alone is not a password.
+        o.target = RedisTarget::Server("redis://default@127.0.0.1:1".into());
+        assert_eq!(o.validate(), Ok(()));
     }
 }

@@ -92,7 +92,10 @@ impl RedisServer {
             if let Some(Ok(Some(_))) = self.child.as_mut().map(|c| c.try_wait()) {
                 return false; // exited (port taken?)
             }
-            if command(self.port, "PING").is_some_and(|r| r.starts_with("+PONG")) {
+            // A server with requirepass answers NOAUTH: it is up all the same.
+            if command(self.port, "PING")
+                .is_some_and(|r| r.starts_with("+PONG") || r.starts_with("-NOAUTH"))
+            {
                 return true;
             }
             std::thread::sleep(Duration::from_millis(20));

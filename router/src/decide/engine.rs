@@ -532,10 +532,6 @@ impl Engine {
         self.repo.get(model, version).ok().map(|h| h.version)
     }
 
-    /// Item `i` from preprocess to postprocess: route (to the deployment's model or
-    /// its other-model canary), build the row, score it (model, then previous
-    /// versions), else the batch score; then the rules.
-
     /// Why no version of `model` would take a model call with `deadline` now (each
     /// local actor group asked, see `VersionHandle::would_admit`), or `None` when
     /// one would, or when remote replicas may (they are not asked).
@@ -607,6 +603,9 @@ impl Engine {
         o.timings.postprocess = us(t_post.elapsed());
     }
 
+    /// One item from preprocess to postprocess: route (to the deployment's model or
+    /// its other-model canary), build the row, score it (model, then previous
+    /// versions), else the batch score; then the rules.
     async fn decide_one(
         &self,
         it: &Item<'_>,

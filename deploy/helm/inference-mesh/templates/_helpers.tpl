@@ -147,7 +147,7 @@ chart owns that `config` also sets fails the render, naming the value to use.
   "tls" (list "cert" "key" "client_ca")
   "admin" (list "token_file" "token_env")
   "writer" (list "token_file" "token_env")
-  "features" (list "path" "views")
+  "features" (list "path" "views" "backend" "redis_url" "redis_cluster" "redis_password_file")
   "prediction_log" (list "dir") -}}
 {{- range $section, $keys := $owned -}}
 {{- $t := get $cfg $section -}}
@@ -195,8 +195,10 @@ chart owns that `config` also sets fails the render, naming the value to use.
 {{- if include "inference-mesh.usesStore" . -}}
 {{- $features := default dict (get $cfg "features") -}}
 {{- if .Values.redis.enabled -}}
+{{- $_ := set $features "backend" "redis" -}}
 {{- if .Values.redis.url -}}{{- $_ := set $features "redis_url" .Values.redis.url -}}{{- end -}}
 {{- if .Values.redis.cluster -}}{{- $_ := set $features "redis_cluster" .Values.redis.cluster -}}{{- end -}}
+{{- if .Values.redis.passwordSecret -}}{{- $_ := set $features "redis_password_file" "/etc/mesh/secrets/redis/password" -}}{{- end -}}
 {{- else -}}
 {{- $_ := set $features "path" "/var/lib/mesh/features" -}}
 {{- end -}}
@@ -220,6 +222,9 @@ chart owns that `config` also sets fails the render, naming the value to use.
 {{- end -}}
 {{- if and .Values.redis.enabled (not (or .Values.redis.url .Values.redis.cluster)) -}}
 {{- fail "redis.enabled needs redis.url or redis.cluster" -}}
+{{- end -}}
+{{- if and .Values.redis.passwordSecret (not .Values.redis.enabled) -}}
+{{- fail "redis.passwordSecret is set but redis.enabled is false" -}}
 {{- end -}}
 {{- range $u := prepend (default list .Values.redis.cluster) (default "" .Values.redis.url) -}}
 {{- if regexMatch "^rediss?://[^/@]*:[^/@]*@" $u -}}
