@@ -25,7 +25,7 @@ use hdrhistogram::Histogram;
 use mesh_feature_store::service::FeatureStoreService;
 use mesh_feature_store::{
     ingest_file, now_micros, Durability, EntityKey, FeatureStore, FetchStrategy, IngestOptions,
-    KeyColumn, Limits, LookupRequest, Row, StoreOptions, Value,
+    KeyColumn, Limits, LookupRequest, Row, StoreOptions, Value, DEFAULT_INLINE_MAX_KEYS,
 };
 use mesh_proto::mesh::v1 as pb;
 use rand::Rng;
@@ -288,9 +288,10 @@ async fn grpc(store: &FeatureStore, keys: usize, a: &Args) -> Result<()> {
     Ok(())
 }
 
-fn open(path: &Path, fetch: FetchStrategy) -> Result<FeatureStore> {
+fn open(path: &Path, fetch: FetchStrategy, inline_max_keys: usize) -> Result<FeatureStore> {
     let options = StoreOptions {
         fetch,
+        inline_max_keys,
         ..Default::default()
     };
     // A reopen waits for the previous handle's last clones (aborted server tasks)
@@ -323,7 +324,7 @@ async fn main() -> Result<()> {
         a.seconds
     );
     {
-        let store = open(&db, FetchStrategy::KeyOrder)?;
+        let store = open(&db, FetchStrategy::KeyOrder, DEFAULT_INLINE_MAX_KEYS)?;
         if !loaded {
             let pq = tmp.path().join("bench.parquet");
             write_parquet(&pq, a.entities)?;
@@ -396,10 +397,21 @@ async fn main() -> Result<()> {
         tasks: NonZeroUsize::new(2).unwrap_or(NonZeroUsize::MIN),
         min_keys: 1,
     };
-    let store = open(&db, par)?;
+    {
+        let store = open(&db, par, DEFAULT_INLINE_MAX_KEYS)?;
+        tokio::task::block_in_place(|| store.scan_view("bench").map(|it| it.count()))?;
+        for keys in [10, 100, 1000] {
+            in_process(&store, "parallel x2", keys, &a, false).await?;
+        }
+    }
+    // The baseline of the inline path: every lookup hops to the blocking pool.
+    let store = open(&db, FetchStrategy::KeyOrder, 0)?;
     tokio::task::block_in_place(|| store.scan_view("bench").map(|it| it.count()))?;
-    for keys in [10, 100, 1000] {
-        in_process(&store, "parallel x2", keys, &a, false).await?;
+    for keys in [1, 10] {
+        in_process(&store, "every lookup hops", keys, &a, false).await?;
+    }
+    if !a.skip_grpc {
+        grpc(&store, 10, &a).await?;
     }
     Ok(())
 }

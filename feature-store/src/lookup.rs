@@ -204,8 +204,10 @@ pub(crate) struct Group {
 }
 
 impl FeatureStore {
-    /// Answers a lookup without blocking the async runtime: sled reads run on
-    /// tokio's blocking pool (one task, or several with `FetchStrategy::Parallel`).
+    /// Answers a lookup without blocking the async runtime for long: sled reads of
+    /// a small lookup (`StoreOptions::inline_max_keys`) run on the calling task,
+    /// larger ones on tokio's blocking pool (one task, or several with
+    /// `FetchStrategy::Parallel`).
     pub async fn get_online_features(&self, req: LookupRequest) -> Result<LookupResponse> {
         let limits = self.inner.options.limits;
         self.get_online_features_with_limits(req, &limits).await
@@ -233,6 +235,14 @@ impl FeatureStore {
             }
             _ => 1,
         };
+        if chunks == 1 && keys <= self.inner.options.inline_max_keys {
+            let resp = fetch(&self.inner, &req, &plan, 0..plan.rows, now)?;
+            finish(&self.inner, &plan, &resp, start.elapsed(), keys);
+            // Counts against the task's cooperative budget: a caller that loops on
+            // small lookups still lets the worker's other tasks run.
+            tokio::task::consume_budget().await;
+            return Ok(resp);
+        }
         let req = std::sync::Arc::new(req);
         let plan = std::sync::Arc::new(plan);
         let resp = if chunks == 1 {

@@ -192,6 +192,39 @@ both_backends!(async fn parallel_fetch_matches_key_order_fetch(env) {
     }
 });
 
+/// Small lookups read on the calling task, larger ones on the blocking pool: both
+/// give the same answer, key by key, on both sides of the bound.
+both_backends!(async fn inline_and_pooled_lookups_answer_alike(env) {
+    let store = env.open_with(StoreOptions {
+        inline_max_keys: 4,
+        ..Default::default()
+    });
+    let t = fresh();
+    let rows: Vec<_> = (0..20).filter(|i| i % 2 == 0).map(|i| card_row(i, t, 1)).collect();
+    store
+        .write_rows("card", &rows, Durability::Buffered)
+        .unwrap();
+    let lookup = |keys: Vec<i64>| {
+        LookupRequest::new(["card:count", "card:amount"]).with_keys("card_id", KeyColumn::Int64(keys))
+    };
+    // 2 views' worth of keys would be rows x views; here one view: 4 keys inline, 5 pooled.
+    let inline = store.get_online_features(lookup(vec![3, 2, 1, 0])).await.unwrap();
+    let pooled = store.get_online_features(lookup(vec![3, 2, 1, 0, 4])).await.unwrap();
+    for (a, b) in inline.columns.iter().zip(&pooled.columns) {
+        assert_eq!(a.statuses[..], b.statuses[..4], "{}", a.name);
+        assert_eq!(a.event_times[..], b.event_times[..4], "{}", a.name);
+    }
+    assert_eq!(
+        inline.columns[0].statuses,
+        [FeatureStatus::NotFound, FeatureStatus::Present, FeatureStatus::NotFound, FeatureStatus::Present]
+    );
+    let (ColumnValues::I64(a), ColumnValues::I64(b)) = (&inline.columns[0].values, &pooled.columns[0].values) else {
+        panic!("i64 columns")
+    };
+    assert_eq!(a[..], b[..4]);
+    assert_eq!(b[4], 40 + 1);
+});
+
 both_backends!(async fn bad_requests_get_clear_errors(env) {
     let opts = StoreOptions {
         limits: Limits {
