@@ -33,6 +33,9 @@ use rand::Rng;
 mod common;
 use common::{views, FEATURES};
 
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 struct Args {
     entities: i64,
     seconds: f64,

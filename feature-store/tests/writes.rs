@@ -204,6 +204,35 @@ both_backends!(fn csv_ingest_respects_event_time_and_stops_at_a_bad_row_between_
     assert!((111..=120).all(|i| amount(&store, i).is_none()));
 });
 
+/// The file is parsed on a reader thread while batches are written: a write that
+/// fails (here a row dated past the future-time horizon, in batch 2 of 4) stops the
+/// ingest with the write's own error, and nothing after that batch is written even
+/// though the reader had parsed ahead.
+both_backends!(fn a_failed_write_stops_the_ingest_with_its_own_error(env) {
+    let dir = &env.dir;
+    let store = env.open();
+    let t = fresh();
+    let secs = |m: i64| format!("{}.{:06}", m / 1_000_000, m % 1_000_000);
+    let path = dir.path().join("future.csv");
+    write_csv(
+        &path,
+        (201..=240).map(|i| {
+            let when = if i == 215 { t + 3_600_000_000 } else { t };
+            format!("{i},{},1.0,{i},0,true,US,,x", secs(when))
+        }),
+    );
+    let opts = IngestOptions {
+        batch_rows: 10,
+        ..Default::default()
+    };
+    let e = ingest_file(&store, "card", &path, &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("max_future_skew"), "{e}");
+    assert!((201..=210).all(|i| amount(&store, i).is_some()));
+    assert!((211..=240).all(|i| amount(&store, i).is_none()));
+});
+
 both_backends!(fn csv_ingest_refuses_files_without_the_view_columns(env) {
     let dir = &env.dir;
     let store = env.open();

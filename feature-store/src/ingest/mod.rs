@@ -229,58 +229,144 @@ pub fn read_file_observed(
         .and_then(|e| e.to_str())
         .map(str::to_ascii_lowercase);
     let start = Instant::now();
-    let mut sink = Sink {
-        writer: &mut write,
-        report: IngestReport {
-            view: v.name.clone(),
-            rows_read: 0,
-            rows_written: 0,
-            rows_skipped_older: 0,
-            batches: 0,
-            elapsed: Duration::ZERO,
-            rows_per_sec: 0.0,
-            ignored_columns: Vec::new(),
-            missing_columns: Vec::new(),
-        },
-        on_batch: &mut on_batch,
-        total: 0,
-        unit: ProgressUnit::Rows,
+    let mut report = IngestReport {
+        view: v.name.clone(),
+        rows_read: 0,
+        rows_written: 0,
+        rows_skipped_older: 0,
+        batches: 0,
+        elapsed: Duration::ZERO,
+        rows_per_sec: 0.0,
+        ignored_columns: Vec::new(),
+        missing_columns: Vec::new(),
     };
-    match ext.as_deref() {
-        Some("csv") => csv_file::read(path, v, opts, &mut sink)?,
-        Some("parquet") | Some("pq") => parquet_file::read(path, v, opts, &mut sink)?,
+    let reader = match ext.as_deref() {
+        Some("csv") => csv_file::read,
+        Some("parquet") | Some("pq") => parquet_file::read,
         _ => {
             return Err(FeatureStoreError::Ingest {
                 path: path.to_path_buf(),
                 what: "unknown file type: expected a .csv, .parquet or .pq file".into(),
             })
         }
-    }
-    let mut report = sink.report;
+    };
+    // The file is read and parsed on its own thread while this one writes: the two
+    // overlap. At most READ_AHEAD parsed batches wait between them.
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Msg>(READ_AHEAD);
+    let (mut total, mut unit) = (0, ProgressUnit::Rows);
+    let (read, written) = std::thread::scope(|scope| {
+        let reading = std::thread::Builder::new()
+            .name("mesh-ingest-read".into())
+            .spawn_scoped(scope, move || {
+                let mut sink = Sink {
+                    tx,
+                    _file: std::marker::PhantomData,
+                };
+                reader(path, v, opts, &mut sink)
+            });
+        let reading = match reading {
+            Ok(h) => h,
+            Err(e) => {
+                return (
+                    Err(FeatureStoreError::Internal(format!(
+                        "starting the ingest reader thread: {e}"
+                    ))),
+                    Ok(()),
+                )
+            }
+        };
+        let mut written = Ok(());
+        for msg in &rx {
+            match msg {
+                Msg::Start {
+                    total: t,
+                    unit: u,
+                    ignored,
+                    missing,
+                } => {
+                    (total, unit) = (t, u);
+                    report.ignored_columns = ignored;
+                    report.missing_columns = missing;
+                }
+                Msg::Batch(rows, position) => match write(&rows) {
+                    Ok(w) => {
+                        report.rows_read += rows.len() as u64;
+                        report.rows_written += w.rows_written;
+                        report.rows_skipped_older += w.rows_skipped_older;
+                        let committed = BatchCommitted {
+                            batch_index: report.batches,
+                            rows_in_batch: rows.len(),
+                            rows_read_total: report.rows_read,
+                            synced: w.synced,
+                            position,
+                            total,
+                            unit,
+                        };
+                        report.batches += 1;
+                        on_batch(&committed);
+                    }
+                    Err(e) => {
+                        written = Err(e);
+                        break;
+                    }
+                },
+            }
+        }
+        // Dropping the receiver stops the reader at its next batch.
+        drop(rx);
+        let read = reading.join().unwrap_or_else(|_| {
+            Err(FeatureStoreError::Internal(
+                "the ingest reader thread panicked".into(),
+            ))
+        });
+        (read, written)
+    });
+    // A failed write is the cause; the reader then only saw the channel close.
+    written?;
+    read?;
     report.elapsed = start.elapsed();
     report.rows_per_sec = report.rows_read as f64 / report.elapsed.as_secs_f64().max(1e-9);
     Ok(report)
 }
 
-/// Receives batches from a file reader and writes them.
+/// Parsed batches that may wait between the reader thread and the writer: with one
+/// being parsed and one being written, at most `READ_AHEAD + 2` batches of
+/// `batch_rows` rows are in memory.
+const READ_AHEAD: usize = 1;
+
+/// What the reader thread sends the writer.
+enum Msg {
+    /// The file's size (bytes or rows) and its columns, once the reader knows them.
+    Start {
+        total: u64,
+        unit: ProgressUnit,
+        ignored: Vec<String>,
+        missing: Vec<String>,
+    },
+    /// A batch of rows and the position in the file after it.
+    Batch(Vec<Row>, u64),
+}
+
+/// Receives batches from a file reader (on the reader thread) and hands them to the
+/// writer.
 pub(crate) struct Sink<'a> {
-    writer: &'a mut dyn FnMut(&[Row]) -> Result<WriteReport>,
-    report: IngestReport,
-    on_batch: &'a mut dyn FnMut(&BatchCommitted),
-    total: u64,
-    unit: ProgressUnit,
+    tx: std::sync::mpsc::SyncSender<Msg>,
+    _file: std::marker::PhantomData<&'a ()>,
 }
 
 impl Sink<'_> {
     /// Records the file's size (bytes or rows) once the reader knows it.
     pub(crate) fn start(&mut self, total: u64, unit: ProgressUnit, map: &ColumnMap) {
-        self.report.ignored_columns = map.ignored.clone();
-        self.report.missing_columns = map.missing.clone();
         if !map.ignored.is_empty() {
             tracing::warn!(columns = ?map.ignored, "ingest ignores columns that are not in the view");
         }
-        self.total = total;
-        self.unit = unit;
+        // A closed channel means the writer stopped; the next `write` says so.
+        let _ = self.tx.send(Msg::Start {
+            total,
+            unit,
+            ignored: map.ignored.clone(),
+            missing: map.missing.clone(),
+        });
     }
 
     pub(crate) fn write(&mut self, mut rows: Vec<Row>, position: u64) -> Result<()> {
@@ -297,21 +383,8 @@ impl Sink<'_> {
                 }
             }
         }
-        let w = (self.writer)(&rows)?;
-        self.report.rows_read += rows.len() as u64;
-        self.report.rows_written += w.rows_written;
-        self.report.rows_skipped_older += w.rows_skipped_older;
-        let committed = BatchCommitted {
-            batch_index: self.report.batches,
-            rows_in_batch: rows.len(),
-            rows_read_total: self.report.rows_read,
-            synced: w.synced,
-            position,
-            total: self.total,
-            unit: self.unit,
-        };
-        self.report.batches += 1;
-        (self.on_batch)(&committed);
-        Ok(())
+        self.tx
+            .send(Msg::Batch(rows, position))
+            .map_err(|_| FeatureStoreError::Internal("the ingest writer stopped".into()))
     }
 }
