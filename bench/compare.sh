@@ -17,6 +17,7 @@ ROOT=$PWD
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 export MESH_VENV=${MESH_VENV:-$ROOT/.venv}
 OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
 ONLY=${ONLY:-plog overload oip features}
 cargo build -q --release -p mesh --bin mesh --example null_oip --example null_rest
 export MESH_BIN=$TARGET/release/mesh

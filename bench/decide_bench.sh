@@ -10,6 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${CARGO_TARGET_DIR:-target}/release/mesh
 OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
 SECS=${SECS:-8}
 DATA=$OUT/data
 mkdir -p "$DATA"

@@ -20,6 +20,7 @@ BIN=${1:-${MESH_BIN:-${CARGO_TARGET_DIR:-target}/release/mesh}}
 NULL_BIN=${NULL_BIN:-$(dirname "$BIN")/examples/null_oip}
 OTHERS=${OTHERS:-}
 OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
 SECS=${SECS:-5}
 ROUNDS=${ROUNDS:-3}
 CONCURRENCY=${CONCURRENCY:-1 8 32}

@@ -19,6 +19,7 @@ ROOT=$PWD
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 VENV=${MESH_VENV:-$ROOT/.venv}
 OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
 ROUNDS=${ROUNDS:-2}
 SECONDS_EACH=${SECONDS_EACH:-5}
 for tool in h2load wrk; do

@@ -13,6 +13,7 @@ cd "$(dirname "$0")/.."
 BIN=${CARGO_TARGET_DIR:-target}/release
 VENV=${VENV:-.venv}
 OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
 WINDOW_MS=${WINDOW_MS:-3000}
 PA="$VENV/bin/perf_analyzer"
 CUDART=$(dirname "$(find "$VENV" -name 'libcudart.so.12' | head -1)")

@@ -26,6 +26,7 @@ cd "$(dirname "$0")/.."
 BIN=${1:-${MESH_BIN:-${CARGO_TARGET_DIR:-target}/release/mesh}}
 SERVER_BIN=${SERVER_BIN:-$BIN}
 OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
 SECS=${SECS:-8}
 DEADLINE_MS=${DEADLINE_MS:-50}
 MULTS=${MULTS:-1 2 4}

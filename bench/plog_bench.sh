@@ -20,6 +20,7 @@ cd "$(dirname "$0")/.."
 BIN=${1:-${MESH_BIN:-${CARGO_TARGET_DIR:-target}/release/mesh}}
 [ -x "$BIN" ] || { echo "no mesh binary at $BIN (cargo build --release -p mesh --bin mesh)" >&2; exit 2; }
 OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
 SECS=${SECS:-10}
 ROUNDS=${ROUNDS:-2}
 PCT=${PCT:-50}

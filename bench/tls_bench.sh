@@ -8,6 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${MESH_BIN:-${CARGO_TARGET_DIR:-target}/release/mesh}
 OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-5}
 
 pids=()

@@ -10,6 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${MESH_BIN:-${CARGO_TARGET_DIR:-target}/release/mesh}
 OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-5}
 MODELS=${MODELS:-fraud_mlp fraud_xgb fraud_lgbm}
 
