@@ -192,8 +192,8 @@ both_backends!(async fn parallel_fetch_matches_key_order_fetch(env) {
     }
 });
 
-/// Small lookups read on the calling task, larger ones on the blocking pool: both
-/// give the same answer, key by key, on both sides of the bound.
+// Small lookups read on the calling task, larger ones on the blocking pool: both
+// give the same answer, key by key, on both sides of the bound.
 both_backends!(async fn inline_and_pooled_lookups_answer_alike(env) {
     let store = env.open_with(StoreOptions {
         inline_max_keys: 4,

@@ -204,10 +204,10 @@ both_backends!(fn csv_ingest_respects_event_time_and_stops_at_a_bad_row_between_
     assert!((111..=120).all(|i| amount(&store, i).is_none()));
 });
 
-/// The file is parsed on a reader thread while batches are written: a write that
-/// fails (here a row dated past the future-time horizon, in batch 2 of 4) stops the
-/// ingest with the write's own error, and nothing after that batch is written even
-/// though the reader had parsed ahead.
+// The file is parsed on a reader thread while batches are written: a write that
+// fails (here a row dated past the future-time horizon, in batch 2 of 4) stops the
+// ingest with the write's own error, and nothing after that batch is written even
+// though the reader had parsed ahead.
 both_backends!(fn a_failed_write_stops_the_ingest_with_its_own_error(env) {
     let dir = &env.dir;
     let store = env.open();
