@@ -231,6 +231,119 @@ async fn oip_refuses_at_once_what_its_model_cannot_answer_in_time() {
     server.shutdown().await;
 }
 
+/// One ModelInfer call over a raw HTTP/2 connection with a `grpc-timeout` header but
+/// no timer of the client's own (tonic's client and the other stock clients end the
+/// call themselves when it passes): what the server answers. Returns the
+/// `grpc-status` and `grpc-message` and how long the answer took.
+async fn raw_grpc_infer(
+    addr: std::net::SocketAddr,
+    req: &pb::ModelInferRequest,
+    grpc_timeout: &str,
+) -> (String, String, Duration) {
+    use prost::Message as _;
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.set_nodelay(true).unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut client = client.ready().await.unwrap();
+    let http = http::Request::builder()
+        .method("POST")
+        .uri(format!(
+            "http://{addr}/inference.GRPCInferenceService/ModelInfer"
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("grpc-timeout", grpc_timeout)
+        .body(())
+        .unwrap();
+    let body = req.encode_to_vec();
+    let mut frame = Vec::with_capacity(5 + body.len());
+    frame.push(0);
+    frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&body);
+    let t = Instant::now();
+    let (response, mut send) = client.send_request(http, false).unwrap();
+    send.send_data(bytes::Bytes::from(frame), true).unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(10), response)
+        .await
+        .expect("an answer within 10 s")
+        .unwrap();
+    let took = t.elapsed();
+    let (head, mut body) = response.into_parts();
+    // A trailers-only answer carries the status in its headers.
+    let mut fields = head.headers;
+    if !fields.contains_key("grpc-status") {
+        while let Some(chunk) = body.data().await {
+            let _ = chunk.unwrap();
+        }
+        if let Some(trailers) = body.trailers().await.unwrap() {
+            fields = trailers;
+        }
+    }
+    let get = |k: &str| {
+        fields
+            .get(k)
+            .map(|v| v.to_str().unwrap_or_default().to_owned())
+            .unwrap_or_default()
+    };
+    (get("grpc-status"), get("grpc-message"), took)
+}
+
+/// A gRPC request admitted on a wrong estimate (no warmup: the model's batch time
+/// is not learned yet) whose `grpc-timeout` passes while it waits behind slow
+/// batches: the server answers DEADLINE_EXCEEDED (4) naming the wait, never CANCELLED
+/// (1) and never an answer. (A tonic client reports CANCELLED "Timeout expired" when
+/// its own timer for the header fires first: that status is the client's, not the
+/// server's.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_request_that_times_out_in_the_queue_is_deadline_exceeded() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = heavy_repo(dir.path());
+    let toml = models.join("heavy/model.toml");
+    let text = std::fs::read_to_string(&toml).unwrap();
+    std::fs::write(&toml, text.replace("batches = 2", "batches = 0")).unwrap();
+    let cfg = mesh_router::config::ServerConfig {
+        grpc_port: 0,
+        http_port: 0,
+        models,
+        ..Default::default()
+    };
+    let server = mesh_router::server::start(&cfg).await.unwrap();
+    let c = Client::connect(format!("http://{}", server.grpc_addr))
+        .await
+        .unwrap();
+    let mut deadline_exceeded = 0;
+    for round in 0..6 {
+        // Full batches ahead (each tens of milliseconds), then one row with 20 ms.
+        let ahead: Vec<_> = (0..3)
+            .map(|_| {
+                let mut c = c.clone();
+                tokio::spawn(async move { c.model_infer(infer_request(64)).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let (status, message, took) =
+            raw_grpc_infer(server.grpc_addr, &infer_request(1), "20m").await;
+        for a in ahead {
+            a.await.unwrap().unwrap();
+        }
+        match status.as_str() {
+            "4" => {
+                deadline_exceeded += 1;
+                assert!(took < Duration::from_millis(60), "round {round}: {took:?}");
+                // grpc-message is percent-encoded.
+                let message = message.replace("%20", " ");
+                assert!(message.contains("waiting for the model"), "{message}");
+            }
+            // Refused at once, on the estimate learned from earlier rounds' batches.
+            "8" if round > 0 => {}
+            other => panic!("round {round}: grpc-status {other:?} ({message}) after {took:?}"),
+        }
+    }
+    assert!(deadline_exceeded >= 1);
+    server.shutdown().await;
+}
+
 /// A raw HTTP/1.1 POST whose body is sent `body_after` after its headers (a slow
 /// client, or a request that waits before its handler runs). Answers the status and
 /// the response body.
