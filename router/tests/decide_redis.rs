@@ -19,36 +19,6 @@ mod redis_server;
 
 const DEADLINE_MS: u64 = 100;
 
-fn write_repo(dir: &Path) {
-    let base: String = common::example_model_part()
-        .lines()
-        .filter(|l| !l.starts_with("latest"))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    let mut spec = String::from("\n[input_spec]\non_missing = \"default\"\n");
-    for i in 0..31 {
-        spec += &format!("[[input_spec.features]]\nsource = \"request:f{i}\"\n");
-    }
-    spec += "[[input_spec.features]]\nsource = \"card:f31\"\n";
-    spec += "\n[decision]\nreview_at = 0.5\ndecline_at = 0.9\n";
-    common::model_repo(&dir.join("models"), &[1], &(base + &spec));
-    std::fs::write(
-        dir.join("views.toml"),
-        r#"
-        [[entities]]
-        name = "card"
-        join_key = "card_id"
-        key_type = "int64"
-        [[views]]
-        name = "card"
-        entity = "card"
-        max_age = "1h"
-        features = [{ name = "f31", type = "f32" }]
-        "#,
-    )
-    .unwrap();
-}
-
 fn config(dir: &Path, nodes: &[String]) -> MeshConfig {
     let text = format!(
         r#"
@@ -81,7 +51,7 @@ fn config(dir: &Path, nodes: &[String]) -> MeshConfig {
 async fn decisions_keep_their_deadline_when_a_redis_master_dies() {
     let mut cluster = redis_server::RedisCluster::start();
     let dir = tempfile::tempdir().unwrap();
-    write_repo(dir.path());
+    common::card_f31_files(dir.path());
     let cfg = config(dir.path(), &cluster.urls());
     let running = mesh_router::server::start_mesh(&cfg).await.unwrap();
     let rows = common::samples();

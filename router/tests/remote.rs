@@ -9,7 +9,7 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,40 +23,6 @@ use mesh_router::server::{start_mesh, start_mesh_with, Running};
 use pb::decisions_client::DecisionsClient;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// The reference model (version 1) reading f0..f30 from the request and f31 from
-/// the `card` view; returns (models dir, views file).
-fn files(dir: &Path) -> (PathBuf, PathBuf) {
-    let base: String = common::example_model_part()
-        .lines()
-        .filter(|l| !l.starts_with("latest"))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    let mut spec = String::from("\n[input_spec]\non_missing = \"default\"\n");
-    for i in 0..31 {
-        spec += &format!("[[input_spec.features]]\nsource = \"request:f{i}\"\n");
-    }
-    spec += "[[input_spec.features]]\nsource = \"card:f31\"\n";
-    spec += "\n[decision]\nreview_at = 0.5\ndecline_at = 0.9\n";
-    let models = common::model_repo(&dir.join("models"), &[1], &(base + &spec));
-    let views = dir.join("views.toml");
-    std::fs::write(
-        &views,
-        r#"
-        [[entities]]
-        name = "card"
-        join_key = "card_id"
-        key_type = "int64"
-        [[views]]
-        name = "card"
-        entity = "card"
-        max_age = "1h"
-        features = [{ name = "f31", type = "f32" }]
-        "#,
-    )
-    .unwrap();
-    (models, views)
-}
-
 async fn serve(text: &str) -> Running {
     start_mesh(&MeshConfig::from_toml(text).unwrap())
         .await
@@ -65,7 +31,7 @@ async fn serve(text: &str) -> Running {
 
 /// A features role holding f31 of the first `n` reference rows (card id = row).
 async fn features_role(dir: &Path, n: usize) -> Running {
-    let (_, views) = files(dir);
+    let (_, views) = common::card_f31_files(dir);
     let running = serve(&format!(
         r#"
         [server]
@@ -103,7 +69,7 @@ async fn features_role(dir: &Path, n: usize) -> Running {
 
 /// A router role over its own copy of the model, with `extra` in its mesh.toml.
 fn router_config(dir: &Path, deadline_ms: u64, extra: &str) -> MeshConfig {
-    let (models, _) = files(dir);
+    let (models, _) = common::card_f31_files(dir);
     MeshConfig::from_toml(&format!(
         r#"
         [server]
@@ -329,7 +295,7 @@ impl Resolve for Names {
 
 /// A model role on `host:port` (port 0: any).
 async fn model_role(dir: &Path, host: &str, port: u16) -> Running {
-    let (models, _) = files(dir);
+    let (models, _) = common::card_f31_files(dir);
     serve(&format!(
         r#"
         [server]

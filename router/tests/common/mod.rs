@@ -142,3 +142,37 @@ pub fn decide_request(id: usize, x: &[f32]) -> mesh_proto::mesh::v1::DecideReque
         ..Default::default()
     }
 }
+
+/// The reference model (version 1) reading f0..f30 from the request and f31 from
+/// the `card` view; returns (models dir, views file).
+pub fn card_f31_files(dir: &Path) -> (PathBuf, PathBuf) {
+    let base: String = example_model_part()
+        .lines()
+        .filter(|l| !l.starts_with("latest"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let mut spec = String::from("\n[input_spec]\non_missing = \"default\"\n");
+    for i in 0..31 {
+        spec += &format!("[[input_spec.features]]\nsource = \"request:f{i}\"\n");
+    }
+    spec += "[[input_spec.features]]\nsource = \"card:f31\"\n";
+    spec += "\n[decision]\nreview_at = 0.5\ndecline_at = 0.9\n";
+    let models = model_repo(&dir.join("models"), &[1], &(base + &spec));
+    let views = dir.join("views.toml");
+    std::fs::write(
+        &views,
+        r#"
+        [[entities]]
+        name = "card"
+        join_key = "card_id"
+        key_type = "int64"
+        [[views]]
+        name = "card"
+        entity = "card"
+        max_age = "1h"
+        features = [{ name = "f31", type = "f32" }]
+        "#,
+    )
+    .unwrap();
+    (models, views)
+}
