@@ -24,43 +24,19 @@ fn samples() -> Vec<(Vec<f64>, f32)> {
 /// Versions 1 and 2 of the reference model (same weights), two actor groups each,
 /// reading f0..f30 from the request and f31 from the `card` view.
 fn repo(dir: &Path) -> PathBuf {
-    // The model part only: this test brings its own input spec and thresholds.
-    let base: String = common::example_model_part()
-        .lines()
-        .filter(|l| !l.starts_with("latest"))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    let mut spec = String::from("\n[input_spec]\non_missing = \"default\"\n");
-    for i in 0..31 {
-        spec += &format!("[[input_spec.features]]\nsource = \"request:f{i}\"\n");
-    }
-    spec += "[[input_spec.features]]\nsource = \"card:f31\"\n";
-    spec += "\n[decision]\nreview_at = 0.5\ndecline_at = 0.9\n";
-    let text = base
+    let text = common::card_f31_model_toml()
         .replace("[version_policy]", "[version_policy]\nall = true")
-        .replace("runner_instances = 2", "runner_instances = 1\nreplicas = 2")
-        + &spec;
+        .replace("runner_instances = 2", "runner_instances = 1\nreplicas = 2");
     common::model_repo(&dir.join("models"), &[1, 2], &text);
-    std::fs::write(
-        dir.join("views.toml"),
-        r#"
-        [[entities]]
-        name = "card"
-        join_key = "card_id"
-        key_type = "int64"
-        [[views]]
-        name = "card"
-        entity = "card"
-        max_age = "1h"
-        features = [{ name = "f31", type = "f32" }]
-        [[views]]
-        name = "fraud_scores"
-        entity = "card"
-        max_age = "1d"
-        features = [{ name = "score", type = "f32" }]
-        "#,
-    )
-    .unwrap();
+    let views = common::CARD_F31_VIEWS.to_owned()
+        + r#"
+[[views]]
+name = "fraud_scores"
+entity = "card"
+max_age = "1d"
+features = [{ name = "score", type = "f32" }]
+"#;
+    std::fs::write(dir.join("views.toml"), views).unwrap();
     dir.join("models")
 }
 

@@ -102,21 +102,7 @@ async fn an_mlp_primary_with_an_xgboost_canary_and_a_lightgbm_shadow() {
         "fraud_lgbm.txt",
         &tree_spec(&[4, 9, 20]),
     );
-    std::fs::write(
-        d.join("views.toml"),
-        r#"
-        [[entities]]
-        name = "card"
-        join_key = "card_id"
-        key_type = "int64"
-        [[views]]
-        name = "card"
-        entity = "card"
-        max_age = "1h"
-        features = [{ name = "f31", type = "f32" }]
-        "#,
-    )
-    .unwrap();
+    std::fs::write(d.join("views.toml"), common::CARD_F31_VIEWS).unwrap();
     let logs = d.join("predictions");
     let cfg: MeshConfig = toml::from_str(&format!(
         r#"

@@ -143,9 +143,10 @@ pub fn decide_request(id: usize, x: &[f32]) -> mesh_proto::mesh::v1::DecideReque
     }
 }
 
-/// The reference model (version 1) reading f0..f30 from the request and f31 from
-/// the `card` view; returns (models dir, views file).
-pub fn card_f31_files(dir: &Path) -> (PathBuf, PathBuf) {
+/// The reference model's model.toml (no `latest` line) reading f0..f30 from the
+/// request (a missing one takes 0) and f31 from the `card` view, with the
+/// thresholds review 0.5, decline 0.9.
+pub fn card_f31_model_toml() -> String {
     let base: String = example_model_part()
         .lines()
         .filter(|l| !l.starts_with("latest"))
@@ -157,22 +158,28 @@ pub fn card_f31_files(dir: &Path) -> (PathBuf, PathBuf) {
     }
     spec += "[[input_spec.features]]\nsource = \"card:f31\"\n";
     spec += "\n[decision]\nreview_at = 0.5\ndecline_at = 0.9\n";
-    let models = model_repo(&dir.join("models"), &[1], &(base + &spec));
+    base + &spec
+}
+
+/// Views TOML: the `card` entity (int64 `card_id`) and its view of one f32, `f31`,
+/// fresh for 1h.
+pub const CARD_F31_VIEWS: &str = r#"
+[[entities]]
+name = "card"
+join_key = "card_id"
+key_type = "int64"
+[[views]]
+name = "card"
+entity = "card"
+max_age = "1h"
+features = [{ name = "f31", type = "f32" }]
+"#;
+
+/// Version 1 of [`card_f31_model_toml`] and [`CARD_F31_VIEWS`] under `dir`;
+/// returns (models dir, views file).
+pub fn card_f31_files(dir: &Path) -> (PathBuf, PathBuf) {
+    let models = model_repo(&dir.join("models"), &[1], &card_f31_model_toml());
     let views = dir.join("views.toml");
-    std::fs::write(
-        &views,
-        r#"
-        [[entities]]
-        name = "card"
-        join_key = "card_id"
-        key_type = "int64"
-        [[views]]
-        name = "card"
-        entity = "card"
-        max_age = "1h"
-        features = [{ name = "f31", type = "f32" }]
-        "#,
-    )
-    .unwrap();
+    std::fs::write(&views, CARD_F31_VIEWS).unwrap();
     (models, views)
 }
