@@ -85,16 +85,7 @@ async fn mesh(deadline_ms: u64, per_try_ms: u64, extra: &str) -> Mesh {
     let rows = samples();
     // f31 of each sample row lives in the store under card_id = row index.
     let store = running.store.clone().unwrap();
-    let now = mesh_feature_store::now_micros();
-    let card: Vec<Row> = rows
-        .iter()
-        .enumerate()
-        .map(|(i, (x, _))| Row {
-            key: EntityKey::Int64(i as i64),
-            event_time: now,
-            values: vec![Some(Value::F32(x[31] as f32))],
-        })
-        .collect();
+    let card = common::card_f31_rows(rows.len());
     store
         .push("card", card, Durability::Buffered)
         .await

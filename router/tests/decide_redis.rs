@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use mesh_feature_store::{Durability, EntityKey, Row, Value};
+use mesh_feature_store::Durability;
 use mesh_proto::mesh::v1 as pb;
 use mesh_router::config::MeshConfig;
 use pb::decisions_client::DecisionsClient;
@@ -56,16 +56,7 @@ async fn decisions_keep_their_deadline_when_a_redis_master_dies() {
     let running = mesh_router::server::start_mesh(&cfg).await.unwrap();
     let rows = common::samples();
     let store = running.store.clone().unwrap();
-    let now = mesh_feature_store::now_micros();
-    let cards: Vec<Row> = rows
-        .iter()
-        .enumerate()
-        .map(|(i, (x, _))| Row {
-            key: EntityKey::Int64(i as i64),
-            event_time: now,
-            values: vec![Some(Value::F32(x[31]))],
-        })
-        .collect();
+    let cards = common::card_f31_rows(rows.len());
     store
         .push("card", cards, Durability::Buffered)
         .await

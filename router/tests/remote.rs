@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use mesh_feature_store::{Durability, EntityKey, Row, Value};
+use mesh_feature_store::Durability;
 use mesh_proto::inference as ipb;
 use mesh_proto::mesh::v1 as pb;
 use mesh_router::config::MeshConfig;
@@ -48,17 +48,7 @@ async fn features_role(dir: &Path, n: usize) -> Running {
         views = views.display(),
     ))
     .await;
-    let now = mesh_feature_store::now_micros();
-    let rows: Vec<Row> = common::samples()
-        .iter()
-        .take(n)
-        .enumerate()
-        .map(|(i, (x, _))| Row {
-            key: EntityKey::Int64(i as i64),
-            event_time: now,
-            values: vec![Some(Value::F32(x[31]))],
-        })
-        .collect();
+    let rows = common::card_f31_rows(n);
     let store = running.store.clone().unwrap();
     store
         .push("card", rows, Durability::Buffered)

@@ -183,3 +183,20 @@ pub fn card_f31_files(dir: &Path) -> (PathBuf, PathBuf) {
     std::fs::write(&views, CARD_F31_VIEWS).unwrap();
     (models, views)
 }
+
+/// Rows of the `card` view holding f31 of the first `n` reference samples, one per
+/// sample under card_id = its index, dated now.
+pub fn card_f31_rows(n: usize) -> Vec<mesh_feature_store::Row> {
+    use mesh_feature_store::{EntityKey, Row, Value};
+    let now = mesh_feature_store::now_micros();
+    samples()
+        .iter()
+        .take(n)
+        .enumerate()
+        .map(|(i, (x, _))| Row {
+            key: EntityKey::Int64(i as i64),
+            event_time: now,
+            values: vec![Some(Value::F32(x[31]))],
+        })
+        .collect()
+}
