@@ -92,6 +92,17 @@ fn relative_paths_resolve_against_the_files_directory() {
     );
     assert_eq!(c.features.views, Some(d.join("v.toml")));
     assert_eq!(c.server.models, PathBuf::from("examples/models"));
+    // The Redis password file too.
+    std::fs::write(
+        d.join("redis.toml"),
+        "[features]\nbackend = \"redis\"\nredis_url = \"redis://127.0.0.1:6379\"\nviews = \"v.toml\"\nredis_password_file = \"secrets/redis\"\n",
+    )
+    .unwrap();
+    let c = MeshConfig::from_file(&d.join("redis.toml")).unwrap();
+    assert_eq!(
+        c.features.redis_password_file,
+        Some(d.join("secrets/redis"))
+    );
     // No file: the built-in defaults, relative to the working directory.
     assert_eq!(
         MeshConfig::default().server.models,

@@ -561,8 +561,8 @@ impl MeshConfig {
     /// Reads a `mesh.toml`; errors name the file and the field.
     ///
     /// Relative paths written in the file resolve against the file's directory,
-    /// not the working directory: `[server] models`, `[features] path` and
-    /// `views`, `[prediction_log] dir`, the `[tls]` and `[tls.client]` files, and
+    /// not the working directory: `[server] models`, `[features] path`, `views`
+    /// and `redis_password_file`, `[prediction_log] dir`, the `[tls]` and `[tls.client]` files, and
     /// `[admin]`/`[writer]` `token_file`. So `models = "models"` in
     /// `/srv/mesh/mesh.toml` is `/srv/mesh/models` wherever `mesh serve` starts.
     /// Built-in defaults of keys the file does not set (`models =
@@ -597,6 +597,7 @@ impl MeshConfig {
         let optional = [
             &mut self.features.path,
             &mut self.features.views,
+            &mut self.features.redis_password_file,
             &mut self.tls.cert,
             &mut self.tls.key,
             &mut self.tls.client_ca,
