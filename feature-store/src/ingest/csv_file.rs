@@ -8,12 +8,7 @@ use crate::error::{FeatureStoreError, Result};
 use crate::registry::ViewInfo;
 use crate::types::{EntityKey, FeatureType, KeyType, Row, Value};
 
-pub(crate) fn read(
-    path: &Path,
-    v: &ViewInfo,
-    opts: &IngestOptions,
-    sink: &mut Sink<'_>,
-) -> Result<()> {
+pub(crate) fn read(path: &Path, v: &ViewInfo, opts: &IngestOptions, sink: &mut Sink) -> Result<()> {
     let err = |what: String| FeatureStoreError::Ingest {
         path: path.to_path_buf(),
         what,

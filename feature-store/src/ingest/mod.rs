@@ -258,10 +258,7 @@ pub fn read_file_observed(
         let reading = std::thread::Builder::new()
             .name("mesh-ingest-read".into())
             .spawn_scoped(scope, move || {
-                let mut sink = Sink {
-                    tx,
-                    _file: std::marker::PhantomData,
-                };
+                let mut sink = Sink { tx };
                 reader(path, v, opts, &mut sink)
             });
         let reading = match reading {
@@ -349,12 +346,11 @@ enum Msg {
 
 /// Receives batches from a file reader (on the reader thread) and hands them to the
 /// writer.
-pub(crate) struct Sink<'a> {
+pub(crate) struct Sink {
     tx: std::sync::mpsc::SyncSender<Msg>,
-    _file: std::marker::PhantomData<&'a ()>,
 }
 
-impl Sink<'_> {
+impl Sink {
     /// Records the file's size (bytes or rows) once the reader knows it.
     pub(crate) fn start(&mut self, total: u64, unit: ProgressUnit, map: &ColumnMap) {
         if !map.ignored.is_empty() {

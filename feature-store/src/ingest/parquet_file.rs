@@ -22,12 +22,7 @@ use crate::types::{EntityKey, FeatureType, KeyType, Micros, Row, Value};
 
 type Cells<T> = std::result::Result<Vec<Option<T>>, String>;
 
-pub(crate) fn read(
-    path: &Path,
-    v: &ViewInfo,
-    opts: &IngestOptions,
-    sink: &mut Sink<'_>,
-) -> Result<()> {
+pub(crate) fn read(path: &Path, v: &ViewInfo, opts: &IngestOptions, sink: &mut Sink) -> Result<()> {
     let err = |what: String| FeatureStoreError::Ingest {
         path: path.to_path_buf(),
         what,
