@@ -195,23 +195,28 @@ impl std::fmt::Debug for RedisPassword {
     }
 }
 
+/// Where a URL's credentials (`user[:secret]` of `redis://user:secret@host`) start
+/// and end, when it has any.
+fn credentials(url: &str) -> Option<(usize, usize)> {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => Some((s + 3, at)),
+        _ => None,
+    }
+}
+
 /// Whether a URL has a password (`redis://[user]:secret@host`).
 fn has_password(url: &str) -> bool {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => url[s + 3..at].contains(':'),
-        _ => false,
-    }
+    credentials(url).is_some_and(|(from, to)| url[from..to].contains(':'))
 }
 
 /// A URL without its password (`redis://user:secret@h` -> `redis://user:***@h`).
 fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
-            let user = creds.split(':').next().unwrap_or("");
-            format!("{}{user}:***{}", &url[..s + 3], &url[at..])
+    match credentials(url) {
+        Some((from, to)) => {
+            let user = url[from..to].split(':').next().unwrap_or("");
+            format!("{}{user}:***{}", &url[..from], &url[to..])
         }
-        _ => url.to_owned(),
+        None => url.to_owned(),
     }
 }
 
