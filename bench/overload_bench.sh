@@ -9,7 +9,9 @@
 # it, each request with a 50 ms deadline (grpc-timeout, counted from when it was
 # due). Useful answers are model answers (Decide: MODEL or PREVIOUS_VERSION) within
 # the deadline, shown against the saturation throughput; "late" are answers of any
-# status more than 5 ms past the deadline. Prints one table; raw JSON reports and
+# status more than 5 ms past the deadline (by status: a late Cancelled is the
+# client's own timer firing late), and "lag max" how far behind its schedule the
+# load generator sent a request (both inside its latencies). Prints one table; raw JSON reports and
 # the server's /metrics after each run go to $OUT.
 #
 #   cargo build --release -p mesh --bin mesh
@@ -91,7 +93,7 @@ done
 "$PYTHON" - "$OUT" "$TARGETS" "$MULTS" <<'PY'
 import json, sys
 out, targets, mults = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
-print(f"{'run':<18}{'offered/s':>10}{'useful/s':>10}{'of sat':>8}{'p50 us':>9}{'p99 us':>9}{'max us':>9}{'late':>6}  statuses (Decide: sources)")
+print(f"{'run':<18}{'offered/s':>10}{'useful/s':>10}{'of sat':>8}{'p50 us':>9}{'p99 us':>9}{'max us':>9}{'late':>6}{'lag max':>9}  statuses (Decide: sources); late by status")
 sat = json.load(open(f"{out}/saturation.json"))
 s = float(open(f"{out}/rate").read())
 for t, name in [("infer", "saturation")] + [(t, f"{m}x") for t in targets for m in mults]:
@@ -103,6 +105,7 @@ for t, name in [("infer", "saturation")] + [(t, f"{m}x") for t in targets for m 
         if r["sources"]:
             rest.update({f"src:{k}": v for k, v in r["sources"].items()})
         print(f"{t + ' ' + name:<18}{offered:>10.0f}{u['per_second']:>10.0f}{u['per_second'] / s:>8.0%}"
-              f"{r['p50_us']:>9}{r['p99_us']:>9}{r['max_us']:>9}{u['late']:>6}  {rest}")
+              f"{r['p50_us']:>9}{r['p99_us']:>9}{r['max_us']:>9}{u['late']:>6}{r.get('send_lag_max_us', 0):>9}  {rest}"
+              + (f"; late {u['late_codes']}" if u.get('late_codes') else ""))
 print(f"saturation: ModelInfer, closed loop, 24 callers, no deadline; the rest: open loop at multiples of it, deadline {json.load(open(f'{out}/{targets[0]}-{mults[0]}x.json'))['useful']['deadline_ms']} ms; raw reports in {out}")
 PY

@@ -202,6 +202,8 @@ mod tests {
             p99_us: 2_100,
             p999_us: 9_000,
             max_us: 12_000,
+            send_lag_p99_us: 40,
+            send_lag_max_us: 300,
             codes: BTreeMap::from([("OK".into(), 1490), ("Unavailable".into(), 10)]),
             sources: BTreeMap::from([("MODEL".into(), 1490)]),
             stages_us: BTreeMap::from([("compute".into(), 110.5), ("validate".into(), 3.0)]),

@@ -18,6 +18,10 @@ pub struct Report {
     pub p99_us: u64,
     pub p999_us: u64,
     pub max_us: u64,
+    /// How long after they were due requests were sent (the load generator's own
+    /// lag, inside every latency above): its p99 and max.
+    pub send_lag_p99_us: u64,
+    pub send_lag_max_us: u64,
     pub codes: BTreeMap<String, u64>,
     /// Decide only: answers by source.
     pub sources: BTreeMap<String, u64>,
@@ -42,6 +46,8 @@ pub struct Useful {
     pub per_second: f64,
     /// Answers of any status that arrived more than 5 ms after the deadline.
     pub late: u64,
+    /// `late` by status code (`Cancelled`: the client's own timer fired late).
+    pub late_codes: BTreeMap<String, u64>,
 }
 
 /// The requests sent in one window `[t_s, t_s + seconds)` of the bench.
@@ -83,12 +89,17 @@ impl std::fmt::Display for Report {
             "latency µs  p50 {}  p90 {}  p99 {}  p99.9 {}  max {}",
             self.p50_us, self.p90_us, self.p99_us, self.p999_us, self.max_us
         )?;
+        writeln!(
+            f,
+            "send lag µs p99 {}  max {}  (the load generator's own delay)",
+            self.send_lag_p99_us, self.send_lag_max_us
+        )?;
         writeln!(f, "status      {:?}", self.codes)?;
         if let Some(u) = &self.useful {
             writeln!(
                 f,
-                "useful      {}  ({:.0}/s): model answers within the {} ms deadline; {} answers over 5 ms late",
-                u.answers, u.per_second, u.deadline_ms, u.late
+                "useful      {}  ({:.0}/s): model answers within the {} ms deadline; {} answers over 5 ms late {:?}",
+                u.answers, u.per_second, u.deadline_ms, u.late, u.late_codes
             )?;
         }
         if !self.sources.is_empty() {
@@ -122,6 +133,8 @@ mod tests {
             p99_us: 3,
             p999_us: 4,
             max_us: 5,
+            send_lag_p99_us: 6,
+            send_lag_max_us: 7,
             codes: BTreeMap::from([("OK".into(), 10)]),
             sources: sources.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             stages_us: stages.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
@@ -139,6 +152,7 @@ mod tests {
             "decide · closed loop, 2 callers · 1.5 s\n\
              requests    10  (8 req/s)\n\
              latency µs  p50 1  p90 2  p99 3  p99.9 4  max 5\n\
+             send lag µs p99 6  max 7  (the load generator's own delay)\n\
              status      {\"OK\": 10}\n"
         );
         let full = report(&[("MODEL", 10)], &[("compute", 12.4), ("total", 80.6)]).to_string();
@@ -153,10 +167,11 @@ mod tests {
             answers: 9,
             per_second: 6.0,
             late: 1,
+            late_codes: BTreeMap::from([("Cancelled".into(), 1)]),
         });
         let text = with_deadline.to_string();
         assert!(
-            text.ends_with("useful      9  (6/s): model answers within the 50 ms deadline; 1 answers over 5 ms late\n"),
+            text.ends_with("useful      9  (6/s): model answers within the 50 ms deadline; 1 answers over 5 ms late {\"Cancelled\": 1}\n"),
             "{text}"
         );
     }

@@ -32,6 +32,13 @@ pub struct Tally {
     /// With a deadline: the deadline, model answers that arrived within it, and
     /// answers of any status later than it by more than [`LATE_GRACE`].
     useful: Option<(Duration, u64, u64)>,
+    /// Late answers by status code: a `Cancelled` one is the client's own timer
+    /// firing late (the load generator fell behind), any other came late from
+    /// the server (or the way back).
+    late_codes: BTreeMap<String, u64>,
+    /// How long after it was due each request was handed to the client (µs): the
+    /// load generator's own lag, part of every latency it reports.
+    send_lag: Histogram<u64>,
 }
 
 impl Tally {
@@ -45,6 +52,8 @@ impl Tally {
             sources: BTreeMap::new(),
             stages: BTreeMap::new(),
             useful: None,
+            late_codes: BTreeMap::new(),
+            send_lag: Histogram::new_with_bounds(1, 120_000_000, 2)?,
         })
     }
 
@@ -56,8 +65,8 @@ impl Tally {
 
     /// Counts one answer (`us` from when it was due) as useful if it came from a
     /// model (`from_model`) within the deadline, and as late if it came more than
-    /// [`LATE_GRACE`] after it, whatever it was.
-    pub fn useful(&mut self, us: u64, from_model: bool) {
+    /// [`LATE_GRACE`] after it, whatever it was (`code`: its status).
+    pub fn useful(&mut self, us: u64, from_model: bool, code: &str) {
         if let Some((d, useful, late)) = &mut self.useful {
             let us = u128::from(us);
             if from_model && us <= d.as_micros() {
@@ -65,8 +74,14 @@ impl Tally {
             }
             if us > (*d + LATE_GRACE).as_micros() {
                 *late += 1;
+                *self.late_codes.entry(code.to_owned()).or_default() += 1;
             }
         }
+    }
+
+    /// Records how long after it was due a request was sent (`us`).
+    pub fn send_lag(&mut self, us: u64) {
+        let _ = self.send_lag.record(us.clamp(1, self.send_lag.high()));
     }
 
     /// Records one latency, in the window of `intended`.
@@ -165,7 +180,10 @@ impl Tally {
                 answers,
                 per_second: answers as f64 / secs,
                 late,
+                late_codes: self.late_codes.clone(),
             }),
+            send_lag_p99_us: self.send_lag.value_at_quantile(0.99),
+            send_lag_max_us: self.send_lag.max(),
             stages_us: if self.stages.is_empty() {
                 server_stages
             } else {
@@ -330,19 +348,31 @@ mod tests {
         let mut t = Tally::new(start, 2.0)
             .unwrap()
             .with_deadline(Some(Duration::from_millis(50)));
-        t.useful(49_000, true);
-        t.useful(50_000, true);
-        t.useful(50_001, true);
-        t.useful(100, false);
-        t.useful(55_000, false);
-        t.useful(55_001, false);
+        t.useful(49_000, true, "OK");
+        t.useful(50_000, true, "OK");
+        t.useful(50_001, true, "OK");
+        t.useful(100, false, "ResourceExhausted");
+        t.useful(55_000, false, "Cancelled");
+        t.useful(55_001, false, "Cancelled");
+        t.useful(70_000, false, "DeadlineExceeded");
         let u = t
             .report("decide".into(), String::new(), 2.0, BTreeMap::new())
             .useful
             .unwrap();
         assert_eq!((u.deadline_ms, u.answers, u.per_second), (50, 2, 1.0));
-        // Only the answer more than 5 ms past the deadline is late.
-        assert_eq!(u.late, 1);
+        // Only answers more than 5 ms past the deadline are late, by status.
+        assert_eq!(u.late, 2);
+        assert_eq!(
+            u.late_codes,
+            BTreeMap::from([("Cancelled".into(), 1), ("DeadlineExceeded".into(), 1)])
+        );
+        // The send lag is what was recorded, whatever the answers.
+        let mut t = Tally::new(start, 1.0).unwrap();
+        for us in [10, 20, 30_000] {
+            t.send_lag(us);
+        }
+        let r = t.report("infer".into(), String::new(), 1.0, BTreeMap::new());
+        assert!((29_000..=31_000).contains(&r.send_lag_max_us), "{}", r.send_lag_max_us);
         // Without stage times in the answers (Infer), the server's are reported.
         let mut t = Tally::new(start, 1.0).unwrap();
         t.record(start, 100, true);
