@@ -4,6 +4,7 @@
 #   2. overload at 1x, 2x, 4x of saturation with a 50 ms deadline   (bench/overload_bench.sh)
 #   3. OIP gRPC and REST against do-nothing servers                  (bench/oip_compare.sh)
 #   4. feature lookups in process and over gRPC, with a writer       (feature-store/benches/lookup.rs)
+#      against Redis MGET of the same shape                          (bench/redis_mget.sh)
 # plus the `mesh bench --html` report of a Decide run (the tails, per second).
 #
 #   bench/compare.sh                 (builds the release binaries it needs)
@@ -38,7 +39,9 @@ for p in $ONLY; do
             OUT=$OUT/oip bench/oip_compare.sh ;;
         features)
             part "Feature store lookups (1M entities x 16 f32, a writer at 1,000 rows/s)"
-            cargo bench -q -p mesh-feature-store --bench lookup -- --seconds "${SECS:-4}" 2>/dev/null ;;
+            cargo bench -q -p mesh-feature-store --bench lookup -- --seconds "${SECS:-4}" 2>/dev/null
+            echo "baseline in the same run (the grpc c=8 lines above):"
+            bench/redis_mget.sh ;;
         *) echo "bench/compare.sh: unknown part '$p' (plog overload oip features)" >&2; exit 2 ;;
     esac
 done
