@@ -157,6 +157,28 @@ fn summary(r: &Report) -> String {
             counts(&r.codes)
         }
     );
+    // The load generator's own delay is inside every latency above.
+    let _ = writeln!(
+        s,
+        "<tr><th>send lag (load generator)</th><td>p99 {} · max {}</td></tr>",
+        us(r.send_lag_p99_us),
+        us(r.send_lag_max_us)
+    );
+    if let Some(u) = &r.useful {
+        let _ = writeln!(
+            s,
+            "<tr><th>deadline {} ms</th><td>{} useful answers ({}/s) · {} over 5 ms late{}</td></tr>",
+            u.deadline_ms,
+            group(u.answers),
+            group(u.per_second.round().max(0.0) as u64),
+            group(u.late),
+            if u.late_codes.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", counts(&u.late_codes))
+            }
+        );
+    }
     if !r.sources.is_empty() {
         let _ = writeln!(
             s,
@@ -286,6 +308,20 @@ mod tests {
         }
         assert!(page.contains("1,500"));
         assert!(page.contains("9,000 µs"));
+        assert!(page.contains("<td>p99 40 µs · max 300 µs</td>"), "send lag");
+        // No deadline: no useful-answers row; with one, late answers by status.
+        assert!(!page.contains("useful answers"));
+        let mut r = report();
+        r.useful = Some(super::super::report::Useful {
+            deadline_ms: 50,
+            answers: 1200,
+            per_second: 600.0,
+            late: 3,
+            late_codes: BTreeMap::from([("Cancelled".into(), 2), ("OK".into(), 1)]),
+        });
+        assert!(render(&r).contains(
+            "<tr><th>deadline 50 ms</th><td>1,200 useful answers (600/s) · 3 over 5 ms late (Cancelled 2 · OK 1)</td></tr>"
+        ));
     }
 
     #[test]

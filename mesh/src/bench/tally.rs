@@ -372,7 +372,11 @@ mod tests {
             t.send_lag(us);
         }
         let r = t.report("infer".into(), String::new(), 1.0, BTreeMap::new());
-        assert!((29_000..=31_000).contains(&r.send_lag_max_us), "{}", r.send_lag_max_us);
+        assert!(
+            (29_000..=31_000).contains(&r.send_lag_max_us),
+            "{}",
+            r.send_lag_max_us
+        );
         // Without stage times in the answers (Infer), the server's are reported.
         let mut t = Tally::new(start, 1.0).unwrap();
         t.record(start, 100, true);
