@@ -149,7 +149,10 @@ def hostile(tmp_path_factory):
 
 
 def good_infer(mesh):
-    c = grpcclient.InferenceServerClient(mesh.grpc)
+    # A connection of its own: grpc shares connections between clients of the same
+    # address, and one left idle by an earlier test may be closed by the server's
+    # 2 s idle_timeout just as this call goes out on it.
+    c = grpcclient.InferenceServerClient(mesh.grpc, channel_args=[("grpc.use_local_subchannel_pool", 1)])
     x = np.zeros((1, 32), np.float32)
     inp = grpcclient.InferInput("input", [1, 32], "FP32")
     inp.set_data_from_numpy(x)
