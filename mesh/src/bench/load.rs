@@ -258,7 +258,9 @@ async fn one(
     tally: &Mutex<Tally>,
 ) {
     let not_sent = || ("NotSent".to_owned(), None, None);
-    tally.lock().send_lag(intended.elapsed().as_micros() as u64);
+    // Taken before the request is built and sent; recorded with the answer, under
+    // the one lock of the tally per request.
+    let lag_us = intended.elapsed().as_micros() as u64;
     let (code, source, timings) = match args.target {
         Target::Decide => match with_deadline(decide_request(rng, i, args), args, intended) {
             None => not_sent(),
@@ -282,6 +284,7 @@ async fn one(
     };
     let us = intended.elapsed().as_micros() as u64;
     let mut t = tally.lock();
+    t.send_lag(lag_us);
     t.record(intended, us, code == "OK");
     t.useful(us, from_model(&code, source.as_deref()), &code);
     let stages = timings.as_ref().map(stages);
