@@ -29,12 +29,12 @@ pub struct Tally {
     codes: BTreeMap<String, u64>,
     sources: BTreeMap<String, u64>,
     stages: BTreeMap<&'static str, u64>,
-    /// With a deadline: the deadline, model answers that arrived within it, and
-    /// answers of any status later than it by more than [`LATE_GRACE`].
-    useful: Option<(Duration, u64, u64)>,
-    /// Late answers by status code: a `Cancelled` one is the client's own timer
-    /// firing late (the load generator fell behind), any other came late from
-    /// the server (or the way back).
+    /// With a deadline: the deadline, and the model answers that arrived within it.
+    useful: Option<(Duration, u64)>,
+    /// With a deadline: answers of any status later than it by more than
+    /// [`LATE_GRACE`], by status code (a `Cancelled` one is the client's own timer
+    /// firing late: the load generator fell behind; any other came late from the
+    /// server or the way back).
     late_codes: BTreeMap<String, u64>,
     /// How long after it was due each request was handed to the client (µs): the
     /// load generator's own lag, part of every latency it reports.
@@ -59,7 +59,7 @@ impl Tally {
 
     /// Counts useful answers against `deadline` from now on.
     pub fn with_deadline(mut self, deadline: Option<Duration>) -> Self {
-        self.useful = deadline.map(|d| (d, 0, 0));
+        self.useful = deadline.map(|d| (d, 0));
         self
     }
 
@@ -67,13 +67,12 @@ impl Tally {
     /// model (`from_model`) within the deadline, and as late if it came more than
     /// [`LATE_GRACE`] after it, whatever it was (`code`: its status).
     pub fn useful(&mut self, us: u64, from_model: bool, code: &str) {
-        if let Some((d, useful, late)) = &mut self.useful {
+        if let Some((d, useful)) = &mut self.useful {
             let us = u128::from(us);
             if from_model && us <= d.as_micros() {
                 *useful += 1;
             }
             if us > (*d + LATE_GRACE).as_micros() {
-                *late += 1;
                 *self.late_codes.entry(code.to_owned()).or_default() += 1;
             }
         }
@@ -175,11 +174,11 @@ impl Tally {
             max_us: self.hist.max(),
             codes: self.codes.clone(),
             sources: self.sources.clone(),
-            useful: self.useful.map(|(d, answers, late)| Useful {
+            useful: self.useful.map(|(d, answers)| Useful {
                 deadline_ms: d.as_millis() as u64,
                 answers,
                 per_second: answers as f64 / secs,
-                late,
+                late: self.late_codes.values().sum(),
                 late_codes: self.late_codes.clone(),
             }),
             send_lag_p99_us: self.send_lag.value_at_quantile(0.99),
