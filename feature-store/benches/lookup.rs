@@ -11,6 +11,9 @@
 //!    keys while 1 writer pushes 1,000 rows/s; p50/p99/p99.9. Repeated for each
 //!    fetch strategy (key order on one blocking task, parallel on 2 tasks) and for
 //!    the blocking call on the reader thread (no runtime hop), for reference.
+//!    The store runs with its default row cache (64 MiB, about a quarter of the
+//!    entities), then with one that holds every entity (as Redis holds every key
+//!    in memory), then with none (every key read from sled).
 //! 3. Over gRPC (server and clients in this process, on 127.0.0.1): 8 concurrent
 //!    callers, 10 and 100 keys per call, same writer; throughput and p50/p99.
 use std::num::NonZeroUsize;
@@ -26,6 +29,7 @@ use mesh_feature_store::service::FeatureStoreService;
 use mesh_feature_store::{
     ingest_file, now_micros, Durability, EntityKey, FeatureStore, FetchStrategy, IngestOptions,
     KeyColumn, Limits, LookupRequest, Row, StoreOptions, Value, DEFAULT_INLINE_MAX_KEYS,
+    DEFAULT_ROW_CACHE_MAX_BYTES,
 };
 use mesh_proto::mesh::v1 as pb;
 use rand::Rng;
@@ -292,11 +296,24 @@ async fn grpc(store: &FeatureStore, keys: usize, a: &Args) -> Result<()> {
 }
 
 fn open(path: &Path, fetch: FetchStrategy, inline_max_keys: usize) -> Result<FeatureStore> {
-    let options = StoreOptions {
-        fetch,
-        inline_max_keys,
+    open_with(
+        path,
+        StoreOptions {
+            fetch,
+            inline_max_keys,
+            ..Default::default()
+        },
+    )
+}
+
+fn with_row_cache(bytes: usize) -> StoreOptions {
+    StoreOptions {
+        row_cache_max_bytes: bytes,
         ..Default::default()
-    };
+    }
+}
+
+fn open_with(path: &Path, options: StoreOptions) -> Result<FeatureStore> {
     // A reopen waits for the previous handle's last clones (aborted server tasks)
     // to drop and release sled's lock.
     let mut tries = 0;
@@ -312,6 +329,50 @@ fn open(path: &Path, fetch: FetchStrategy, inline_max_keys: usize) -> Result<Fea
             other => return Ok(other?),
         }
     }
+}
+
+/// The row cache that holds every entity of the default 1M: about 270 bytes an
+/// entry (16 f32 and the event time, the key, bookkeeping).
+const ROW_CACHE_ALL: usize = 384 << 20;
+
+/// One lookup of 1,000 keys after another over every entity.
+fn fill_row_cache(store: &FeatureStore, entities: i64) -> Result<()> {
+    let mut start = 0;
+    while start < entities {
+        let end = (start + 1_000).min(entities);
+        let req = LookupRequest {
+            features: features(),
+            entities: vec![("entity_id".into(), KeyColumn::Int64((start..end).collect()))],
+        };
+        store.get_online_features_blocking(&req, now_micros())?;
+        start = end;
+    }
+    Ok(())
+}
+
+/// Quiet reference: one thread, no writer, no runtime hop: the intrinsic cost.
+fn quiet(store: &FeatureStore, keys: usize, a: &Args) -> Result<()> {
+    let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    let deadline = Instant::now() + Duration::from_secs_f64(a.seconds.min(3.0));
+    tokio::task::block_in_place(|| {
+        while Instant::now() < deadline {
+            let req = LookupRequest {
+                features: features(),
+                entities: vec![("entity_id".into(), random_keys(keys, a.entities))],
+            };
+            let t = Instant::now();
+            let r = store.get_online_features_blocking(&req, now_micros());
+            h.record(t.elapsed().as_nanos() as u64).ok();
+            assert!(r.is_ok());
+        }
+    });
+    println!(
+        "quiet 1 thread, no writer          keys={keys:<5} p50={:>5}us p99={:>5}us p99.9={:>6}us",
+        pct(&h, 0.5),
+        pct(&h, 0.99),
+        pct(&h, 0.999)
+    );
+    Ok(())
 }
 
 #[tokio::main]
@@ -363,26 +424,12 @@ async fn main() -> Result<()> {
             "warm-up scan: {n} rows in {:.1} s",
             t.elapsed().as_secs_f64()
         );
-        // Quiet reference: one thread, no writer, no runtime hop: the intrinsic cost.
+        println!(
+            "row cache: {} MiB (the default); it fills as the runs below read",
+            DEFAULT_ROW_CACHE_MAX_BYTES >> 20
+        );
         for keys in [1, 100] {
-            let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
-            let deadline = Instant::now() + Duration::from_secs_f64(a.seconds.min(3.0));
-            tokio::task::block_in_place(|| {
-                while Instant::now() < deadline {
-                    let req = LookupRequest {
-                        features: features(),
-                        entities: vec![("entity_id".into(), random_keys(keys, a.entities))],
-                    };
-                    let t = Instant::now();
-                    let r = store.get_online_features_blocking(&req, now_micros());
-                    h.record(t.elapsed().as_nanos() as u64).ok();
-                    assert!(r.is_ok());
-                }
-            });
-            println!(
-                "quiet 1 thread, no writer          keys={keys:<5} p50={:>5}us p99={:>5}us p99.9={:>6}us",
-                pct(&h, 0.5), pct(&h, 0.99), pct(&h, 0.999)
-            );
+            quiet(&store, keys, &a)?;
         }
         for keys in [1, 10, 100, 1000] {
             in_process(&store, "key-order (default)", keys, &a, false).await?;
@@ -405,6 +452,36 @@ async fn main() -> Result<()> {
         tokio::task::block_in_place(|| store.scan_view("bench").map(|it| it.count()))?;
         for keys in [10, 100, 1000] {
             in_process(&store, "parallel x2", keys, &a, false).await?;
+        }
+    }
+    // The row cache sized for the whole working set, as Redis holds every key in
+    // memory; filled by one pass of lookups over every entity.
+    {
+        let store = open_with(&db, with_row_cache(ROW_CACHE_ALL))?;
+        let t = Instant::now();
+        tokio::task::block_in_place(|| fill_row_cache(&store, a.entities))?;
+        println!(
+            "row cache: {} MiB, filled by lookups of every entity in {:.1} s: holds {} MB",
+            ROW_CACHE_ALL >> 20,
+            t.elapsed().as_secs_f64(),
+            store.cache_bytes() / 1_000_000
+        );
+        quiet(&store, 100, &a)?;
+        in_process(&store, "key-order, all cached", 100, &a, false).await?;
+        if !a.skip_grpc {
+            for keys in [10, 100] {
+                grpc(&store, keys, &a).await?;
+            }
+        }
+    }
+    // The baseline of the row cache: every key read from sled.
+    {
+        let store = open_with(&db, with_row_cache(0))?;
+        tokio::task::block_in_place(|| store.scan_view("bench").map(|it| it.count()))?;
+        println!("row cache: off");
+        quiet(&store, 100, &a)?;
+        if !a.skip_grpc {
+            grpc(&store, 100, &a).await?;
         }
     }
     // The baseline of the inline path: every lookup hops to the blocking pool.

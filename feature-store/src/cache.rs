@@ -1,17 +1,25 @@
-//! The in-process cache of decoded rows in front of Redis.
+//! The in-process cache of rows in front of the store.
 //!
-//! - Keyed by the entity's Redis key (one view, one entity); holds the decoded row
-//!   (event time and typed values) or "not stored" (a negative entry).
+//! - Keyed by the entity's store key (one view, one entity). In front of Redis it
+//!   holds the decoded row (event time and typed values), in front of sled the
+//!   stored bytes (sled's own buffer, shared, not copied); either may be "not
+//!   stored" (a negative entry).
 //! - Bounded by size: an estimate of each entry's bytes, `max_bytes` in all, split
 //!   over shards; the oldest entries go first (FIFO by insertion, which is also
 //!   the order in which entries age out).
 //! - Bounded by age: an entry younger than `max_age` answers a lookup like the
 //!   store would (statuses still follow the view's `max_age`); an older one is kept
 //!   only to answer, marked, when Redis fails (see `redis_store::lookup`).
-//! - Invalidated by this process's own writes: every key a write touched is
-//!   dropped, and a lookup that read Redis before such a write does not put what
-//!   it read back (a per-shard epoch, taken before the read, must be unchanged).
+//! - Invalidated by this process's own writes: every key a write touches is
+//!   dropped when the write starts and again when it ends, and while it runs its
+//!   shards take nothing in. A lookup puts what it read back only if its shard's
+//!   epoch, taken before the read, is unchanged and no write is under way there, so
+//!   a row read before a write is never cached after it, and two lookups racing a
+//!   write (one reading the row before, one after) cannot leave the older one
+//!   behind for the next lookup.
 //!   Writes by other processes are seen once the entry is older than `max_age`.
+//!   sled allows one process per database, so in front of sled every write is this
+//!   process's own and entries never age out (`max_age` unbounded).
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -49,45 +57,81 @@ impl DecodedRow {
     }
 }
 
-/// What the cache holds for one entity: its row, or `None` (Redis had none).
+/// What the Redis cache holds for one entity: its row, or `None` (Redis had none).
 pub(crate) type Cached = Option<Arc<DecodedRow>>;
 
-struct Entry {
-    row: Cached,
+/// What the sled cache holds for one entity: its stored bytes, or `None`.
+pub(crate) type CachedBytes = Option<sled::IVec>;
+
+/// A cached value's estimated size in bytes, beyond the entry's bookkeeping.
+pub(crate) trait Weigh: Clone {
+    fn weight(&self) -> usize;
+}
+
+impl Weigh for Cached {
+    fn weight(&self) -> usize {
+        self.as_ref().map_or(0, |r| r.bytes())
+    }
+}
+
+impl Weigh for CachedBytes {
+    fn weight(&self) -> usize {
+        // sled keeps values of up to 22 bytes inline; longer ones behind an Arc.
+        self.as_ref()
+            .map_or(0, |b| if b.len() > 22 { b.len() + 16 } else { 0 })
+    }
+}
+
+struct Entry<V> {
+    row: V,
     at: Instant,
     seq: u64,
     bytes: usize,
 }
 
-#[derive(Default)]
-struct Shard {
-    map: HashMap<Box<[u8]>, Entry>,
+struct Shard<V> {
+    map: HashMap<Box<[u8]>, Entry<V>>,
     /// Insertion order: (key, seq); a key re-inserted later has a newer seq, and its
     /// older queue slot is skipped when popped.
     order: VecDeque<(Box<[u8]>, u64)>,
     bytes: usize,
     seq: u64,
-    /// Bumped by every invalidation; see [`Cache::epoch`].
+    /// Bumped when a write starts and when it ends; see [`Cache::epoch`].
     epoch: u64,
+    /// Writes under way on keys of this shard: no insert while above 0.
+    writing: u32,
+}
+
+impl<V> Default for Shard<V> {
+    fn default() -> Self {
+        Shard {
+            map: HashMap::new(),
+            order: VecDeque::new(),
+            bytes: 0,
+            seq: 0,
+            epoch: 0,
+            writing: 0,
+        }
+    }
 }
 
 /// A cache answer.
-pub(crate) enum Hit {
+pub(crate) enum Hit<V = Cached> {
     /// Younger than `max_age`: answers like the store.
-    Fresh(Cached),
+    Fresh(V),
     /// Older: only for answering a failed read, marked.
-    Old(Cached),
+    Old(V),
 }
 
-pub(crate) struct Cache {
-    shards: Vec<Mutex<Shard>>,
+pub(crate) struct Cache<V = Cached> {
+    shards: Vec<Mutex<Shard<V>>>,
     hasher: std::collections::hash_map::RandomState,
     max_bytes_per_shard: usize,
     max_age: Duration,
     bytes: AtomicUsize,
 }
 
-impl Cache {
+impl<V: Weigh> Cache<V> {
     /// A cache of at most `max_bytes` (0: nothing is cached) whose entries answer
     /// for `max_age`.
     pub(crate) fn new(max_bytes: usize, max_age: Duration) -> Self {
@@ -100,18 +144,37 @@ impl Cache {
         }
     }
 
-    fn shard(&self, key: &[u8]) -> &Mutex<Shard> {
+    /// Whether anything can be cached (`max_bytes` > 0).
+    pub(crate) fn enabled(&self) -> bool {
+        self.max_bytes_per_shard > 0
+    }
+
+    fn shard(&self, key: &[u8]) -> &Mutex<Shard<V>> {
         &self.shards[(self.hasher.hash_one(key) as usize) % SHARDS]
     }
 
-    pub(crate) fn get(&self, key: &[u8], now: Instant) -> Option<Hit> {
+    pub(crate) fn get(&self, key: &[u8], now: Instant) -> Option<Hit<V>> {
         let shard = self.shard(key).lock();
         let e = shard.map.get(key)?;
-        Some(if now.saturating_duration_since(e.at) < self.max_age {
+        Some(self.hit(e, now))
+    }
+
+    fn hit(&self, e: &Entry<V>, now: Instant) -> Hit<V> {
+        if now.saturating_duration_since(e.at) < self.max_age {
             Hit::Fresh(e.row.clone())
         } else {
             Hit::Old(e.row.clone())
-        })
+        }
+    }
+
+    /// [`Cache::get`], or on a miss the shard's epoch for [`Cache::insert`]: one
+    /// lock for both.
+    pub(crate) fn get_or_epoch(&self, key: &[u8], now: Instant) -> Result<Hit<V>, u64> {
+        let shard = self.shard(key).lock();
+        match shard.map.get(key) {
+            Some(e) => Ok(self.hit(e, now)),
+            None => Err(shard.epoch),
+        }
     }
 
     /// The invalidation epoch of `key`'s shard: take it before reading Redis and
@@ -122,14 +185,14 @@ impl Cache {
 
     /// Caches what a read returned, unless a write invalidated the shard since
     /// `epoch` was taken (the read may predate it).
-    pub(crate) fn insert(&self, key: &[u8], row: Cached, epoch: u64, now: Instant) {
-        let bytes = ENTRY_OVERHEAD + 2 * key.len() + row.as_ref().map_or(0, |r| r.bytes());
+    pub(crate) fn insert(&self, key: &[u8], row: V, epoch: u64, now: Instant) {
+        let bytes = ENTRY_OVERHEAD + 2 * key.len() + row.weight();
         if bytes > self.max_bytes_per_shard {
             return;
         }
         let mut guard = self.shard(key).lock();
         let shard = &mut *guard;
-        if shard.epoch != epoch {
+        if shard.epoch != epoch || shard.writing > 0 {
             return;
         }
         shard.seq += 1;
@@ -169,10 +232,22 @@ impl Cache {
         self.account(before, shard.bytes);
     }
 
-    /// Drops `key` (this process wrote it) and bumps its shard's epoch.
-    pub(crate) fn invalidate(&self, key: &[u8]) {
+    /// Marks a write of `keys` as under way, until the guard drops (also on an
+    /// error or a cancelled write): call it before the store is written.
+    pub(crate) fn begin_write<K: AsRef<[u8]>>(&self, keys: Vec<K>) -> WriteGuard<'_, V, K> {
+        if self.enabled() {
+            for k in &keys {
+                self.touch(k.as_ref(), 1);
+            }
+        }
+        WriteGuard { cache: self, keys }
+    }
+
+    /// Drops `key`, bumps its shard's epoch and moves its write count by `delta`.
+    fn touch(&self, key: &[u8], delta: i32) {
         let mut shard = self.shard(key).lock();
         shard.epoch += 1;
+        shard.writing = shard.writing.saturating_add_signed(delta);
         let before = shard.bytes;
         if let Some(e) = shard.map.remove(key) {
             shard.bytes -= e.bytes;
@@ -180,6 +255,12 @@ impl Cache {
         let after = shard.bytes;
         drop(shard);
         self.account(before, after);
+    }
+
+    /// A whole write of `key`, started and ended at once.
+    #[cfg(test)]
+    pub(crate) fn invalidate(&self, key: &[u8]) {
+        drop(self.begin_write(vec![key]));
     }
 
     fn account(&self, before: usize, after: usize) {
@@ -193,6 +274,22 @@ impl Cache {
     /// Estimated bytes held.
     pub(crate) fn bytes(&self) -> usize {
         self.bytes.load(Ordering::Relaxed)
+    }
+}
+
+/// A write under way on some keys (see [`Cache::begin_write`]); dropping it ends it.
+pub(crate) struct WriteGuard<'a, V: Weigh, K: AsRef<[u8]>> {
+    cache: &'a Cache<V>,
+    keys: Vec<K>,
+}
+
+impl<V: Weigh, K: AsRef<[u8]>> Drop for WriteGuard<'_, V, K> {
+    fn drop(&mut self) {
+        if self.cache.enabled() {
+            for k in &self.keys {
+                self.cache.touch(k.as_ref(), -1);
+            }
+        }
     }
 }
 
@@ -231,6 +328,58 @@ mod tests {
         c.invalidate(b"k");
         assert!(c.get(b"k", now).is_none());
         assert_eq!(c.bytes(), 0);
+    }
+
+    #[test]
+    fn an_unbounded_age_never_turns_old_and_a_miss_gives_the_epoch() {
+        let c: Cache<CachedBytes> = Cache::new(1 << 20, Duration::MAX);
+        let now = Instant::now();
+        let Err(epoch) = c.get_or_epoch(b"k", now) else {
+            panic!("empty cache")
+        };
+        c.insert(b"k", Some(sled::IVec::from(&[7u8; 40][..])), epoch, now);
+        let much_later = now + Duration::from_secs(86_400 * 365);
+        assert!(
+            matches!(c.get_or_epoch(b"k", much_later), Ok(Hit::Fresh(Some(b))) if b.len() == 40)
+        );
+        // 40 bytes live behind sled's Arc; a short value is inline.
+        assert_eq!(c.bytes(), ENTRY_OVERHEAD + 2 + 40 + 16);
+        c.invalidate(b"k");
+        let Err(after) = c.get_or_epoch(b"k", now) else {
+            panic!("invalidated")
+        };
+        assert_ne!(after, epoch);
+        c.insert(b"k", Some(sled::IVec::from(&[7u8; 40][..])), epoch, now);
+        assert!(
+            c.get(b"k", now).is_none(),
+            "an insert with the old epoch is refused"
+        );
+        assert!(!Cache::<CachedBytes>::new(0, Duration::MAX).enabled());
+    }
+
+    #[test]
+    fn nothing_is_cached_while_a_write_is_under_way() {
+        let c = Cache::new(1 << 20, Duration::from_secs(60));
+        let now = Instant::now();
+        c.insert(b"k", row(1), c.epoch(b"k"), now);
+        let guard = c.begin_write(vec![b"k".to_vec()]);
+        assert!(c.get(b"k", now).is_none(), "dropped when the write starts");
+        // Two lookups during the write: one read the old row, one the new; both
+        // took the epoch after the start. Neither may stay cached.
+        let during = c.epoch(b"k");
+        c.insert(b"k", row(2), during, now);
+        c.insert(b"k", row(1), during, now);
+        assert!(c.get(b"k", now).is_none());
+        drop(guard);
+        assert!(c.get(b"k", now).is_none());
+        c.insert(b"k", row(1), during, now);
+        assert!(
+            c.get(b"k", now).is_none(),
+            "an epoch from during the write is refused"
+        );
+        c.insert(b"k", row(2), c.epoch(b"k"), now);
+        assert!(matches!(c.get(b"k", now), Some(Hit::Fresh(Some(r))) if r.event_time == 2));
+        assert_eq!(c.shards.iter().map(|s| s.lock().writing).sum::<u32>(), 0);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! fallback) is in `redis_store/lookup.rs`; it shares the plan and the filling.
 use std::time::Instant;
 
+use crate::cache::Hit;
 use crate::encoding::{self, FieldRef};
 use crate::error::{FeatureStoreError, Result};
 use crate::metrics as m;
@@ -207,7 +208,10 @@ impl FeatureStore {
     /// Answers a lookup without blocking the async runtime for long: sled reads of
     /// a small lookup (`StoreOptions::inline_max_keys`) run on the calling task,
     /// larger ones on tokio's blocking pool (one task, or several with
-    /// `FetchStrategy::Parallel`).
+    /// `FetchStrategy::Parallel`). With the row cache, a lookup of up to
+    /// `StoreOptions::inline_cached_max_keys` keys asks the cache on the calling
+    /// task and hops only to read the keys it did not hold, when they are more
+    /// than `inline_max_keys`.
     pub async fn get_online_features(&self, req: LookupRequest) -> Result<LookupResponse> {
         let limits = self.inner.options.limits;
         self.get_online_features_with_limits(req, &limits).await
@@ -235,8 +239,28 @@ impl FeatureStore {
             }
             _ => 1,
         };
-        if chunks == 1 && keys <= self.inner.options.inline_max_keys {
-            let resp = fetch(&self.inner, &req, &plan, 0..plan.rows, now)?;
+        let options = &self.inner.options;
+        let cached = matches!(&self.inner.backend, Backend::Sled(s) if s.cache.enabled());
+        let plan = std::sync::Arc::new(plan);
+        if chunks == 1
+            && (keys <= options.inline_max_keys
+                || (cached && keys <= options.inline_cached_max_keys))
+        {
+            // The row cache answers on this task; sled reads of what it did not
+            // hold stay here only while they are few.
+            let mut pending = probe(&self.inner, &req, &plan, 0..plan.rows, now)?;
+            let pending = if pending.misses.len() <= options.inline_max_keys {
+                read_misses(&self.inner, &plan, &mut pending, now)?;
+                pending
+            } else {
+                let (inner, plan2) = (self.inner.clone(), plan.clone());
+                tokio::task::spawn_blocking(move || {
+                    read_misses(&inner, &plan2, &mut pending, now).map(|()| pending)
+                })
+                .await
+                .map_err(|e| FeatureStoreError::Internal(format!("lookup task failed: {e}")))??
+            };
+            let resp = pending.into_response(&plan);
             finish(&self.inner, &plan, &resp, start.elapsed(), keys);
             // Counts against the task's cooperative budget: a caller that loops on
             // small lookups still lets the worker's other tasks run.
@@ -244,7 +268,6 @@ impl FeatureStore {
             return Ok(resp);
         }
         let req = std::sync::Arc::new(req);
-        let plan = std::sync::Arc::new(plan);
         let resp = if chunks == 1 {
             let (inner, req2, plan2) = (self.inner.clone(), req.clone(), plan.clone());
             tokio::task::spawn_blocking(move || fetch(&inner, &req2, &plan2, 0..plan2.rows, now))
@@ -471,48 +494,134 @@ fn fetch(
     range: std::ops::Range<usize>,
     now: Micros,
 ) -> Result<LookupResponse> {
+    let mut pending = probe(inner, req, plan, range, now)?;
+    read_misses(inner, plan, &mut pending, now)?;
+    Ok(pending.into_response(plan))
+}
+
+/// A sled lookup between the row cache and sled: the rows the cache answered are
+/// filled, the keys it did not hold wait to be read.
+struct Pending {
+    rows: usize,
+    cols: Vec<FeatureColumn>,
+    /// Every key of the lookup, encoded, back to back.
+    keybuf: Vec<u8>,
+    misses: Vec<PendingRead>,
+    hits: u64,
+}
+
+struct PendingRead {
+    group: usize,
+    /// Row within the lookup's range.
+    row: usize,
+    /// The key's bytes in `keybuf`.
+    key: std::ops::Range<usize>,
+    /// The cache's epoch for the key, taken before sled is read.
+    epoch: u64,
+}
+
+impl Pending {
+    fn into_response(mut self, plan: &Plan) -> LookupResponse {
+        for g in &plan.groups {
+            copy_duplicates(plan, g, &mut self.cols);
+        }
+        LookupResponse {
+            rows: self.rows,
+            columns: self.cols,
+            degraded: None,
+        }
+    }
+}
+
+/// Encodes the keys of rows `range` and answers what the row cache holds (a hash
+/// lookup each, cheap enough for the async task: see `inline_cached_max_keys`).
+fn probe(
+    inner: &Inner,
+    req: &LookupRequest,
+    plan: &Plan,
+    range: std::ops::Range<usize>,
+    now: Micros,
+) -> Result<Pending> {
     let Backend::Sled(sled) = &inner.backend else {
         return Err(FeatureStoreError::Internal(
             "sled fetch on another backend".into(),
         ));
     };
     let n = range.len();
-    let mut cols = empty_columns(plan, n);
-    let mut keybuf: Vec<u8> = Vec::with_capacity(n * 16);
-    let mut offsets: Vec<(usize, usize)> = Vec::with_capacity(n);
+    let mut p = Pending {
+        rows: n,
+        cols: empty_columns(plan, n),
+        keybuf: Vec::with_capacity(n * plan.groups.len() * 16),
+        misses: Vec::with_capacity(n * plan.groups.len()),
+        hits: 0,
+    };
+    let caching = sled.cache.enabled();
+    let started = Instant::now();
     let mut scratch = Vec::with_capacity(32);
-    for g in &plan.groups {
+    for (gi, g) in plan.groups.iter().enumerate() {
         let v: &ViewInfo = &inner.views[g.view];
         let keys = &req.entities[g.key_column].1;
-        keybuf.clear();
-        offsets.clear();
-        for i in range.clone() {
+        for (row, i) in range.clone().enumerate() {
             keys.encode(v.id, i, &mut scratch);
-            offsets.push((keybuf.len(), scratch.len()));
-            keybuf.extend_from_slice(&scratch);
-        }
-        // Key order: neighbouring keys share sled nodes, so sorted reads touch each
-        // node once while it is hot.
-        let mut order: Vec<usize> = (0..n).collect();
-        order.sort_unstable_by(|&a, &b| {
-            let (oa, la) = offsets[a];
-            let (ob, lb) = offsets[b];
-            keybuf[oa..oa + la].cmp(&keybuf[ob..ob + lb])
-        });
-        for &i in &order {
-            let (o, l) = offsets[i];
-            let Some(bytes) = sled.rows.get(&keybuf[o..o + l])? else {
-                continue;
+            let at = p.keybuf.len();
+            p.keybuf.extend_from_slice(&scratch);
+            let key = at..p.keybuf.len();
+            let epoch = if caching {
+                match sled.cache.get_or_epoch(&p.keybuf[key.clone()], started) {
+                    Ok(Hit::Fresh(cached) | Hit::Old(cached)) => {
+                        p.hits += 1;
+                        if let Some(bytes) = cached {
+                            fill_row(v, g, &mut p.cols, row, &bytes, now)?;
+                        }
+                        continue;
+                    }
+                    Err(epoch) => epoch,
+                }
+            } else {
+                0
             };
-            fill_row(v, g, &mut cols, i, &bytes, now)?;
+            p.misses.push(PendingRead {
+                group: gi,
+                row,
+                key,
+                epoch,
+            });
         }
-        copy_duplicates(plan, g, &mut cols);
     }
-    Ok(LookupResponse {
-        rows: n,
-        columns: cols,
-        degraded: None,
-    })
+    Ok(p)
+}
+
+/// Reads from sled the keys the row cache did not hold, fills their rows and
+/// caches what was read. Blocking for as many keys as it reads.
+fn read_misses(inner: &Inner, plan: &Plan, p: &mut Pending, now: Micros) -> Result<()> {
+    let Backend::Sled(sled) = &inner.backend else {
+        return Err(FeatureStoreError::Internal(
+            "sled fetch on another backend".into(),
+        ));
+    };
+    let caching = sled.cache.enabled();
+    // Key order: neighbouring keys share sled nodes, so sorted reads touch each
+    // node once while it is hot.
+    let keybuf = &p.keybuf;
+    p.misses
+        .sort_unstable_by(|a, b| keybuf[a.key.clone()].cmp(&keybuf[b.key.clone()]));
+    let filled = Instant::now();
+    for miss in &p.misses {
+        let key = &keybuf[miss.key.clone()];
+        let got = sled.rows.get(key)?;
+        if caching {
+            sled.cache.insert(key, got.clone(), miss.epoch, filled);
+        }
+        if let Some(bytes) = got {
+            let g = &plan.groups[miss.group];
+            fill_row(&inner.views[g.view], g, &mut p.cols, miss.row, &bytes, now)?;
+        }
+    }
+    if caching {
+        m::record_cache(p.hits, p.misses.len() as u64);
+        m::record_cache_bytes(sled.cache.bytes());
+    }
+    Ok(())
 }
 
 /// The answer columns of `plan` for `n` rows, every value `NotFound`.

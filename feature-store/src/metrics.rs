@@ -17,10 +17,10 @@ pub const ROWS_SKIPPED_TOTAL: &str = "mesh_features_rows_skipped_older_total";
 pub const STORE_SIZE_BYTES: &str = "mesh_features_store_size_bytes";
 /// Counter: rows refused before anything was written, by `view`, `path`, `reason`.
 pub const ROWS_REFUSED_TOTAL: &str = "mesh_features_rows_refused_total";
-/// Counter (Redis): entity reads answered by the in-process cache (`result="hit"`)
-/// or sent to Redis (`result="miss"`).
+/// Counter: entity reads answered by the in-process cache (`result="hit"`) or
+/// sent to the store, sled or Redis (`result="miss"`).
 pub const CACHE_LOOKUPS_TOTAL: &str = "mesh_features_cache_lookups_total";
-/// Gauge (Redis): bytes the in-process cache holds (estimated).
+/// Gauge: bytes the in-process cache holds (estimated).
 pub const CACHE_BYTES: &str = "mesh_features_cache_bytes";
 /// Counter (Redis): failed backend round trips, by `op` (`lookup`, `write`) and
 /// `reason` (`timeout`: past the lookup budget or write timeout; `error`).

@@ -2,12 +2,18 @@
 //! that applies the event-time rule under one in-process write lock. sled allows
 //! one process per database (a lock file), so that lock serialises every writer
 //! and "read the stored event time, then write" cannot race with another writer.
+//!
+//! In front of the tree, a cache of stored rows (`StoreOptions::row_cache_max_bytes`,
+//! `cache.rs`): every write here marks the keys it writes from before sled applies
+//! them until after, and since no other process can write the database, a cached
+//! row is the stored row.
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use parking_lot::Mutex;
 
+use crate::cache::{Cache, CachedBytes};
 use crate::config::ViewsConfig;
 use crate::encoding::decode_event_time;
 use crate::error::{FeatureStoreError, OpenFailure, Result};
@@ -22,6 +28,8 @@ pub(crate) struct SledStore {
     pub(crate) db: sled::Db,
     pub(crate) rows: sled::Tree,
     pub(crate) path: PathBuf,
+    /// Stored rows by key, in front of `rows` (see the module's note).
+    pub(crate) cache: Cache<CachedBytes>,
     write_lock: Mutex<()>,
     last_size_report: AtomicI64,
 }
@@ -43,6 +51,7 @@ impl SledStore {
                 db,
                 rows,
                 path,
+                cache: Cache::new(options.row_cache_max_bytes, std::time::Duration::MAX),
                 write_lock: Mutex::new(()),
                 last_size_report: AtomicI64::new(i64::MIN),
             },
@@ -66,6 +75,8 @@ impl SledStore {
         {
             let _writer = self.write_lock.lock();
             let mut batch = sled::Batch::default();
+            let caching = self.cache.enabled();
+            let mut written: Vec<Vec<u8>> = Vec::new();
             for (key, event_time, value) in encoded {
                 if let Some(old) = self.rows.get(&key)? {
                     match decode_event_time(&old) {
@@ -81,9 +92,15 @@ impl SledStore {
                         }
                     }
                 }
+                if caching {
+                    written.push(key.clone());
+                }
                 batch.insert(key, value);
                 report.rows_written += 1;
             }
+            // From here until sled has applied the batch, lookups of these keys
+            // read sled and cache nothing (see `cache.rs`).
+            let _writing = self.cache.begin_write(written);
             self.rows.apply_batch(batch)?;
         }
         if durability == Durability::Sync {

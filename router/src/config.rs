@@ -28,6 +28,7 @@
 //! path = "data/features"        # sled directory; no store when unset
 //! views = "examples/features/views.toml"
 //! max_keys_per_lookup = 4096    # per mesh.v1.FeatureStore lookup (rows x views)
+//! # cache_max_bytes = 67108864  # rows cached in process (sled or Redis); 0 = none
 //! # With backend = "redis" (no path):
 //! # redis_url = "redis://127.0.0.1:6379"           # one server, or
 //! # redis_cluster = ["redis://10.0.0.1:6379", ...] # some nodes of a cluster
@@ -36,7 +37,6 @@
 //! # lookup_budget = "20ms"      # past it: cached values as OUTSIDE_MAX_AGE, or UNAVAILABLE
 //! # redis_write_timeout = "2s"
 //! # redis_connect_timeout = "5s"
-//! # cache_max_bytes = 67108864  # decoded rows cached in process; 0 = none
 //! # cache_max_age = "1s"        # how long a cached row answers without Redis
 //! # remote = "http://features.mesh.svc:8001"  # instead of path: a --role features
 //! remote_wait = "10s"           # with remote: how long the start waits for its views
@@ -263,8 +263,8 @@ pub struct FeaturesConfig {
     /// Redis backend: how long the start waits to connect (default 5s).
     #[serde(deserialize_with = "duration::option")]
     pub redis_connect_timeout: Option<Duration>,
-    /// Redis backend: bytes of decoded rows cached in process (default 64 MiB;
-    /// 0 = no cache).
+    /// Bytes of rows cached in process (default 64 MiB; 0 = no cache): decoded
+    /// rows in front of Redis, stored rows in front of sled.
     pub cache_max_bytes: Option<usize>,
     /// Redis backend: how long a cached row answers without asking Redis
     /// (default 1s; writes through this process invalidate at once).
@@ -362,11 +362,10 @@ impl FeaturesConfig {
             || self.lookup_budget.is_some()
             || self.redis_write_timeout.is_some()
             || self.redis_connect_timeout.is_some()
-            || self.cache_max_bytes.is_some()
             || self.cache_max_age.is_some();
         if self.backend == FeatureBackend::Sled {
             if redis_keys_set {
-                return Err("[features] has Redis settings (redis_url, redis_cluster, lookup_budget, cache_*, ...) but backend is \"sled\": set backend = \"redis\" or remove them".into());
+                return Err("[features] has Redis settings (redis_url, redis_cluster, lookup_budget, cache_max_age, ...) but backend is \"sled\": set backend = \"redis\" or remove them".into());
             }
             return Ok(None);
         }
@@ -406,6 +405,17 @@ impl FeaturesConfig {
         }
         o.validate().map_err(|e| format!("[features] {e}"))?;
         Ok(Some(o))
+    }
+
+    /// The store settings of this section (the sled backend's row cache).
+    pub fn store_options(&self) -> mesh_feature_store::StoreOptions {
+        let mut o = mesh_feature_store::StoreOptions::default();
+        if self.backend == FeatureBackend::Sled {
+            if let Some(b) = self.cache_max_bytes {
+                o.row_cache_max_bytes = b;
+            }
+        }
+        o
     }
 
     /// The Redis password from `redis_password_file`, read now (at start, not when

@@ -157,11 +157,12 @@ pub async fn open_store(cfg: &FeaturesConfig) -> Result<Option<Arc<FeatureStore>
         )
     })?;
     let path = cfg.path.clone();
+    let options = cfg.store_options();
     let store = tokio::task::spawn_blocking(move || {
         let views = ViewsConfig::from_path(&views_path)?;
         match (redis, path) {
-            (Some(r), _) => FeatureStore::open_redis(&views, r, StoreOptions::default()),
-            (None, Some(path)) => FeatureStore::open(&path, &views),
+            (Some(r), _) => FeatureStore::open_redis(&views, r, options),
+            (None, Some(path)) => FeatureStore::open_with(&path, &views, options),
             (None, None) => Err(mesh_feature_store::FeatureStoreError::Config {
                 what: "no store configured".into(),
             }),

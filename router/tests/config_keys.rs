@@ -285,6 +285,24 @@ fn the_redis_backend_keys_parse_and_refuse_what_cannot_work() {
     // sled stays the default, and has no Redis options.
     let c = MeshConfig::from_toml("[features]\npath = \"db\"\nviews = \"v.toml\"\n").unwrap();
     assert!(c.features.redis_options().unwrap().is_none());
+    assert_eq!(
+        c.features.store_options().row_cache_max_bytes,
+        mesh_feature_store::DEFAULT_ROW_CACHE_MAX_BYTES
+    );
+    // cache_max_bytes is the sled row cache's bound too; cache_max_age is Redis's.
+    let c = MeshConfig::from_toml(
+        "[features]\npath = \"db\"\nviews = \"v.toml\"\ncache_max_bytes = 1048576\n",
+    )
+    .unwrap();
+    assert!(c.features.redis_options().unwrap().is_none());
+    assert_eq!(c.features.store_options().row_cache_max_bytes, 1 << 20);
+    let e = MeshConfig::from_toml("[features]\npath = \"db\"\ncache_max_age = \"1s\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("cache_max_age") && e.contains("backend is \"sled\""),
+        "{e}"
+    );
 
     for (text, says) in [
         ("[features]\npath = \"db\"\nredis_url = \"redis://h:1\"\n", "backend is \"sled\""),

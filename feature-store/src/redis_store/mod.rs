@@ -498,11 +498,11 @@ impl RedisStore {
             keys.push(rk);
         }
         let deadline = Instant::now() + self.core.opts.write_timeout;
-        let answers = self.batch(keys.clone(), cmds, true, deadline).await;
-        // Whatever happened, a touched key may have changed: drop it.
-        for k in &keys {
-            self.cache.invalidate(k);
-        }
+        // Whatever happens (an error, a timeout, this future dropped), a touched
+        // key may have changed: the guard drops it again when the write ends.
+        let writing = self.cache.begin_write(keys.clone());
+        let answers = self.batch(keys, cmds, true, deadline).await;
+        drop(writing);
         let answers = answers?;
         let mut report = WriteReport {
             rows_skipped_older: duplicates,
