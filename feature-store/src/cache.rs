@@ -82,6 +82,60 @@ impl Weigh for CachedBytes {
     }
 }
 
+/// A cache key, held in the map's slot when short (every int64 key and string keys
+/// of up to 18 bytes): a hit then compares bytes already in the cache line it
+/// loaded, instead of following a pointer to the key.
+#[derive(Clone)]
+enum Key {
+    Inline { len: u8, bytes: [u8; INLINE_KEY] },
+    Heap(Box<[u8]>),
+}
+
+const INLINE_KEY: usize = 23;
+
+impl Key {
+    fn new(key: &[u8]) -> Self {
+        if key.len() <= INLINE_KEY {
+            let mut bytes = [0; INLINE_KEY];
+            bytes[..key.len()].copy_from_slice(key);
+            Key::Inline {
+                len: key.len() as u8,
+                bytes,
+            }
+        } else {
+            Key::Heap(key.into())
+        }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Key::Inline { len, bytes } => &bytes[..*len as usize],
+            Key::Heap(b) => b,
+        }
+    }
+}
+
+// Hash and equality are the slice's, so the map can be asked with a `&[u8]`.
+impl std::hash::Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_slice().hash(state)
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for Key {}
+
+impl std::borrow::Borrow<[u8]> for Key {
+    fn borrow(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
 struct Entry<V> {
     row: V,
     at: Instant,
@@ -90,10 +144,10 @@ struct Entry<V> {
 }
 
 struct Shard<V> {
-    map: HashMap<Box<[u8]>, Entry<V>>,
+    map: HashMap<Key, Entry<V>>,
     /// Insertion order: (key, seq); a key re-inserted later has a newer seq, and its
     /// older queue slot is skipped when popped.
-    order: VecDeque<(Box<[u8]>, u64)>,
+    order: VecDeque<(Key, u64)>,
     bytes: usize,
     seq: u64,
     /// Bumped when a write starts and when it ends; see [`Cache::epoch`].
@@ -199,7 +253,7 @@ impl<V: Weigh> Cache<V> {
         let seq = shard.seq;
         let before = shard.bytes;
         if let Some(old) = shard.map.insert(
-            key.into(),
+            Key::new(key),
             Entry {
                 row,
                 at: now,
@@ -210,13 +264,13 @@ impl<V: Weigh> Cache<V> {
             shard.bytes -= old.bytes;
         }
         shard.bytes += bytes;
-        shard.order.push_back((key.into(), seq));
+        shard.order.push_back((Key::new(key), seq));
         while shard.bytes > self.max_bytes_per_shard {
             let Some((k, s)) = shard.order.pop_front() else {
                 break;
             };
-            if shard.map.get(&k).is_some_and(|e| e.seq == s) {
-                if let Some(e) = shard.map.remove(&k) {
+            if shard.map.get(k.as_slice()).is_some_and(|e| e.seq == s) {
+                if let Some(e) = shard.map.remove(k.as_slice()) {
                     shard.bytes -= e.bytes;
                 }
             }
@@ -227,7 +281,7 @@ impl<V: Weigh> Cache<V> {
             let map = &shard.map;
             shard
                 .order
-                .retain(|(k, s)| map.get(k).is_some_and(|e| e.seq == *s));
+                .retain(|(k, s)| map.get(k.as_slice()).is_some_and(|e| e.seq == *s));
         }
         self.account(before, shard.bytes);
     }
@@ -355,6 +409,30 @@ mod tests {
             "an insert with the old epoch is refused"
         );
         assert!(!Cache::<CachedBytes>::new(0, Duration::MAX).enabled());
+    }
+
+    #[test]
+    fn short_and_long_keys_are_told_apart() {
+        let c = Cache::new(1 << 20, Duration::from_secs(60));
+        let now = Instant::now();
+        let long = [b'x'; 40];
+        let short = &long[..INLINE_KEY];
+        let just_over = &long[..INLINE_KEY + 1];
+        c.insert(&long, row(1), c.epoch(&long), now);
+        c.insert(short, row(2), c.epoch(short), now);
+        c.insert(just_over, row(3), c.epoch(just_over), now);
+        c.insert(b"", row(4), c.epoch(b""), now);
+        for (k, t) in [(&long[..], 1), (short, 2), (just_over, 3), (b"", 4)] {
+            assert!(
+                matches!(c.get(k, now), Some(Hit::Fresh(Some(r))) if r.event_time == t),
+                "key of {} bytes",
+                k.len()
+            );
+        }
+        assert!(c.get(&long[..30], now).is_none());
+        c.invalidate(just_over);
+        assert!(c.get(just_over, now).is_none());
+        assert!(c.get(short, now).is_some());
     }
 
     #[test]

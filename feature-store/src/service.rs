@@ -91,17 +91,34 @@ fn status_to_proto(s: FeatureStatus) -> i32 {
     }) as i32
 }
 
-pub(crate) fn lookup_to_proto(resp: LookupResponse) -> pb::GetOnlineFeaturesResponse {
+/// The answer on the wire; with `per_view`, each view's event times once (every
+/// column of a view has its rows' event times) instead of in every column.
+pub(crate) fn lookup_to_proto(
+    resp: LookupResponse,
+    per_view: bool,
+) -> pb::GetOnlineFeaturesResponse {
     let degraded_reason = resp.degraded.map(|d| d.reason).unwrap_or_default();
+    let mut view_event_times: Vec<pb::ViewEventTimes> = Vec::new();
     let columns = resp
         .columns
         .into_iter()
         .map(|c| {
+            let mut event_times = c.event_times;
+            if per_view {
+                let view = c.name.split_once(':').map_or(&c.name[..], |(v, _)| v);
+                if !view_event_times.iter().any(|t| t.view == view) {
+                    view_event_times.push(pb::ViewEventTimes {
+                        view: view.to_owned(),
+                        event_time_unix_micros: std::mem::take(&mut event_times),
+                    });
+                }
+                event_times = Vec::new();
+            }
             let mut out = pb::FeatureColumn {
                 name: c.name,
                 r#type: type_to_proto(c.dtype) as i32,
                 statuses: c.statuses.into_iter().map(status_to_proto).collect(),
-                event_time_unix_micros: c.event_times,
+                event_time_unix_micros: event_times,
                 ..Default::default()
             };
             match c.values {
@@ -123,6 +140,7 @@ pub(crate) fn lookup_to_proto(resp: LookupResponse) -> pb::GetOnlineFeaturesResp
     pb::GetOnlineFeaturesResponse {
         columns,
         degraded_reason,
+        view_event_times,
     }
 }
 
@@ -201,12 +219,14 @@ impl pb::feature_store_server::FeatureStore for FeatureStoreService {
         &self,
         request: Request<pb::GetOnlineFeaturesRequest>,
     ) -> Result<Response<pb::GetOnlineFeaturesResponse>, Status> {
-        let req = lookup_from_proto(request.into_inner())?;
+        let request = request.into_inner();
+        let per_view = request.event_times_per_view;
+        let req = lookup_from_proto(request)?;
         let resp = self
             .store
             .get_online_features_with_limits(req, &self.limits)
             .await?;
-        Ok(Response::new(lookup_to_proto(resp)))
+        Ok(Response::new(lookup_to_proto(resp, per_view)))
     }
 
     async fn push(

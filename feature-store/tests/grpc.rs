@@ -113,6 +113,7 @@ both_backends!(async fn push_then_lookup_with_statuses(env) {
         .get_online_features(pb::GetOnlineFeaturesRequest {
             features: vec!["card:amount".into(), "card:ratio".into()],
             entities: vec![int_keys("card_id", vec![1, 4, 3, 2])],
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -166,6 +167,7 @@ both_backends!(async fn bad_input_gets_clear_status_codes(env) {
         |features: Vec<&str>, entities: Vec<pb::EntityKeyColumn>| pb::GetOnlineFeaturesRequest {
             features: features.into_iter().map(String::from).collect(),
             entities,
+            ..Default::default()
         };
     let code =
         |r: Result<tonic::Response<pb::GetOnlineFeaturesResponse>, tonic::Status>| r.unwrap_err();
@@ -284,4 +286,55 @@ both_backends!(async fn bad_input_gets_clear_status_codes(env) {
     // And a good push still works afterwards.
     client.push(push(vec![push_row(1, t, 1.0)])).await.unwrap();
     assert_eq!(store.scan_view("card").unwrap().count(), 1);
+});
+
+// `event_times_per_view`: each view's event times once, the columns without them;
+// the same times a lookup without the flag puts in every column.
+both_backends!(async fn event_times_per_view_match_the_columns(env) {
+    let (mut client, store) = serve(&env, Limits::default()).await;
+    let t = fresh();
+    store
+        .write_rows("card", &[card_row(1, t, 1), card_row(2, t - 5, 2)], Durability::Buffered)
+        .unwrap();
+    store
+        .write_rows("merchant", &[merchant_row("m2", t - 9, 0.5, None)], Durability::Buffered)
+        .unwrap();
+    let ask = |per_view: bool| pb::GetOnlineFeaturesRequest {
+        features: vec![
+            "card:amount".into(),
+            "merchant:rate".into(),
+            "card:count".into(),
+            "card:amount".into(),
+        ],
+        entities: vec![
+            int_keys("card_id", vec![2, 7, 1]),
+            pb::EntityKeyColumn {
+                join_key: "merchant_id".into(),
+                int64_keys: vec![],
+                string_keys: vec!["m2".into(), "m2".into(), "m9".into()],
+            },
+        ],
+        event_times_per_view: per_view,
+    };
+    let plain = client.get_online_features(ask(false)).await.unwrap().into_inner();
+    assert!(plain.view_event_times.is_empty());
+    let per_view = client.get_online_features(ask(true)).await.unwrap().into_inner();
+    let views: Vec<(&str, &[i64])> = per_view
+        .view_event_times
+        .iter()
+        .map(|v| (v.view.as_str(), &v.event_time_unix_micros[..]))
+        .collect();
+    assert_eq!(views, [("card", &[t - 5, 0, t][..]), ("merchant", &[t - 9, t - 9, 0][..])]);
+    assert_eq!(plain.columns.len(), per_view.columns.len());
+    for (a, b) in plain.columns.iter().zip(&per_view.columns) {
+        assert!(b.event_time_unix_micros.is_empty(), "{}", b.name);
+        let view = a.name.split(':').next().unwrap();
+        let (_, times) = views.iter().find(|(v, _)| *v == view).unwrap();
+        assert_eq!(a.event_time_unix_micros, *times, "{}", a.name);
+        let without_times = pb::FeatureColumn {
+            event_time_unix_micros: vec![],
+            ..a.clone()
+        };
+        assert_eq!(&without_times, b);
+    }
 });

@@ -140,6 +140,7 @@ pub async fn get(a: GetArgs) -> anyhow::Result<()> {
         .get_online_features(pb::GetOnlineFeaturesRequest {
             features,
             entities: vec![col],
+            ..Default::default()
         })
         .await
         .map_err(|s| status_err("GetOnlineFeatures", s))?

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use mesh_feature_store::service::FeatureStoreService;
-use mesh_feature_store::{FeatureStore, Limits as FsLimits, StoreOptions, ViewsConfig};
+use mesh_feature_store::{FeatureStore, Limits as FsLimits, ViewsConfig};
 use mesh_proto::mesh::v1::decisions_server::DecisionsServer;
 
 use crate::admin::Admin;

@@ -116,6 +116,7 @@ async fn feature_store_over_grpc_through_mesh_serve() {
             int64_keys: keys,
             string_keys: vec![],
         }],
+        ..Default::default()
     };
     let resp = c
         .get_online_features(get(vec![1, 2, 3]))

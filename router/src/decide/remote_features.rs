@@ -204,6 +204,9 @@ pub fn lookup_to_proto(req: LookupRequest) -> pb::GetOnlineFeaturesRequest {
     pb::GetOnlineFeaturesRequest {
         features: req.features,
         entities,
+        // A decision asks for a few features per view: one event time per column
+        // costs little, and every column is then checked on its own.
+        event_times_per_view: false,
     }
 }
 
@@ -349,6 +352,7 @@ mod tests {
                 vec![0.0, 1.0],
             )],
             degraded_reason: "redis: no answer within the budget".into(),
+            ..Default::default()
         };
         let r = lookup_from_proto(resp, 2, &["card:f31".into()]).unwrap();
         assert_eq!(
