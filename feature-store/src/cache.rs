@@ -204,7 +204,7 @@ impl<V: Weigh> Cache<V> {
     }
 
     fn shard(&self, key: &[u8]) -> &Mutex<Shard<V>> {
-        &self.shards[(self.hasher.hash_one(key) as usize) % SHARDS]
+        &self.shards[self.shard_index(key)]
     }
 
     pub(crate) fn get(&self, key: &[u8], now: Instant) -> Option<Hit<V>> {
@@ -287,28 +287,47 @@ impl<V: Weigh> Cache<V> {
     }
 
     /// Marks a write of `keys` as under way, until the guard drops (also on an
-    /// error or a cancelled write): call it before the store is written.
+    /// error or a cancelled write): call it before the store is written. Each
+    /// shard is locked once per write, not once per key.
     pub(crate) fn begin_write<K: AsRef<[u8]>>(&self, keys: Vec<K>) -> WriteGuard<'_, V, K> {
+        let mut by_shard = Vec::new();
         if self.enabled() {
-            for k in &keys {
-                self.touch(k.as_ref(), 1);
-            }
+            by_shard = keys
+                .iter()
+                .enumerate()
+                .map(|(i, k)| (self.shard_index(k.as_ref()), i))
+                .collect();
+            by_shard.sort_unstable();
+            self.touch(&keys, &by_shard, 1);
         }
-        WriteGuard { cache: self, keys }
+        WriteGuard {
+            cache: self,
+            keys,
+            by_shard,
+        }
     }
 
-    /// Drops `key`, bumps its shard's epoch and moves its write count by `delta`.
-    fn touch(&self, key: &[u8], delta: i32) {
-        let mut shard = self.shard(key).lock();
-        shard.epoch += 1;
-        shard.writing = shard.writing.saturating_add_signed(delta);
-        let before = shard.bytes;
-        if let Some(e) = shard.map.remove(key) {
-            shard.bytes -= e.bytes;
+    fn shard_index(&self, key: &[u8]) -> usize {
+        (self.hasher.hash_one(key) as usize) % SHARDS
+    }
+
+    /// For each shard of `keys` (`by_shard`: (shard, key index), sorted): drops
+    /// its keys, bumps its epoch and moves its write count by `delta`.
+    fn touch<K: AsRef<[u8]>>(&self, keys: &[K], by_shard: &[(usize, usize)], delta: i32) {
+        for group in by_shard.chunk_by(|a, b| a.0 == b.0) {
+            let mut shard = self.shards[group[0].0].lock();
+            shard.epoch += 1;
+            shard.writing = shard.writing.saturating_add_signed(delta);
+            let before = shard.bytes;
+            for &(_, i) in group {
+                if let Some(e) = shard.map.remove(keys[i].as_ref()) {
+                    shard.bytes -= e.bytes;
+                }
+            }
+            let after = shard.bytes;
+            drop(shard);
+            self.account(before, after);
         }
-        let after = shard.bytes;
-        drop(shard);
-        self.account(before, after);
     }
 
     /// A whole write of `key`, started and ended at once.
@@ -335,15 +354,12 @@ impl<V: Weigh> Cache<V> {
 pub(crate) struct WriteGuard<'a, V: Weigh, K: AsRef<[u8]>> {
     cache: &'a Cache<V>,
     keys: Vec<K>,
+    by_shard: Vec<(usize, usize)>,
 }
 
 impl<V: Weigh, K: AsRef<[u8]>> Drop for WriteGuard<'_, V, K> {
     fn drop(&mut self) {
-        if self.cache.enabled() {
-            for k in &self.keys {
-                self.cache.touch(k.as_ref(), -1);
-            }
-        }
+        self.cache.touch(&self.keys, &self.by_shard, -1);
     }
 }
 
@@ -458,6 +474,36 @@ mod tests {
         c.insert(b"k", row(2), c.epoch(b"k"), now);
         assert!(matches!(c.get(b"k", now), Some(Hit::Fresh(Some(r))) if r.event_time == 2));
         assert_eq!(c.shards.iter().map(|s| s.lock().writing).sum::<u32>(), 0);
+    }
+
+    #[test]
+    fn a_write_of_many_keys_locks_each_shard_once_and_ends_clean() {
+        let c = Cache::new(1 << 20, Duration::from_secs(60));
+        let now = Instant::now();
+        let key = |i: u64| i.to_be_bytes();
+        for i in 0..200 {
+            c.insert(&key(i), row(i as i64), c.epoch(&key(i)), now);
+        }
+        let guard = c.begin_write((0..100).map(key).collect::<Vec<_>>());
+        let writing: u32 = c.shards.iter().map(|s| s.lock().writing).sum();
+        let touched = (0..100)
+            .map(|i| c.shard_index(&key(i)))
+            .collect::<std::collections::HashSet<_>>();
+        assert_eq!(writing as usize, touched.len(), "one count per shard");
+        assert!((0..100).all(|i| c.get(&key(i), now).is_none()));
+        assert!((100..200).all(|i| c.get(&key(i), now).is_some()));
+        // A key of a touched shard cannot be cached during the write.
+        let k = key(0);
+        c.insert(&k, row(0), c.epoch(&k), now);
+        assert!(c.get(&k, now).is_none());
+        drop(guard);
+        assert_eq!(c.shards.iter().map(|s| s.lock().writing).sum::<u32>(), 0);
+        c.insert(&k, row(0), c.epoch(&k), now);
+        assert!(c.get(&k, now).is_some());
+        // A cache of 0 bytes keeps no write state at all.
+        let off: Cache = Cache::new(0, Duration::from_secs(1));
+        drop(off.begin_write(vec![k.to_vec()]));
+        assert_eq!(off.shards.iter().map(|s| s.lock().epoch).sum::<u64>(), 0);
     }
 
     #[test]
