@@ -2,7 +2,7 @@
 //! figures wanted are tail latencies under a concurrent writer, which criterion
 //! does not report).
 //!
-//! cargo bench -p mesh-feature-store --bench lookup -- [--entities N] [--seconds S] [--db DIR] [--skip-grpc]
+//! cargo bench -p mesh-feature-store --bench lookup -- [--entities N] [--seconds S] [--db DIR] [--skip-grpc] [--cache-ab]
 //!
 //! 1. Loads N entities x 16 f32 features from a generated Parquet file with
 //!    `ingest_file` (rows/s), and ingests a 200k-row CSV (rows/s). With `--db`, an
@@ -11,9 +11,10 @@
 //!    keys while 1 writer pushes 1,000 rows/s; p50/p99/p99.9. Repeated for each
 //!    fetch strategy (key order on one blocking task, parallel on 2 tasks) and for
 //!    the blocking call on the reader thread (no runtime hop), for reference.
-//!    The store runs with its default row cache (64 MiB, about a quarter of the
-//!    entities), then with one that holds every entity (as Redis holds every key
-//!    in memory), then with none (every key read from sled).
+//!    The store runs with its default row cache (none), then with one that holds
+//!    every entity (as Redis holds every key in memory), then with none again.
+//!    With `--cache-ab`, only this: 100 keys in process and over gRPC with a row
+//!    cache of a quarter of the entities, then with none, twice, alternating.
 //! 3. Over gRPC (server and clients in this process, on 127.0.0.1): 8 concurrent
 //!    callers, 10 and 100 keys per call, same writer; throughput and p50/p99. With
 //!    every entity cached, 100 keys also with `event_times_per_view` (each view's
@@ -47,6 +48,7 @@ struct Args {
     seconds: f64,
     db: Option<PathBuf>,
     skip_grpc: bool,
+    cache_ab: bool,
 }
 
 fn args() -> Args {
@@ -55,6 +57,7 @@ fn args() -> Args {
         seconds: 5.0,
         db: None,
         skip_grpc: false,
+        cache_ab: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
@@ -65,6 +68,7 @@ fn args() -> Args {
             "--seconds" => a.seconds = it.next().and_then(|v| v.parse().ok()).unwrap_or(a.seconds),
             "--db" => a.db = it.next().map(PathBuf::from),
             "--skip-grpc" => a.skip_grpc = true,
+            "--cache-ab" => a.cache_ab = true,
             _ => {} // cargo bench passes --bench
         }
     }
@@ -338,6 +342,9 @@ fn open_with(path: &Path, options: StoreOptions) -> Result<FeatureStore> {
     }
 }
 
+/// A row cache of about a quarter of the default 1M entities.
+const ROW_CACHE_QUARTER: usize = 64 << 20;
+
 /// The row cache that holds every entity of the default 1M: about 270 bytes an
 /// entry (16 f32 and the event time, the key, bookkeeping).
 const ROW_CACHE_ALL: usize = 384 << 20;
@@ -394,6 +401,26 @@ async fn main() -> Result<()> {
         a.entities,
         a.seconds
     );
+    if a.cache_ab {
+        anyhow::ensure!(
+            loaded,
+            "--cache-ab reads a loaded store: run once with --db DIR, then with --db DIR --cache-ab"
+        );
+        for _ in 0..2 {
+            for bytes in [ROW_CACHE_QUARTER, 0] {
+                let store = open_with(&db, with_row_cache(bytes))?;
+                tokio::task::block_in_place(|| store.scan_view("bench").map(|it| it.count()))?;
+                println!("row cache {} MiB", bytes >> 20);
+                quiet(&store, 100, &a)?;
+                in_process(&store, "key-order", 100, &a, false).await?;
+                if !a.skip_grpc {
+                    grpc(&store, 100, &a, false).await?;
+                }
+                println!("  held {} MB", store.cache_bytes() / 1_000_000);
+            }
+        }
+        return Ok(());
+    }
     {
         let store = open(&db, FetchStrategy::KeyOrder, DEFAULT_INLINE_MAX_KEYS)?;
         if !loaded {
@@ -432,7 +459,7 @@ async fn main() -> Result<()> {
             t.elapsed().as_secs_f64()
         );
         println!(
-            "row cache: {} MiB (the default); it fills as the runs below read",
+            "row cache: {} MiB (the default)",
             DEFAULT_ROW_CACHE_MAX_BYTES >> 20
         );
         for keys in [1, 100] {

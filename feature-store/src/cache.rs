@@ -33,6 +33,9 @@ use crate::types::{Micros, Value};
 const SHARDS: usize = 32;
 /// Bookkeeping per entry (map slot, queue slot, Arc header), bytes.
 const ENTRY_OVERHEAD: usize = 96;
+/// An entry's estimate for a row of a few numeric features, bytes: the map and
+/// queue are sized for `max_bytes` of those.
+const TYPICAL_ENTRY: usize = 192;
 
 /// One stored row, decoded: its event time and its non-null fields by feature id.
 #[derive(Debug, Clone, PartialEq)]
@@ -156,11 +159,15 @@ struct Shard<V> {
     writing: u32,
 }
 
-impl<V> Default for Shard<V> {
-    fn default() -> Self {
+impl<V> Shard<V> {
+    /// Room for `entries` from the start: growing a map of thousands of entries
+    /// rehashes them all at once, a pause of milliseconds inside some lookup. The
+    /// slots are reserved, not touched, so memory is used as they fill.
+    fn with_capacity(entries: usize) -> Self {
         Shard {
-            map: HashMap::new(),
-            order: VecDeque::new(),
+            map: HashMap::with_capacity(entries),
+            // Re-inserted keys leave stale slots: up to twice the live ones.
+            order: VecDeque::with_capacity(2 * entries),
             bytes: 0,
             seq: 0,
             epoch: 0,
@@ -190,7 +197,9 @@ impl<V: Weigh> Cache<V> {
     /// for `max_age`.
     pub(crate) fn new(max_bytes: usize, max_age: Duration) -> Self {
         Cache {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(Shard::with_capacity(max_bytes / SHARDS / TYPICAL_ENTRY)))
+                .collect(),
             hasher: Default::default(),
             max_bytes_per_shard: max_bytes / SHARDS,
             max_age,

@@ -28,7 +28,7 @@
 //! path = "data/features"        # sled directory; no store when unset
 //! views = "examples/features/views.toml"
 //! max_keys_per_lookup = 4096    # per mesh.v1.FeatureStore lookup (rows x views)
-//! # cache_max_bytes = 67108864  # rows cached in process (sled or Redis); 0 = none
+//! # cache_max_bytes = 0         # rows cached in process (sled: 0, Redis: 64 MiB); 0 = none
 //! # With backend = "redis" (no path):
 //! # redis_url = "redis://127.0.0.1:6379"           # one server, or
 //! # redis_cluster = ["redis://10.0.0.1:6379", ...] # some nodes of a cluster
@@ -263,8 +263,9 @@ pub struct FeaturesConfig {
     /// Redis backend: how long the start waits to connect (default 5s).
     #[serde(deserialize_with = "duration::option")]
     pub redis_connect_timeout: Option<Duration>,
-    /// Bytes of rows cached in process (default 64 MiB; 0 = no cache): decoded
-    /// rows in front of Redis, stored rows in front of sled.
+    /// Bytes of rows cached in process (0 = no cache): decoded rows in front of
+    /// Redis (default 64 MiB), stored rows in front of sled (default 0: size it to
+    /// the rows read again, see feature-store/README.md "Row cache").
     pub cache_max_bytes: Option<usize>,
     /// Redis backend: how long a cached row answers without asking Redis
     /// (default 1s; writes through this process invalidate at once).
