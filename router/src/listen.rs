@@ -89,6 +89,25 @@ impl ConnectionConfig {
         }
         Ok(())
     }
+
+    /// Settings that work but hurt, for the start's log. The idle close is an
+    /// abrupt close of the socket (no HTTP/2 GOAWAY): a gRPC client that sends as
+    /// it happens gets UNAVAILABLE instead of a transparent retry. With
+    /// `idle_timeout` above `keepalive_interval`, the answer to the server's ping
+    /// keeps a live client's connection from ever idling out.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.idle_timeout <= self.keepalive_interval {
+            out.push(format!(
+                "[server.connections] idle_timeout ({}) is not above keepalive_interval ({}): \
+                 idle gRPC clients that are still alive will have their connections closed \
+                 without a GOAWAY, and a call sent at that moment fails with UNAVAILABLE",
+                mesh_stack::format_duration(self.idle_timeout),
+                mesh_stack::format_duration(self.keepalive_interval)
+            ));
+        }
+        out
+    }
 }
 
 /// Bounds on the connections of one port.
@@ -511,6 +530,22 @@ mod tests {
             idle_timeout: Duration::from_millis(idle_ms),
         };
         (Limited::new(l, limits), addr)
+    }
+
+    #[test]
+    fn an_idle_timeout_within_the_keepalive_interval_is_warned_about() {
+        let mut c = ConnectionConfig::default();
+        assert!(c.warnings().is_empty(), "{:?}", c.warnings());
+        c.idle_timeout = Duration::from_secs(2);
+        let w = c.warnings();
+        assert_eq!(w.len(), 1);
+        assert!(
+            w[0].contains("idle_timeout (2s)") && w[0].contains("keepalive_interval (30s)"),
+            "{w:?}"
+        );
+        c.idle_timeout = c.keepalive_interval;
+        assert_eq!(c.warnings().len(), 1);
+        assert!(c.validate().is_ok(), "a warning, not a refusal");
     }
 
     #[tokio::test]

@@ -447,6 +447,9 @@ async fn grpc_server(
         health.set_serving::<mesh_proto::mesh::v1::feature_store_server::FeatureStoreServer<FeatureStoreService>>().await;
     }
     let conns = &cfg.connections;
+    for w in conns.warnings() {
+        tracing::warn!("{w}");
+    }
     let grpc = tonic::transport::Server::builder()
         .timeout(conns.request_timeout)
         .http2_keepalive_interval(Some(conns.keepalive_interval))
