@@ -146,11 +146,8 @@ fn read_token(
             ))
         }
         (None, None) => return Ok(None),
-        (Some(path), None) => {
-            warn_if_readable_by_others(section, path);
-            std::fs::read_to_string(path)
-                .map_err(|e| format!("[{section}] token_file {}: {e}", path.display()))?
-        }
+        (Some(path), None) => read_secret_file(section, path, MAX_TOKEN_FILE_BYTES)
+            .map_err(|e| format!("[{section}] token_file {}: {e}", path.display()))?,
         (None, Some(var)) => std::env::var(var).map_err(|_| {
             format!("[{section}] token_env names {var}, which is not set (or not UTF-8)")
         })?,
@@ -166,6 +163,31 @@ fn read_token(
         );
     }
     Ok(Some(Secret(token.as_bytes().to_vec())))
+}
+
+/// The most a `token_file` may hold, bytes (a token and a newline).
+pub const MAX_TOKEN_FILE_BYTES: usize = 4096;
+
+/// Reads a secret file of at most `max` bytes, warning when group or others may
+/// read it. Reads at most `max + 1` bytes whatever the file's size (a file that
+/// grows, or a device, costs no more); the error names the limit, never the
+/// contents.
+pub(crate) fn read_secret_file(
+    section: &str,
+    path: &std::path::Path,
+    max: usize,
+) -> Result<String, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    warn_if_readable_by_others(section, path);
+    let mut bytes = Vec::with_capacity(max.min(4096) + 1);
+    file.take(max as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() > max {
+        return Err(format!("is more than {max} bytes"));
+    }
+    String::from_utf8(bytes).map_err(|_| "is not UTF-8".into())
 }
 
 #[cfg(unix)]
@@ -507,6 +529,33 @@ fn is_json(h: &http::HeaderMap) -> bool {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn token_files_are_read_within_their_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("admin.token");
+        std::fs::write(&file, "0123456789abcdef0123\n").unwrap();
+        let token = read_token("admin", Some(&file), None).unwrap().unwrap();
+        assert_eq!(token.0, b"0123456789abcdef0123");
+        // One byte over the bound: refused, naming the limit, not the contents.
+        let big = format!("{}x", "s".repeat(MAX_TOKEN_FILE_BYTES));
+        std::fs::write(&file, &big).unwrap();
+        let e = read_token("admin", Some(&file), None).unwrap_err();
+        assert!(
+            e.contains("[admin] token_file")
+                && e.contains("more than 4096 bytes")
+                && !e.contains("sss"),
+            "{e}"
+        );
+        std::fs::write(&file, &big[..MAX_TOKEN_FILE_BYTES]).unwrap();
+        assert!(read_token("admin", Some(&file), None).is_ok());
+        std::fs::write(&file, [0xff, 0xfe, b'a']).unwrap();
+        assert!(read_token("admin", Some(&file), None)
+            .unwrap_err()
+            .contains("not UTF-8"));
+        let e = read_token("admin", Some(&dir.path().join("nope")), None).unwrap_err();
+        assert!(e.contains("nope"), "{e}");
+    }
 
     #[test]
     fn tokens_compare_whole() {

@@ -53,7 +53,7 @@
 //! [`mesh_stack::config`]; `[admin]` and `[writer]`: see [`crate::auth`];
 //! `[tls]`: see [`crate::tls`].
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use mesh_stack::config::duration;
@@ -426,8 +426,12 @@ impl FeaturesConfig {
         let Some(path) = &self.redis_password_file else {
             return Ok(None);
         };
-        let text = read_small_file(path, mesh_feature_store::RedisPassword::MAX_LEN + 2)
-            .map_err(|e| format!("[features] redis_password_file {}: {e}", path.display()))?;
+        let text = crate::auth::read_secret_file(
+            "features",
+            path,
+            mesh_feature_store::RedisPassword::MAX_LEN + 2,
+        )
+        .map_err(|e| format!("[features] redis_password_file {}: {e}", path.display()))?;
         mesh_feature_store::RedisPassword::from_file_contents(&text)
             .map(Some)
             .map_err(|e| format!("[features] redis_password_file {} {e}", path.display()))
@@ -437,17 +441,6 @@ impl FeaturesConfig {
     pub fn configured(&self) -> bool {
         self.path.is_some() || self.backend == FeatureBackend::Redis
     }
-}
-
-/// Reads a secret file of at most `max` bytes (checked before reading), warning when
-/// others may read it.
-fn read_small_file(path: &Path, max: usize) -> Result<String, String> {
-    let len = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
-    if len > max as u64 {
-        return Err(format!("is {len} bytes, more than {max}"));
-    }
-    crate::auth::warn_if_readable_by_others("features", path);
-    std::fs::read_to_string(path).map_err(|e| e.to_string())
 }
 
 /// `[server]`.
