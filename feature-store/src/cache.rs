@@ -240,7 +240,7 @@ impl<V: Weigh> Cache<V> {
         }
     }
 
-    /// The invalidation epoch of `key`'s shard: take it before reading Redis and
+    /// The invalidation epoch of `key`'s shard: take it before reading the store and
     /// hand it to [`Cache::insert`].
     pub(crate) fn epoch(&self, key: &[u8]) -> u64 {
         self.shard(key).lock().epoch
