@@ -230,18 +230,16 @@ impl<V: Weigh> Cache<V> {
         }
     }
 
-    /// [`Cache::get`], or on a miss the shard's epoch for [`Cache::insert`]: one
-    /// lock for both.
-    pub(crate) fn get_or_epoch(&self, key: &[u8], now: Instant) -> Result<Hit<V>, u64> {
+    /// [`Cache::get`] and the shard's invalidation epoch, under one lock: on a miss
+    /// the caller reads the store and hands the epoch to [`Cache::insert`].
+    pub(crate) fn get_with_epoch(&self, key: &[u8], now: Instant) -> (Option<Hit<V>>, u64) {
         let shard = self.shard(key).lock();
-        match shard.map.get(key) {
-            Some(e) => Ok(self.hit(e, now)),
-            None => Err(shard.epoch),
-        }
+        (shard.map.get(key).map(|e| self.hit(e, now)), shard.epoch)
     }
 
-    /// The invalidation epoch of `key`'s shard: take it before reading the store and
-    /// hand it to [`Cache::insert`].
+    /// The invalidation epoch of `key`'s shard alone (lookups take it with
+    /// [`Cache::get_with_epoch`]).
+    #[cfg(test)]
     pub(crate) fn epoch(&self, key: &[u8]) -> u64 {
         self.shard(key).lock().epoch
     }
@@ -413,18 +411,18 @@ mod tests {
     fn an_unbounded_age_never_turns_old_and_a_miss_gives_the_epoch() {
         let c: Cache<CachedBytes> = Cache::new(1 << 20, Duration::MAX);
         let now = Instant::now();
-        let Err(epoch) = c.get_or_epoch(b"k", now) else {
+        let (None, epoch) = c.get_with_epoch(b"k", now) else {
             panic!("empty cache")
         };
         c.insert(b"k", Some(sled::IVec::from(&[7u8; 40][..])), epoch, now);
         let much_later = now + Duration::from_secs(86_400 * 365);
         assert!(
-            matches!(c.get_or_epoch(b"k", much_later), Ok(Hit::Fresh(Some(b))) if b.len() == 40)
+            matches!(c.get_with_epoch(b"k", much_later), (Some(Hit::Fresh(Some(b))), e) if b.len() == 40 && e == epoch)
         );
         // 40 bytes live behind sled's Arc; a short value is inline.
         assert_eq!(c.bytes(), ENTRY_OVERHEAD + 2 + 40 + 16);
         c.invalidate(b"k");
-        let Err(after) = c.get_or_epoch(b"k", now) else {
+        let (None, after) = c.get_with_epoch(b"k", now) else {
             panic!("invalidated")
         };
         assert_ne!(after, epoch);

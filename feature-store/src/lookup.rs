@@ -240,7 +240,7 @@ impl FeatureStore {
             _ => 1,
         };
         let options = &self.inner.options;
-        let cached = matches!(&self.inner.backend, Backend::Sled(s) if s.cache.enabled());
+        let cached = sled_of(&self.inner).is_ok_and(|s| s.cache.enabled());
         let plan = std::sync::Arc::new(plan);
         if chunks == 1
             && (keys <= options.inline_max_keys
@@ -533,6 +533,16 @@ impl Pending {
     }
 }
 
+/// The sled backend of a store the lookup was planned for as sled.
+fn sled_of(inner: &Inner) -> Result<&crate::sled_store::SledStore> {
+    match &inner.backend {
+        Backend::Sled(sled) => Ok(sled),
+        Backend::Redis(_) => Err(FeatureStoreError::Internal(
+            "sled fetch on another backend".into(),
+        )),
+    }
+}
+
 /// Encodes the keys of rows `range` and answers what the row cache holds (a hash
 /// lookup each, cheap enough for the async task: see `inline_cached_max_keys`).
 fn probe(
@@ -542,11 +552,7 @@ fn probe(
     range: std::ops::Range<usize>,
     now: Micros,
 ) -> Result<Pending> {
-    let Backend::Sled(sled) = &inner.backend else {
-        return Err(FeatureStoreError::Internal(
-            "sled fetch on another backend".into(),
-        ));
-    };
+    let sled = sled_of(inner)?;
     let n = range.len();
     let mut p = Pending {
         rows: n,
@@ -567,15 +573,15 @@ fn probe(
             p.keybuf.extend_from_slice(&scratch);
             let key = at..p.keybuf.len();
             let epoch = if caching {
-                match sled.cache.get_or_epoch(&p.keybuf[key.clone()], started) {
-                    Ok(Hit::Fresh(cached) | Hit::Old(cached)) => {
+                match sled.cache.get_with_epoch(&p.keybuf[key.clone()], started) {
+                    (Some(Hit::Fresh(cached) | Hit::Old(cached)), _) => {
                         p.hits += 1;
                         if let Some(bytes) = cached {
                             fill_row(v, g, &mut p.cols, row, &bytes, now)?;
                         }
                         continue;
                     }
-                    Err(epoch) => epoch,
+                    (None, epoch) => epoch,
                 }
             } else {
                 0
@@ -594,11 +600,7 @@ fn probe(
 /// Reads from sled the keys the row cache did not hold, fills their rows and
 /// caches what was read. Blocking for as many keys as it reads.
 fn read_misses(inner: &Inner, plan: &Plan, p: &mut Pending, now: Micros) -> Result<()> {
-    let Backend::Sled(sled) = &inner.backend else {
-        return Err(FeatureStoreError::Internal(
-            "sled fetch on another backend".into(),
-        ));
-    };
+    let sled = sled_of(inner)?;
     let caching = sled.cache.enabled();
     // Key order: neighbouring keys share sled nodes, so sorted reads touch each
     // node once while it is hot.

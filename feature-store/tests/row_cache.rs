@@ -32,14 +32,20 @@ fn counts(store: &FeatureStore, ids: &[i64]) -> (Vec<FeatureStatus>, Vec<i64>, V
     (c.statuses.clone(), v.clone(), c.event_times.clone())
 }
 
-#[test]
-fn lookups_fill_the_cache_and_writes_replace_what_it_holds() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open_with(&dir, with_cache(1 << 20));
+/// A store with a 1 MiB row cache and card 1 written at a fresh time `t`.
+fn cached_with_card_1(dir: &tempfile::TempDir) -> (FeatureStore, Micros) {
+    let store = open_with(dir, with_cache(1 << 20));
     let t = fresh();
     store
         .write_rows("card", &[card_row(1, t, 1)], Durability::Buffered)
         .unwrap();
+    (store, t)
+}
+
+#[test]
+fn lookups_fill_the_cache_and_writes_replace_what_it_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, t) = cached_with_card_1(&dir);
     assert_eq!(store.cache_bytes(), 0, "writes do not fill the cache");
 
     // 1 is stored, 2 is not: both are cached (2 as "not stored").
@@ -76,11 +82,7 @@ fn lookups_fill_the_cache_and_writes_replace_what_it_holds() {
 #[test]
 fn a_cached_row_goes_stale_by_max_age_like_a_stored_one() {
     let dir = tempfile::tempdir().unwrap();
-    let store = open_with(&dir, with_cache(1 << 20));
-    let t = fresh();
-    store
-        .write_rows("card", &[card_row(1, t, 1)], Durability::Buffered)
-        .unwrap();
+    let (store, _) = cached_with_card_1(&dir);
     let req = LookupRequest::new(["card:count"]).with_keys("card_id", KeyColumn::Int64(vec![1]));
     let now = mesh_feature_store::now_micros();
     let fresh = store.get_online_features_blocking(&req, now).unwrap();

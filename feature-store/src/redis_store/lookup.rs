@@ -61,18 +61,18 @@ pub(crate) async fn lookup(
         for i in 0..n {
             let mut k = Vec::with_capacity(24);
             entity_key(prefix, v.id, col.key_ref(i), &mut k);
-            match r.cache.get(&k, started) {
-                Some(Hit::Fresh(cached)) => {
+            match r.cache.get_with_epoch(&k, started) {
+                (Some(Hit::Fresh(cached)), _) => {
                     hits += 1;
                     if let Some(row) = cached {
                         fill_decoded(v, g, &mut cols, i, &row, now, false)?;
                     }
                 }
-                _ => {
+                (_, epoch) => {
                     misses.push(Miss {
                         group: gi,
                         row: i,
-                        epoch: r.cache.epoch(&k),
+                        epoch,
                     });
                     keys.push(k);
                 }
