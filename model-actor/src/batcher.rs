@@ -7,7 +7,9 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
 use crate::batching::{admit, decide, triage, Cost, Decision, Drop, Load, Policy, Waiting};
@@ -59,6 +61,8 @@ struct State {
     /// What a batch costs (learned): admission's unit of work, and the time kept
     /// free before a member's deadline when a batch waits for company.
     cost: Cost,
+    /// Runners asleep for want of work (not those waiting for a batch to fill).
+    asleep: usize,
     closed: bool,
 }
 
@@ -94,6 +98,9 @@ pub(crate) struct Queue {
     work: Condvar,
     policy: Policy,
     meters: Arc<Meters>,
+    /// Requests ever queued: what a runner with nothing to do watches, without the
+    /// lock, while it spins before sleeping.
+    arrivals: AtomicU64,
 }
 
 impl Queue {
@@ -106,11 +113,13 @@ impl Queue {
                 rows_waiting: 0,
                 running: vec![None; runners.max(1)],
                 cost: Cost::new(policy.compute_reserve),
+                asleep: 0,
                 closed: false,
             }),
             work: Condvar::new(),
             policy,
             meters,
+            arrivals: AtomicU64::new(0),
         }
     }
 
@@ -135,6 +144,7 @@ impl Queue {
         }
         s.rows_waiting += p.rows;
         s.waiting.push_back(p);
+        self.arrivals.fetch_add(1, Ordering::Release);
         let len = s.waiting.len();
         drop(s);
         self.meters.queue_length.set(len as f64);
@@ -172,9 +182,14 @@ impl Queue {
     }
 
     /// For runner `slot`: blocks until there is a batch for it. `None` once the
-    /// queue closed.
+    /// queue closed. With nothing to do, the runner first spins for up to
+    /// `policy.idle_spin` (yielding the CPU to any other thread that wants it), then
+    /// sleeps until a request arrives: under load the next request usually comes
+    /// within the spin, and taking it costs no sleep and no wake-up (two context
+    /// switches, the largest cost of a small model's request on a busy machine).
     pub fn next_batch(&self, slot: usize) -> Option<Vec<Pending>> {
         let mut s = self.state.lock();
+        let mut spun = self.policy.idle_spin.is_zero();
         loop {
             if s.closed {
                 return None;
@@ -186,7 +201,16 @@ impl Queue {
                 ..self.policy
             };
             match decide(s.waiting.iter().map(Pending::waiting), now, &policy) {
-                Decision::Idle => self.work.wait(&mut s),
+                Decision::Idle if !spun => {
+                    spun = true;
+                    let seen = self.arrivals.load(Ordering::Acquire);
+                    MutexGuard::unlocked(&mut s, || self.spin(seen));
+                }
+                Decision::Idle => {
+                    s.asleep += 1;
+                    self.work.wait(&mut s);
+                    s.asleep -= 1;
+                }
                 Decision::WaitUntil(at) => {
                     self.work.wait_until(&mut s, at);
                 }
@@ -201,6 +225,21 @@ impl Queue {
                 }
             }
         }
+    }
+
+    /// Spins for up to `policy.idle_spin` or until a request arrives after
+    /// `seen` arrivals (or the queue closes), yielding between looks.
+    fn spin(&self, seen: u64) {
+        let until = Instant::now() + self.policy.idle_spin;
+        while self.arrivals.load(Ordering::Acquire) == seen && Instant::now() < until {
+            std::thread::yield_now();
+        }
+    }
+
+    /// Runners asleep for want of work now (not spinning, not computing).
+    #[cfg(test)]
+    pub(crate) fn asleep(&self) -> usize {
+        self.state.lock().asleep
     }
 
     /// Drops the requests among those the next batch would take that are dead
@@ -245,6 +284,7 @@ impl Queue {
     pub fn close(&self) {
         let mut s = self.state.lock();
         s.closed = true;
+        self.arrivals.fetch_add(1, Ordering::Release);
         s.waiting.clear();
         s.rows_waiting = 0;
         drop(s);
@@ -255,5 +295,108 @@ impl Queue {
     /// The expected time of a batch of `rows` rows now.
     pub fn batch_time(&self, rows: usize) -> Duration {
         self.state.lock().cost.time(rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::thread;
+
+    use tokio::sync::Semaphore;
+
+    use super::*;
+
+    fn queue(idle_spin: Duration) -> Arc<Queue> {
+        let policy = Policy {
+            max_batch_size: 4,
+            max_queue_delay: Duration::ZERO,
+            compute_reserve: Duration::from_micros(50),
+            idle_spin,
+        };
+        Arc::new(Queue::new(policy, 1, Arc::new(Meters::new("m", 1, 0))))
+    }
+
+    fn pending() -> (Pending, oneshot::Receiver<Result<Output, ModelError>>) {
+        let (reply, rx) = oneshot::channel();
+        let p = Pending {
+            data: vec![0.0],
+            rows: 1,
+            enqueued_at: Instant::now(),
+            deadline: Instant::now() + Duration::from_secs(60),
+            reply,
+            span: tracing::Span::none(),
+            _permit: Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap(),
+        };
+        (p, rx)
+    }
+
+    /// Starts a runner's `next_batch` on a thread; the instant it started comes back
+    /// first, then the batch's size (`None`: the queue closed).
+    fn runner(q: &Arc<Queue>) -> (Instant, thread::JoinHandle<Option<usize>>) {
+        let (tx, rx) = mpsc::channel();
+        let q = q.clone();
+        let t = thread::spawn(move || {
+            let _ = tx.send(Instant::now());
+            q.next_batch(0).map(|b| b.len())
+        });
+        (rx.recv().unwrap(), t)
+    }
+
+    /// Polls until a runner sleeps (within 10 s); when it fell asleep.
+    fn asleep_at(q: &Queue) -> Instant {
+        let give_up = Instant::now() + Duration::from_secs(10);
+        while q.asleep() == 0 {
+            assert!(Instant::now() < give_up, "the runner never went to sleep");
+            thread::sleep(Duration::from_millis(1));
+        }
+        Instant::now()
+    }
+
+    #[test]
+    fn an_idle_runner_spins_before_it_sleeps_and_takes_what_arrives_meanwhile() {
+        let spin = Duration::from_millis(400);
+        let q = queue(spin);
+        // A request that arrives during the spin is taken by the spinning runner,
+        // which never slept.
+        let (_, t) = runner(&q);
+        thread::sleep(Duration::from_millis(50));
+        assert_eq!(q.asleep(), 0);
+        let (p, _rx) = pending();
+        q.push(p).unwrap();
+        assert_eq!(t.join().unwrap(), Some(1));
+        // With nothing arriving, it sleeps once the spin is over, not before.
+        let (started, t) = runner(&q);
+        let slept = asleep_at(&q);
+        assert!(
+            slept - started >= spin,
+            "asleep after {:?}, before the spin of {spin:?} was over",
+            slept - started
+        );
+        // Closing wakes it: no batch.
+        q.close();
+        assert_eq!(t.join().unwrap(), None);
+    }
+
+    #[test]
+    fn without_a_spin_an_idle_runner_sleeps_at_once_and_wakes_for_a_request() {
+        let q = queue(Duration::ZERO);
+        let (started, t) = runner(&q);
+        let slept = asleep_at(&q);
+        assert!(slept - started < Duration::from_secs(2));
+        let (p, _rx) = pending();
+        q.push(p).unwrap();
+        assert_eq!(t.join().unwrap(), Some(1));
+        assert_eq!(q.asleep(), 0);
+    }
+
+    #[test]
+    fn closing_ends_a_spin_at_once() {
+        let q = queue(Duration::from_secs(30));
+        let (started, t) = runner(&q);
+        thread::sleep(Duration::from_millis(20));
+        q.close();
+        assert_eq!(t.join().unwrap(), None);
+        assert!(started.elapsed() < Duration::from_secs(10));
     }
 }

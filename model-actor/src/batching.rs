@@ -24,6 +24,8 @@ pub struct Policy {
     /// is dispatched no later than `deadline - compute_reserve`, and one that can no
     /// longer finish in time is dropped instead of computed.
     pub compute_reserve: Duration,
+    /// How long a runner with nothing to do spins (yielding) before it sleeps.
+    pub idle_spin: Duration,
 }
 
 /// Why a waiting request leaves the queue without being computed.
@@ -287,6 +289,7 @@ mod tests {
         Policy {
             max_batch_size: max,
             max_queue_delay: Duration::from_micros(delay_us),
+            idle_spin: Duration::ZERO,
             compute_reserve: Duration::from_micros(100),
         }
     }

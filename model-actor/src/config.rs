@@ -27,6 +27,7 @@
 //! max_queue_delay_us = 200     # wait at most this long (from the oldest request) to fill a batch
 //! queue_capacity = 2048        # requests admitted (waiting or running) before RESOURCE_EXHAUSTED
 //! runner_instances = 2         # SyncArbiter threads that own a copy of the model
+//! idle_spin_us = 50            # a runner with nothing to do spins (yielding) this long before it sleeps; 0: sleep at once
 //! replicas = 1                 # independent actor groups (batcher + runners) per version
 //! default_timeout_ms = 1000    # deadline for requests that bring none
 //!
@@ -121,6 +122,12 @@ pub mod limits {
     pub const MAX_RUNNER_INSTANCES: usize = 64;
     /// `[batching] replicas`.
     pub const MAX_REPLICAS: usize = 16;
+    /// `[batching] max_queue_delay_us` (1 s).
+    pub const MAX_QUEUE_DELAY_US: u64 = 1_000_000;
+    /// `[batching] idle_spin_us` (1 ms).
+    pub const MAX_IDLE_SPIN_US: u64 = 1_000;
+    /// `[batching] default_timeout_ms` (1 hour).
+    pub const MAX_DEFAULT_TIMEOUT_MS: u64 = 3_600_000;
     /// `[warmup] batches`.
     pub const MAX_WARMUP_BATCHES: usize = 100;
     /// Elements in one row of any input or output (product of `dims`).
@@ -471,7 +478,15 @@ pub struct BatchingConfig {
     /// balances over them and trips a breaker per group.
     pub replicas: NonZeroUsize,
     pub default_timeout_ms: u64,
+    /// How long a runner with nothing to do spins (yielding the CPU between looks)
+    /// before it sleeps. Under load the next request usually arrives within it and
+    /// is taken without a sleep and a wake-up; an idle model spends at most this
+    /// much CPU after each batch. 0: sleep at once.
+    pub idle_spin_us: u64,
 }
+
+/// `[batching] idle_spin_us` when model.toml does not set it.
+pub const DEFAULT_IDLE_SPIN_US: u64 = 50;
 
 impl Default for BatchingConfig {
     fn default() -> Self {
@@ -482,6 +497,7 @@ impl Default for BatchingConfig {
             runner_instances: NonZeroUsize::new(2).unwrap_or(NonZeroUsize::MIN),
             replicas: NonZeroUsize::MIN,
             default_timeout_ms: 1000,
+            idle_spin_us: DEFAULT_IDLE_SPIN_US,
         }
     }
 }
@@ -492,6 +508,9 @@ impl BatchingConfig {
     }
     pub fn default_timeout(&self) -> Duration {
         Duration::from_millis(self.default_timeout_ms)
+    }
+    pub fn idle_spin(&self) -> Duration {
+        Duration::from_micros(self.idle_spin_us)
     }
 }
 
@@ -812,9 +831,9 @@ impl ModelConfig {
     fn check_sizes(&self) -> Result<(), String> {
         use limits::*;
         let b = &self.batching;
-        let over = |what: &str, got: usize, max: usize| {
+        fn over<T: PartialOrd + std::fmt::Display>(what: &str, got: T, max: T) -> Option<String> {
             (got > max).then(|| format!("{what} = {got} is over the limit of {max}"))
-        };
+        }
         let checks = [
             over(
                 "[batching] max_batch_size",
@@ -832,6 +851,17 @@ impl ModelConfig {
                 MAX_RUNNER_INSTANCES,
             ),
             over("[batching] replicas", b.replicas.get(), MAX_REPLICAS),
+            over(
+                "[batching] max_queue_delay_us",
+                b.max_queue_delay_us,
+                MAX_QUEUE_DELAY_US,
+            ),
+            over("[batching] idle_spin_us", b.idle_spin_us, MAX_IDLE_SPIN_US),
+            over(
+                "[batching] default_timeout_ms",
+                b.default_timeout_ms,
+                MAX_DEFAULT_TIMEOUT_MS,
+            ),
             over("[warmup] batches", self.warmup.batches, MAX_WARMUP_BATCHES),
             over(
                 "[warmup] batch_size",
@@ -1030,6 +1060,17 @@ mod tests {
             ("[batching]\nqueue_capacity = 10000000", "queue_capacity"),
             ("[batching]\nrunner_instances = 1000", "runner_instances"),
             ("[batching]\nreplicas = 1000", "replicas"),
+            // Typos by orders of magnitude: a lone request would wait for company
+            // until its deadline; a request without one would be held for ages.
+            (
+                "[batching]\nmax_queue_delay_us = 18446744073709551615",
+                "max_queue_delay_us",
+            ),
+            ("[batching]\nidle_spin_us = 1001", "idle_spin_us"),
+            (
+                "[batching]\ndefault_timeout_ms = 18446744073709551615",
+                "default_timeout_ms",
+            ),
             ("[warmup]\nbatches = 1000000", "[warmup] batches"),
             // The case: warmup of 10^12 rows used to allocate terabytes.
             (

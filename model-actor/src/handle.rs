@@ -60,6 +60,7 @@ impl VersionHandle {
             max_batch_size: b.max_batch_size.get(),
             max_queue_delay: b.max_queue_delay(),
             compute_reserve: Duration::from_micros(50),
+            idle_spin: b.idle_spin(),
         };
         let cols = config.input().row_width();
         let labels = Labels::new(Arc::from(config.name.as_str()), version, replica);

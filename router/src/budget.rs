@@ -22,6 +22,8 @@ pub const REFUSED: &str = "mesh_router_inflight_budget_refused_total";
 pub struct InFlightBytes {
     sem: Arc<Semaphore>,
     total: usize,
+    /// [`INFLIGHT_BYTES`], looked up once (not in the registry for every frame).
+    gauge: metrics::Gauge,
 }
 
 /// The error a body yields when the pool is empty.
@@ -38,6 +40,7 @@ impl InFlightBytes {
         Self {
             sem: Arc::new(Semaphore::new(total)),
             total,
+            gauge: metrics::gauge!(INFLIGHT_BYTES),
         }
     }
 
@@ -85,7 +88,7 @@ where
             let n = u32::try_from(data.len()).unwrap_or(u32::MAX);
             match self.pool.sem.clone().try_acquire_many_owned(n) {
                 Ok(p) => {
-                    metrics::gauge!(INFLIGHT_BYTES).increment(f64::from(n));
+                    self.pool.gauge.increment(f64::from(n));
                     match &mut self.held {
                         Some(h) => h.merge(p),
                         None => self.held = Some(p),
@@ -118,7 +121,7 @@ where
 impl<B> Drop for Counted<B> {
     fn drop(&mut self) {
         if let Some(p) = &self.held {
-            metrics::gauge!(INFLIGHT_BYTES).decrement(p.num_permits() as f64);
+            self.pool.gauge.decrement(p.num_permits() as f64);
         }
     }
 }
