@@ -15,6 +15,7 @@
 # dir), LOG_CONFIG (extra lines for [prediction_log], e.g. 'writer_nice = 0'), NICE
 # (run the server and the load at this nice value, e.g. -10 as root, to keep other work
 # on a shared machine out of the figures; the log's writer_nice stays relative to it).
+# MODELS: the model repository to serve (an absolute path; default examples/models).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-${MESH_BIN:-${CARGO_TARGET_DIR:-target}/release/mesh}}
@@ -42,7 +43,7 @@ serve() { # name on|off
     local cfg=$OUT/mesh-$1.toml
     # Relative paths in a mesh.toml resolve against its directory: the copy in $OUT
     # names every path absolutely.
-    sed -e "s#^models = .*#models = \"$PWD/examples/models\"#" \
+    sed -e "s#^models = .*#models = \"${MODELS:-$PWD/examples/models}\"#" \
         -e "s#^views = .*#views = \"$PWD/examples/features/views.toml\"#" \
         -e "s#^path = .*#path = \"$DATA/features\"#" -e "s#^dir = .*#dir = \"$DATA/predictions-$1\"#" \
         -e "s#grpc_port = 8001#grpc_port = $PORT#" -e "s#http_port = 8000#http_port = $HTTP_PORT#" examples/mesh.toml >"$cfg"

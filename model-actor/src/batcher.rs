@@ -63,6 +63,11 @@ struct State {
     cost: Cost,
     /// Runners asleep for want of work (not those waiting for a batch to fill).
     asleep: usize,
+    /// How long a runner that ran out of work waits for the next request, smoothed
+    /// (weight 1/8 on the newest; the first replaces zero). A runner spins only
+    /// while this is within `policy.idle_spin`: when requests come further apart, a
+    /// spin would mostly end empty-handed, its CPU taken from the serving threads.
+    idle_gap: Option<Duration>,
     closed: bool,
 }
 
@@ -114,6 +119,7 @@ impl Queue {
                 running: vec![None; runners.max(1)],
                 cost: Cost::new(policy.compute_reserve),
                 asleep: 0,
+                idle_gap: None,
                 closed: false,
             }),
             work: Condvar::new(),
@@ -187,9 +193,13 @@ impl Queue {
     /// sleeps until a request arrives: under load the next request usually comes
     /// within the spin, and taking it costs no sleep and no wake-up (two context
     /// switches, the largest cost of a small model's request on a busy machine).
+    /// It spins only while the smoothed wait for work after running out is within
+    /// the spin (see `State::idle_gap`): at a lower rate it sleeps at once.
     pub fn next_batch(&self, slot: usize) -> Option<Vec<Pending>> {
         let mut s = self.state.lock();
         let mut spun = self.policy.idle_spin.is_zero();
+        // When this runner found the queue empty.
+        let mut idle_since: Option<Instant> = None;
         loop {
             if s.closed {
                 return None;
@@ -203,10 +213,14 @@ impl Queue {
             match decide(s.waiting.iter().map(Pending::waiting), now, &policy) {
                 Decision::Idle if !spun => {
                     spun = true;
-                    let seen = self.arrivals.load(Ordering::Acquire);
-                    MutexGuard::unlocked(&mut s, || self.spin(seen));
+                    idle_since.get_or_insert(now);
+                    if s.idle_gap.is_none_or(|g| g <= self.policy.idle_spin) {
+                        let seen = self.arrivals.load(Ordering::Acquire);
+                        MutexGuard::unlocked(&mut s, || self.spin(seen));
+                    }
                 }
                 Decision::Idle => {
+                    idle_since.get_or_insert(now);
                     s.asleep += 1;
                     self.work.wait(&mut s);
                     s.asleep -= 1;
@@ -217,6 +231,10 @@ impl Queue {
                 Decision::Dispatch { count, rows } => {
                     let items: Vec<Pending> = s.waiting.drain(..count).collect();
                     s.rows_waiting -= rows;
+                    if let Some(since) = idle_since {
+                        let gap = items[0].enqueued_at.saturating_duration_since(since);
+                        s.idle_gap = Some(s.idle_gap.map_or(gap, |g| (g * 7 + gap) / 8));
+                    }
                     s.running[slot] = Some((now, rows));
                     let len = s.waiting.len();
                     drop(s);
@@ -388,6 +406,46 @@ mod tests {
         q.push(p).unwrap();
         assert_eq!(t.join().unwrap(), Some(1));
         assert_eq!(q.asleep(), 0);
+    }
+
+    #[test]
+    fn a_runner_spins_only_while_requests_come_within_the_spin() {
+        let spin = Duration::from_millis(500);
+        let q = queue(spin);
+        // The next request came 1.5 s after the runner ran out of work.
+        let (_, t) = runner(&q);
+        thread::sleep(Duration::from_millis(1500));
+        let (p, _rx) = pending();
+        q.push(p).unwrap();
+        assert_eq!(t.join().unwrap(), Some(1));
+        // So it no longer spins: out of work, it sleeps at once.
+        let (started, t) = runner(&q);
+        let slept = asleep_at(&q);
+        assert!(
+            slept - started < spin,
+            "spun for {:?} though requests come 1.5 s apart",
+            slept - started
+        );
+        let (p, _rx) = pending();
+        q.push(p).unwrap();
+        assert_eq!(t.join().unwrap(), Some(1));
+        // Requests coming a few milliseconds apart bring the spin back.
+        for _ in 0..14 {
+            let (_, t) = runner(&q);
+            thread::sleep(Duration::from_millis(5));
+            let (p, _rx) = pending();
+            q.push(p).unwrap();
+            assert_eq!(t.join().unwrap(), Some(1));
+        }
+        let (started, t) = runner(&q);
+        let slept = asleep_at(&q);
+        assert!(
+            slept - started >= spin,
+            "asleep after {:?} though requests come 5 ms apart",
+            slept - started
+        );
+        q.close();
+        assert_eq!(t.join().unwrap(), None);
     }
 
     #[test]
