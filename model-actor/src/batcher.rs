@@ -4,10 +4,9 @@
 //! the pure planner in `batching`. A request crosses threads twice: into the queue,
 //! and back with its answer.
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
@@ -64,7 +63,7 @@ struct State {
     /// Runners asleep for want of work (not those waiting for a batch to fill).
     asleep: usize,
     /// How long a runner that ran out of work waits for the next request, smoothed
-    /// (weight 1/8 on the newest; the first replaces zero). A runner spins only
+    /// (weight 1/8 on the newest; the first is taken as it is). A runner spins only
     /// while this is within `policy.idle_spin`: when requests come further apart, a
     /// spin would mostly end empty-handed, its CPU taken from the serving threads.
     idle_gap: Option<Duration>,

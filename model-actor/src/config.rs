@@ -27,7 +27,7 @@
 //! max_queue_delay_us = 200     # wait at most this long (from the oldest request) to fill a batch
 //! queue_capacity = 2048        # requests admitted (waiting or running) before RESOURCE_EXHAUSTED
 //! runner_instances = 2         # SyncArbiter threads that own a copy of the model
-//! idle_spin_us = 50            # a runner with nothing to do spins (yielding) this long before it sleeps; 0: sleep at once
+//! idle_spin_us = 50            # a runner out of work spins (yielding) this long before it sleeps, while requests come that close; 0: never
 //! replicas = 1                 # independent actor groups (batcher + runners) per version
 //! default_timeout_ms = 1000    # deadline for requests that bring none
 //!
@@ -480,8 +480,9 @@ pub struct BatchingConfig {
     pub default_timeout_ms: u64,
     /// How long a runner with nothing to do spins (yielding the CPU between looks)
     /// before it sleeps. Under load the next request usually arrives within it and
-    /// is taken without a sleep and a wake-up; an idle model spends at most this
-    /// much CPU after each batch. 0: sleep at once.
+    /// is taken without a sleep and a wake-up. A runner spins only while its
+    /// smoothed wait for the next request is within this (see `batcher`), so an
+    /// idle or lightly loaded model spends nothing on it. 0: never spin.
     pub idle_spin_us: u64,
 }
 
