@@ -324,6 +324,14 @@ pub async fn closed_loop(
 
 /// Open loop: request i is due at `started + i/rate` whatever happened before,
 /// with at most 64 × `--concurrency` outstanding.
+///
+/// A pacer thread of its own sleeps until each request is due (the kernel's
+/// high-resolution timers: tens of µs late) and starts it on the runtime. tokio's
+/// timer counts in whole milliseconds: paced by it, every request started up to
+/// 1 ms after it was due (a lag inside every latency reported, since latency
+/// counts from the due time), and those due within one millisecond left together,
+/// a burst the server then queued. A request whose time has passed (the pacer fell
+/// behind, or the outstanding limit held it) starts at once, its lag counted.
 pub async fn open_loop(
     clients: &Clients,
     args: &Arc<BenchArgs>,
@@ -331,30 +339,47 @@ pub async fn open_loop(
     (started, end): (Instant, Instant),
     rate: f64,
     max_requests: u64,
-) {
+) -> anyhow::Result<()> {
     let limit = Arc::new(tokio::sync::Semaphore::new(args.concurrency.max(1) * 64));
-    let mut i: u64 = 0;
-    let mut tasks = Vec::new();
-    loop {
-        let due = started + Duration::from_secs_f64(i as f64 / rate.max(1e-3));
-        if due >= end || i >= max_requests {
-            break;
+    let runtime = tokio::runtime::Handle::current();
+    let (clients, args, tally) = (clients.clone(), args.clone(), tally.clone());
+    let pace = move || {
+        let mut tasks = Vec::new();
+        let mut i: u64 = 0;
+        loop {
+            let due = started + Duration::from_secs_f64(i as f64 / rate.max(1e-3));
+            if due >= end || i >= max_requests {
+                break;
+            }
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
+            }
+            let Ok(permit) = runtime.block_on(limit.clone().acquire_owned()) else {
+                break;
+            };
+            let (mut c, tally, args) = (clients.clone(), tally.clone(), args.clone());
+            tasks.push(runtime.spawn(async move {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(i);
+                one(&mut c, &args, i, &mut rng, due, &tally).await;
+                drop(permit);
+            }));
+            i += 1;
         }
-        tokio::time::sleep_until(due.into()).await;
-        let Ok(permit) = limit.clone().acquire_owned().await else {
-            break;
-        };
-        let (mut c, tally, args) = (clients.clone(), tally.clone(), args.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut rng = rand::rngs::StdRng::seed_from_u64(i);
-            one(&mut c, &args, i, &mut rng, due, &tally).await;
-            drop(permit);
-        }));
-        i += 1;
-    }
+        tasks
+    };
+    let pacer = std::thread::Builder::new()
+        .name("mesh-bench-pacer".into())
+        .spawn(pace)
+        .context("starting the load generator's pacer thread")?;
+    let tasks = tokio::task::spawn_blocking(move || pacer.join())
+        .await
+        .context("waiting for the pacer thread")?
+        .map_err(|_| anyhow::anyhow!("the load generator's pacer thread panicked"))?;
     for t in tasks {
         let _ = t.await;
     }
+    Ok(())
 }
 
 /// Cumulative server-side statistics of the model (OIP ModelStatistics, summed

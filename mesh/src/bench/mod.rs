@@ -46,7 +46,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     match args.rate {
         None => load::closed_loop(&clients, &args, &tally, end, max_requests).await,
         Some(rate) => {
-            load::open_loop(&clients, &args, &tally, (started, end), rate, max_requests).await
+            load::open_loop(&clients, &args, &tally, (started, end), rate, max_requests).await?
         }
     }
     progress.abort();
