@@ -199,6 +199,8 @@ impl Queue {
         let mut spun = self.policy.idle_spin.is_zero();
         // When this runner found the queue empty.
         let mut idle_since: Option<Instant> = None;
+        // Whether this call's idle spell is counted (one outcome each).
+        let mut counted = false;
         loop {
             if s.closed {
                 return None;
@@ -215,10 +217,19 @@ impl Queue {
                     idle_since.get_or_insert(now);
                     if s.idle_gap.is_none_or(|g| g <= self.policy.idle_spin) {
                         let seen = self.arrivals.load(Ordering::Acquire);
-                        MutexGuard::unlocked(&mut s, || self.spin(seen));
+                        let caught = MutexGuard::unlocked(&mut s, || self.spin(seen));
+                        counted = true;
+                        if caught {
+                            self.meters.idle_spin_caught.increment(1);
+                        } else {
+                            self.meters.idle_spin_empty.increment(1);
+                        }
                     }
                 }
                 Decision::Idle => {
+                    if !std::mem::replace(&mut counted, true) {
+                        self.meters.idle_slept.increment(1);
+                    }
                     idle_since.get_or_insert(now);
                     s.asleep += 1;
                     self.work.wait(&mut s);
@@ -245,10 +256,17 @@ impl Queue {
     }
 
     /// Spins for up to `policy.idle_spin` or until a request arrives after
-    /// `seen` arrivals (or the queue closes), yielding between looks.
-    fn spin(&self, seen: u64) {
+    /// `seen` arrivals (or the queue closes), yielding between looks. Whether
+    /// something arrived.
+    fn spin(&self, seen: u64) -> bool {
         let until = Instant::now() + self.policy.idle_spin;
-        while self.arrivals.load(Ordering::Acquire) == seen && Instant::now() < until {
+        loop {
+            if self.arrivals.load(Ordering::Acquire) != seen {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
             std::thread::yield_now();
         }
     }
@@ -316,6 +334,7 @@ impl Queue {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use std::sync::mpsc;
     use std::thread;
@@ -445,6 +464,118 @@ mod tests {
         );
         q.close();
         assert_eq!(t.join().unwrap(), None);
+    }
+
+    /// Counts the `outcome` of each [`names::RUNNER_IDLE`] counter registered with it.
+    #[derive(Default)]
+    struct Outcomes(Mutex<std::collections::HashMap<String, Arc<AtomicU64>>>);
+
+    impl Outcomes {
+        fn get(&self, outcome: &str) -> u64 {
+            self.0
+                .lock()
+                .get(outcome)
+                .map_or(0, |c| c.load(Ordering::Relaxed))
+        }
+    }
+
+    impl metrics::Recorder for Outcomes {
+        fn describe_counter(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_gauge(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_histogram(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn register_counter(
+            &self,
+            key: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Counter {
+            if key.name() != crate::stats::names::RUNNER_IDLE {
+                return metrics::Counter::noop();
+            }
+            let outcome = key
+                .labels()
+                .find(|l| l.key() == "outcome")
+                .map(|l| l.value().to_owned())
+                .unwrap_or_default();
+            metrics::Counter::from_arc(self.0.lock().entry(outcome).or_default().clone())
+        }
+        fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+            metrics::Gauge::noop()
+        }
+        fn register_histogram(
+            &self,
+            _: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Histogram {
+            metrics::Histogram::noop()
+        }
+    }
+
+    #[test]
+    fn each_idle_spell_is_counted_by_its_outcome() {
+        let counts = Outcomes::default();
+        let q = metrics::with_local_recorder(&counts, || queue(Duration::from_millis(300)));
+        // A request during the spin: caught.
+        let (_, t) = runner(&q);
+        thread::sleep(Duration::from_millis(30));
+        let (p, _rx) = pending();
+        q.push(p).unwrap();
+        assert_eq!(t.join().unwrap(), Some(1));
+        assert_eq!(
+            (
+                counts.get("spin_caught"),
+                counts.get("spin_empty"),
+                counts.get("slept")
+            ),
+            (1, 0, 0)
+        );
+        // Nothing during the spin: empty, then asleep (not counted twice).
+        let (_, t) = runner(&q);
+        asleep_at(&q);
+        let (p, _rx) = pending();
+        q.push(p).unwrap();
+        assert_eq!(t.join().unwrap(), Some(1));
+        assert_eq!(
+            (
+                counts.get("spin_caught"),
+                counts.get("spin_empty"),
+                counts.get("slept")
+            ),
+            (1, 1, 0)
+        );
+        // With the spin off: slept.
+        let counts = Outcomes::default();
+        let q = metrics::with_local_recorder(&counts, || queue(Duration::ZERO));
+        let (_, t) = runner(&q);
+        asleep_at(&q);
+        let (p, _rx) = pending();
+        q.push(p).unwrap();
+        assert_eq!(t.join().unwrap(), Some(1));
+        assert_eq!(
+            (
+                counts.get("spin_caught"),
+                counts.get("spin_empty"),
+                counts.get("slept")
+            ),
+            (0, 0, 1)
+        );
     }
 
     #[test]

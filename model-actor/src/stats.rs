@@ -29,6 +29,12 @@ pub mod names {
     pub const DROPPED: &str = "mesh_model_dropped_requests_total";
     /// Gauge: 1 for each version that is loaded and ready.
     pub const READY: &str = "mesh_model_ready";
+    /// Counter: times a runner ran out of work, by `outcome`: `spin_caught` (a
+    /// request came during its spin: no sleep, no wake-up), `spin_empty` (the spin
+    /// ended with nothing, then it slept), `slept` (it slept at once: requests come
+    /// further apart than `[batching] idle_spin_us`, or the spin is off). Whether
+    /// the spin pays: `spin_caught` against `spin_empty`.
+    pub const RUNNER_IDLE: &str = "mesh_model_runner_idle_total";
 }
 
 /// Histogram buckets of this crate, chosen in one place. Latencies run from 10 µs
@@ -62,6 +68,9 @@ pub struct Meters {
     pub overloaded: metrics::Counter,
     pub cannot_meet_deadline: metrics::Counter,
     pub late: metrics::Counter,
+    pub idle_spin_caught: metrics::Counter,
+    pub idle_spin_empty: metrics::Counter,
+    pub idle_slept: metrics::Counter,
 }
 
 impl Meters {
@@ -71,6 +80,7 @@ impl Meters {
             ("version", version.to_string()),
             ("replica", replica.to_string()),
         ];
+        let idle = |outcome: &'static str| metrics::counter!(names::RUNNER_IDLE, "model" => model.to_owned(), "version" => version.to_string(), "replica" => replica.to_string(), "outcome" => outcome);
         let dropped = |reason: &'static str| metrics::counter!(names::DROPPED, "model" => model.to_owned(), "version" => version.to_string(), "reason" => reason);
         Self {
             queue_length: metrics::gauge!(names::QUEUE_LENGTH, &l),
@@ -83,6 +93,9 @@ impl Meters {
             overloaded: dropped("overloaded"),
             cannot_meet_deadline: dropped("cannot_meet_deadline"),
             late: dropped("late"),
+            idle_spin_caught: idle("spin_caught"),
+            idle_spin_empty: idle("spin_empty"),
+            idle_slept: idle("slept"),
         }
     }
 }

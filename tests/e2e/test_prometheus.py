@@ -447,6 +447,8 @@ def test_the_faults_and_errors_are_visible(stack):
         'sum(mesh_features_values_total{status="outside_max_age"})': lambda v: v > 0,
         "count(mesh_router_breaker_state)": lambda v: v == len(stack["traffic"]["replicas_at_end"]),
         'sum(mesh_router_decisions_total{source="PREVIOUS_VERSION"})': lambda v: v > 0,
+        # Runners ran out of work between requests, each spell counted once.
+        "sum(mesh_model_runner_idle_total)": lambda v: v > 0,
     }
     wrong = {e: value(e) for e, ok in checks.items() if not ok(value(e))}
     assert not wrong, f"unexpected values: {wrong}\ntraffic: {stack['traffic']['decide']}"
