@@ -212,25 +212,24 @@ impl Queue {
                 ..self.policy
             };
             match decide(s.waiting.iter().map(Pending::waiting), now, &policy) {
-                Decision::Idle if !spun => {
-                    spun = true;
+                Decision::Idle => {
                     idle_since.get_or_insert(now);
-                    if s.idle_gap.is_none_or(|g| g <= self.policy.idle_spin) {
-                        let seen = self.arrivals.load(Ordering::Acquire);
-                        let caught = MutexGuard::unlocked(&mut s, || self.spin(seen));
+                    // Once a call, while requests come within the spin.
+                    if !std::mem::replace(&mut spun, true)
+                        && s.idle_gap.is_none_or(|g| g <= self.policy.idle_spin)
+                    {
                         counted = true;
-                        if caught {
+                        let seen = self.arrivals.load(Ordering::Acquire);
+                        if MutexGuard::unlocked(&mut s, || self.spin(seen)) {
                             self.meters.idle_spin_caught.increment(1);
                         } else {
                             self.meters.idle_spin_empty.increment(1);
                         }
+                        continue;
                     }
-                }
-                Decision::Idle => {
                     if !std::mem::replace(&mut counted, true) {
                         self.meters.idle_slept.increment(1);
                     }
-                    idle_since.get_or_insert(now);
                     s.asleep += 1;
                     self.work.wait(&mut s);
                     s.asleep -= 1;
@@ -379,6 +378,13 @@ mod tests {
         (rx.recv().unwrap(), t)
     }
 
+    /// Queues one request and checks that the runner `t` takes it, alone.
+    fn feed(q: &Queue, t: thread::JoinHandle<Option<usize>>) {
+        let (p, _rx) = pending();
+        q.push(p).unwrap();
+        assert_eq!(t.join().unwrap(), Some(1));
+    }
+
     /// Polls until a runner sleeps (within 10 s); when it fell asleep.
     fn asleep_at(q: &Queue) -> Instant {
         let give_up = Instant::now() + Duration::from_secs(10);
@@ -398,9 +404,7 @@ mod tests {
         let (_, t) = runner(&q);
         thread::sleep(Duration::from_millis(50));
         assert_eq!(q.asleep(), 0);
-        let (p, _rx) = pending();
-        q.push(p).unwrap();
-        assert_eq!(t.join().unwrap(), Some(1));
+        feed(&q, t);
         // With nothing arriving, it sleeps once the spin is over, not before.
         let (started, t) = runner(&q);
         let slept = asleep_at(&q);
@@ -420,9 +424,7 @@ mod tests {
         let (started, t) = runner(&q);
         let slept = asleep_at(&q);
         assert!(slept - started < Duration::from_secs(2));
-        let (p, _rx) = pending();
-        q.push(p).unwrap();
-        assert_eq!(t.join().unwrap(), Some(1));
+        feed(&q, t);
         assert_eq!(q.asleep(), 0);
     }
 
@@ -433,9 +435,7 @@ mod tests {
         // The next request came 1.5 s after the runner ran out of work.
         let (_, t) = runner(&q);
         thread::sleep(Duration::from_millis(1500));
-        let (p, _rx) = pending();
-        q.push(p).unwrap();
-        assert_eq!(t.join().unwrap(), Some(1));
+        feed(&q, t);
         // So it no longer spins: out of work, it sleeps at once.
         let (started, t) = runner(&q);
         let slept = asleep_at(&q);
@@ -444,16 +444,12 @@ mod tests {
             "spun for {:?} though requests come 1.5 s apart",
             slept - started
         );
-        let (p, _rx) = pending();
-        q.push(p).unwrap();
-        assert_eq!(t.join().unwrap(), Some(1));
+        feed(&q, t);
         // Requests coming a few milliseconds apart bring the spin back.
         for _ in 0..14 {
             let (_, t) = runner(&q);
             thread::sleep(Duration::from_millis(5));
-            let (p, _rx) = pending();
-            q.push(p).unwrap();
-            assert_eq!(t.join().unwrap(), Some(1));
+            feed(&q, t);
         }
         let (started, t) = runner(&q);
         let slept = asleep_at(&q);
@@ -535,9 +531,7 @@ mod tests {
         // A request during the spin: caught.
         let (_, t) = runner(&q);
         thread::sleep(Duration::from_millis(30));
-        let (p, _rx) = pending();
-        q.push(p).unwrap();
-        assert_eq!(t.join().unwrap(), Some(1));
+        feed(&q, t);
         assert_eq!(
             (
                 counts.get("spin_caught"),
@@ -549,9 +543,7 @@ mod tests {
         // Nothing during the spin: empty, then asleep (not counted twice).
         let (_, t) = runner(&q);
         asleep_at(&q);
-        let (p, _rx) = pending();
-        q.push(p).unwrap();
-        assert_eq!(t.join().unwrap(), Some(1));
+        feed(&q, t);
         assert_eq!(
             (
                 counts.get("spin_caught"),
@@ -565,9 +557,7 @@ mod tests {
         let q = metrics::with_local_recorder(&counts, || queue(Duration::ZERO));
         let (_, t) = runner(&q);
         asleep_at(&q);
-        let (p, _rx) = pending();
-        q.push(p).unwrap();
-        assert_eq!(t.join().unwrap(), Some(1));
+        feed(&q, t);
         assert_eq!(
             (
                 counts.get("spin_caught"),
