@@ -30,7 +30,8 @@ pub struct BenchArgs {
     /// Open loop at this many requests per second (otherwise closed loop).
     #[arg(long)]
     pub rate: Option<f64>,
-    /// Callers in flight (closed loop), or the most outstanding requests (open loop).
+    /// Callers in flight (closed loop); the open loop keeps at most 64 times this
+    /// many requests outstanding. 1 to 10,000.
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
     /// Seconds of load (default 10 unless --requests is given).
@@ -58,7 +59,22 @@ pub struct BenchArgs {
     pub html: Option<PathBuf>,
 }
 
+/// The most `--concurrency`: callers are tasks, and the open loop's outstanding
+/// limit (64 times it) is a semaphore's permits.
+pub const MAX_CONCURRENCY: usize = 10_000;
+
 impl BenchArgs {
+    /// Refuses arguments out of their range, naming them.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if !(1..=MAX_CONCURRENCY).contains(&self.concurrency) {
+            bail!(
+                "--concurrency {}: must be 1 to {MAX_CONCURRENCY}",
+                self.concurrency
+            );
+        }
+        self.load_seconds().map(|_| ())
+    }
+
     /// Seconds the load may last: `--seconds`, else unbounded with `--requests`, else 10.
     pub fn load_seconds(&self) -> anyhow::Result<f64> {
         if self.requests == Some(0) {
@@ -128,6 +144,16 @@ pub(super) mod tests {
         assert!(e.to_string().contains("--seconds -1"), "{e}");
         let e = parse(&["--seconds", "inf"]).load_seconds().unwrap_err();
         assert!(e.to_string().contains("must be a positive number"), "{e}");
+        parse(&["--concurrency", "10000"]).check().unwrap();
+        for bad in ["0", "10001"] {
+            let e = parse(&["--concurrency", bad]).check().unwrap_err();
+            assert!(
+                e.to_string()
+                    .contains(&format!("--concurrency {bad}: must be 1 to 10000")),
+                "{e}"
+            );
+        }
+        assert!(parse(&["--requests", "0"]).check().is_err());
     }
 
     #[test]

@@ -340,11 +340,18 @@ pub async fn open_loop(
     rate: f64,
     max_requests: u64,
 ) -> anyhow::Result<()> {
-    let limit = Arc::new(tokio::sync::Semaphore::new(args.concurrency.max(1) * 64));
+    // At most 64 x MAX_CONCURRENCY (BenchArgs::check): fits the u32 below.
+    let permits = args.concurrency.max(1) * 64;
+    let limit = Arc::new(tokio::sync::Semaphore::new(permits));
     let runtime = tokio::runtime::Handle::current();
     let (clients, args, tally) = (clients.clone(), args.clone(), tally.clone());
+    let pacer_limit = limit.clone();
+    // The requests' tasks are detached: each frees its memory when it ends. Join
+    // handles kept to the end held every finished task's memory for the whole run
+    // (385 MB at 11,000/s for 8 s, against 47-55 MB now; a million tasks at
+    // 100,000/s for 10 s). The end waits for the outstanding ones through the
+    // limit's permits instead.
     let pace = move || {
-        let mut tasks = Vec::new();
         let mut i: u64 = 0;
         loop {
             let due = started + Duration::from_secs_f64(i as f64 / rate.max(1e-3));
@@ -355,30 +362,31 @@ pub async fn open_loop(
             if due > now {
                 std::thread::sleep(due - now);
             }
-            let Ok(permit) = runtime.block_on(limit.clone().acquire_owned()) else {
+            let Ok(permit) = runtime.block_on(pacer_limit.clone().acquire_owned()) else {
                 break;
             };
             let (mut c, tally, args) = (clients.clone(), tally.clone(), args.clone());
-            tasks.push(runtime.spawn(async move {
+            runtime.spawn(async move {
                 let mut rng = rand::rngs::StdRng::seed_from_u64(i);
                 one(&mut c, &args, i, &mut rng, due, &tally).await;
                 drop(permit);
-            }));
+            });
             i += 1;
         }
-        tasks
     };
     let pacer = std::thread::Builder::new()
         .name("mesh-bench-pacer".into())
         .spawn(pace)
         .context("starting the load generator's pacer thread")?;
-    let tasks = tokio::task::spawn_blocking(move || pacer.join())
+    tokio::task::spawn_blocking(move || pacer.join())
         .await
         .context("waiting for the pacer thread")?
         .map_err(|_| anyhow::anyhow!("the load generator's pacer thread panicked"))?;
-    for t in tasks {
-        let _ = t.await;
-    }
+    // Every permit back: every request has ended (a task that panics drops its permit).
+    let _all = limit
+        .acquire_many(permits as u32)
+        .await
+        .context("waiting for the outstanding requests")?;
     Ok(())
 }
 

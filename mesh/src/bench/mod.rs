@@ -29,6 +29,7 @@ use tally::Tally;
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     // Bad arguments fail before any connection is tried.
+    args.check()?;
     let load_s = args.load_seconds()?;
     let mut clients = Clients::connect(&args.addr, args.tls_ca.as_deref()).await?;
     if args.target == Target::Infer {
