@@ -24,10 +24,19 @@ fn run() -> anyhow::Result<()> {
         // Offline commands that do no async work run on this thread.
         Command::Logs(c) => mesh::logs::run(c),
         Command::Features(c) => mesh::cli::features(c),
-        command => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()?
-            .block_on(mesh::cli::run(command, prepared)),
+        command => {
+            let mut runtime = tokio::runtime::Builder::new_multi_thread();
+            if let Command::Bench(b) = &command {
+                // The load generator's threads (`--threads`), checked first: a
+                // runtime of 0 workers cannot be built.
+                b.check()?;
+                runtime.worker_threads(b.threads);
+            }
+            runtime
+                .enable_all()
+                .build()?
+                .block_on(mesh::cli::run(command, prepared))
+        }
     }
 }
 
