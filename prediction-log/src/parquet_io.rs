@@ -23,6 +23,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -339,6 +340,11 @@ impl OpenParquet {
             .set_compression(Compression::SNAPPY)
             .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
             .set_created_by("inference-mesh prediction-log".to_string())
+            // Every request id is new: a dictionary of them is only work. Without
+            // it, 100,000 records of 33 features wrote 5% smaller files, 2% faster
+            // (`benches/writer.rs` with 33 features). The other strings repeat (names,
+            // statuses, versions) and keep theirs: plain, the files grew 1.6-2.8x.
+            .set_column_dictionary_enabled(ColumnPath::from("request_id"), false)
             .build();
         let writer = ArrowWriter::try_new(file, schema(), Some(props))
             .map_err(|e| LogError::parquet(path, e))?;
@@ -681,6 +687,30 @@ mod tests {
         w.close().unwrap();
         let e = read_parquet(&path).unwrap_err().to_string();
         assert!(e.contains("carrier_pigeon"), "{e}");
+    }
+
+    /// Request ids are written without a dictionary (each is new); strings that
+    /// repeat, such as the model's name, keep theirs. The file reads back whole.
+    #[test]
+    fn request_ids_have_no_dictionary_and_repeated_strings_do() {
+        use parquet::file::reader::{FileReader, SerializedFileReader};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.parquet");
+        let recs: Vec<_> = (0..2_000)
+            .map(|i| PredictionRecord::new(format!("req-{i:08}"), "fraud", "1", Role::Primary))
+            .collect();
+        write_parquet(&path, &recs).unwrap();
+        let file = SerializedFileReader::new(File::open(&path).unwrap()).unwrap();
+        let rg = file.metadata().row_group(0);
+        let chunk = |name: &str| {
+            (0..rg.num_columns())
+                .map(|c| rg.column(c))
+                .find(|c| c.column_path().string() == name)
+                .unwrap_or_else(|| panic!("no column {name}"))
+        };
+        assert_eq!(chunk("request_id").dictionary_page_offset(), None);
+        assert!(chunk("model").dictionary_page_offset().is_some());
+        assert_eq!(read_parquet(&path).unwrap(), recs);
     }
 
     /// The stage column names are part of the file format: they must stay as they are.
