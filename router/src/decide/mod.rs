@@ -36,6 +36,9 @@ pub use outcome::{AnswerSource, Outcome, OutcomeSink, Timings};
 use replica::{LocalReplica, ModelAnswer, ModelCall, RemoteReplica};
 
 /// A replica of either kind, so one stack balances over both.
+// Held once per replica by the stack's balancer, never in bulk: boxing the remote
+// kind would save little memory and add a pointer to follow on every call.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone)]
 pub enum Replica {
     Local(LocalReplica),

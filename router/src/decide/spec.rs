@@ -246,7 +246,8 @@ fn parse_transform(t: RawTransform) -> Result<Transform, String> {
         RawTransform::Name(n) => Err(format!(
             "unknown transform '{n}' (log1p, standardize, clip)"
         )),
-        RawTransform::Table(Transform::Standardize { std, .. }) if !(std > 0.0) => {
+        // NaN is refused with the rest.
+        RawTransform::Table(Transform::Standardize { std, .. }) if std.is_nan() || std <= 0.0 => {
             Err("standardize needs std > 0".into())
         }
         RawTransform::Table(t) => Ok(t),
@@ -291,7 +292,9 @@ impl DecisionSpec {
                 .map_err(|e| format!("[decision]: {e}"))?,
             None => Thresholds::default(),
         };
-        if !(thresholds.review_at <= thresholds.decline_at) {
+        let (review, decline) = (thresholds.review_at, thresholds.decline_at);
+        // NaN in either is refused with the rest.
+        if review.is_nan() || decline.is_nan() || review > decline {
             return Err("[decision]: review_at must not exceed decline_at".into());
         }
         let mut entries = Vec::new();
@@ -714,6 +717,41 @@ mod tests {
                 && e.contains("only tree models take NaN"),
             "{e}"
         );
+    }
+
+    /// A standardize std and decision thresholds that are not ordered numbers (0,
+    /// negative, NaN, review above decline) are refused, NaN included.
+    #[test]
+    fn bad_std_and_thresholds_are_refused_nan_included() {
+        let with_std = |std: &str| {
+            model(&format!(
+                "[input_spec]\n[[input_spec.features]]\nsource = \"request:a\"\n\
+                 transforms = [{{ standardize = {{ mean = 0.0, std = {std} }} }}]\n\
+                 [[input_spec.features]]\nsource = \"request:b\"\none_hot = [\"x\", \"y\", \"z\"]\n"
+            ))
+        };
+        assert!(DecisionSpec::from_model(&with_std("2.0"))
+            .unwrap()
+            .is_some());
+        for bad in ["0.0", "-1.0", "nan"] {
+            let e = DecisionSpec::from_model(&with_std(bad)).unwrap_err();
+            assert!(e.contains("standardize needs std > 0"), "std = {bad}: {e}");
+        }
+        let with_thresholds = |review: &str, decline: &str| {
+            model(&format!(
+                "[input_spec]\n[[input_spec.features]]\nsource = \"request:a\"\n\
+                 one_hot = [\"a\", \"b\", \"c\", \"d\"]\n\
+                 [decision]\nreview_at = {review}\ndecline_at = {decline}\n"
+            ))
+        };
+        assert!(DecisionSpec::from_model(&with_thresholds("0.5", "0.5")).is_ok());
+        for (review, decline) in [("0.9", "0.5"), ("nan", "0.5"), ("0.5", "nan")] {
+            let e = DecisionSpec::from_model(&with_thresholds(review, decline)).unwrap_err();
+            assert!(
+                e.contains("review_at must not exceed decline_at"),
+                "{review}/{decline}: {e}"
+            );
+        }
     }
 
     #[test]
