@@ -1,6 +1,7 @@
 //! `mesh batch-score` end to end: entity keys from Parquet, features from a real
 //! sled store, the reference model, scores written into a feature view; each
 //! stored score equals the model's answer for the row the spec builds offline.
+#![allow(clippy::unwrap_used)] // a test fails loudly on the first surprise
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

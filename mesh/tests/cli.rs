@@ -2,6 +2,7 @@
 //! example model, the example views, demo features in a sled store): `mesh decide`
 //! from flags and from JSON, `mesh features get` and `mesh features list`, and a
 //! user error that exits 1 with one line and no backtrace.
+#![allow(clippy::unwrap_used)] // a test fails loudly on the first surprise
 mod common;
 use common::{args, root};
 

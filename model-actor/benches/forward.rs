@@ -57,7 +57,7 @@ fn forward(c: &mut Criterion) {
     // One thread per forward pass, as `mesh serve` runs it (`compute_threads = 1`).
     std::env::set_var("RAYON_NUM_THREADS", "1");
     let tmp = tempfile::tempdir().expect("tempdir");
-    let mut models = vec![
+    let mut models = [
         ("fraud_mlp", load(&example_dir())),
         ("heavy_mlp", heavy(tmp.path())),
     ];

@@ -59,10 +59,10 @@ fn config(max_batch: usize, delay_us: u64, capacity: usize, runners: usize) -> A
     Arc::new(ModelConfig::parse(&text, "fake").unwrap())
 }
 
-fn start(
-    cfg: Arc<ModelConfig>,
-    delay: Duration,
-) -> (Arc<VersionHandle>, Arc<Mutex<Vec<Vec<f32>>>>) {
+/// The rows of every batch the fake model ran, in order.
+type Seen = Arc<Mutex<Vec<Vec<f32>>>>;
+
+fn start(cfg: Arc<ModelConfig>, delay: Duration) -> (Arc<VersionHandle>, Seen) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let s = seen.clone();
     let factory = Arc::new(move || {

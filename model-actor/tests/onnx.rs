@@ -7,6 +7,7 @@
 //! ONNX Runtime is loaded at run time from `ORT_DYLIB_PATH` (scripts/test sets it to
 //! the onnxruntime wheel in the test venv). Without it these tests fail, saying how to
 //! set it; they never skip.
+#![allow(clippy::unwrap_used)] // a test fails loudly on the first surprise
 mod common;
 use common::*;
 
@@ -125,7 +126,7 @@ async fn a_model_toml_that_disagrees_with_the_model_is_refused_and_the_old_versi
     let repo = ModelRepository::new(dir.path(), system.clone()).unwrap();
     load_all(&repo).await;
     let rows = samples();
-    let cases: [(&str, fn(String) -> String, &[&str]); 8] = [
+    let cases: [Case; 8] = [
         (
             "missing output",
             |t| t.replace("output = \"probabilities\"", "output = \"proba\""),
@@ -277,3 +278,6 @@ fn onnx_config_refusals_are_named() {
     let err = ModelConfig::parse(no_table, NAME).unwrap_err();
     assert!(err.contains("needs an [onnx] table"), "{err}");
 }
+
+/// A refusal case: its name, the edit to model.toml, and what the error must say.
+type Case = (&'static str, fn(String) -> String, &'static [&'static str]);

@@ -1,6 +1,7 @@
 //! The reference fraud model through the whole actor path: every row of
 //! samples.csv reproduces scikit-learn's probability within 1e-5, one row per
 //! request and in batches of several sizes, and hot loading works.
+#![allow(clippy::unwrap_used)] // a test fails loudly on the first surprise
 mod common;
 use common::*;
 

@@ -314,7 +314,7 @@ async fn a_model_toml_that_disagrees_with_the_file_is_refused_and_the_old_versio
     let repo = ModelRepository::new(dir.path(), system.clone()).unwrap();
     repo.load_all().await.unwrap();
     let s = samples();
-    let cases: [(&str, fn(String) -> String, &[&str]); 6] = [
+    let cases: [Case; 6] = [
         (
             "width",
             |t| t.replace("dims = [34]", "dims = [35]"),
@@ -394,3 +394,6 @@ async fn a_model_toml_that_disagrees_with_the_file_is_refused_and_the_old_versio
     assert_eq!(repo.get("fraud_xgb", None).unwrap().version, 2);
     system.stop();
 }
+
+/// A refusal case: its name, the edit to model.toml, and what the error must say.
+type Case = (&'static str, fn(String) -> String, &'static [&'static str]);

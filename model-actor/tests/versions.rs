@@ -1,6 +1,7 @@
 //! Versions behave as documented: with `latest = 2`, a broken newest version fails
 //! to load and never unloads a serving one; once it is fixed, the policy's window
 //! moves on. Reference weights: tests/data/fraud-mlp.
+#![allow(clippy::unwrap_used)] // a test fails loudly on the first surprise
 use std::path::{Path, PathBuf};
 
 use mesh_model_actor::{ActorSystem, Batch, ModelRepository};

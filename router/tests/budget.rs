@@ -1,6 +1,7 @@
 //! The in-flight request budget ([server] max_inflight_bytes) on a real server:
 //! a body larger than the whole pool is refused on both ports (RESOURCE_EXHAUSTED
 //! over gRPC, 429 over HTTP), and requests that fit are answered, before and after.
+#![allow(clippy::unwrap_used)] // a test fails loudly on the first surprise
 mod common;
 
 use mesh_proto::inference as pb;

@@ -1,6 +1,7 @@
 //! Decisions end to end: a real mesh (gRPC on 127.0.0.1:0, sled feature store in a
 //! temp dir, two local replicas per version of the reference fraud model), called
 //! with the generated mesh.v1 client.
+#![allow(clippy::unwrap_used)] // a test fails loudly on the first surprise
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

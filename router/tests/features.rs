@@ -1,5 +1,6 @@
 //! The feature store through `mesh serve` (in-process, real gRPC on 127.0.0.1:0,
 //! sled in a temp dir): push, batched lookup with statuses, list views, bad input.
+#![allow(clippy::unwrap_used)] // a test fails loudly on the first surprise
 use std::path::Path;
 
 use mesh_proto::mesh::v1 as pb;

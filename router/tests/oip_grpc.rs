@@ -1,5 +1,6 @@
 //! The OIP v2 gRPC and REST servers, started for real on 127.0.0.1:0 with the
 //! example repository (the reference fraud model), called with generated clients.
+#![allow(clippy::unwrap_used)] // a test fails loudly on the first surprise
 
 use std::time::Duration;
 
@@ -217,7 +218,7 @@ async fn model_infer_reproduces_the_reference_and_rejects_bad_input() {
     let s = &stats.model_stats[1];
     assert!(s.inference_count >= 3000, "{}", s.inference_count);
     assert!(s.execution_count > 0 && s.execution_count <= s.inference_count);
-    let inf = s.inference_stats.clone().unwrap();
+    let inf = s.inference_stats.unwrap();
     assert!(inf.queue.unwrap().count > 0 && inf.compute_infer.unwrap().ns > 0);
 
     // The REST mirror and the operational endpoints.

@@ -5,6 +5,7 @@
 //! - Decide: the invariant that an APPROVE only ever comes from a finite
 //!   probability from a named source (the model, a previous version or the batch
 //!   score), whatever the request's features (huge, tiny, negative, NaN, missing).
+#![allow(clippy::unwrap_used)] // a test fails loudly on the first surprise
 mod common;
 
 use std::collections::HashMap;

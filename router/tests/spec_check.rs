@@ -2,6 +2,7 @@
 //! load, `[input_spec]` sources must name features the store has (with a type the
 //! entry can use), the spec must parse and fill the model's width, or the version is
 //! refused and what was served keeps serving. Decisions that use defaults say so.
+#![allow(clippy::unwrap_used)] // a test fails loudly on the first surprise
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 

@@ -1,5 +1,6 @@
 //! What the `mesh` binary's integration tests share: the repository root and a way
 //! to run the built binary.
+#![allow(clippy::unwrap_used)] // a test fails loudly on the first surprise
 #![allow(dead_code)] // each test binary uses a different part
 
 use std::path::PathBuf;

@@ -1,6 +1,7 @@
 //! Fixtures the router's integration tests share: the repository root, the
 //! reference model and its holdout rows (tests/data/fraud-mlp, see its README), and
 //! model directories built from the example model's config.
+#![allow(clippy::unwrap_used)] // a test fails loudly on the first surprise
 #![allow(dead_code)] // each test binary uses a different part
 
 use std::path::{Path, PathBuf};
