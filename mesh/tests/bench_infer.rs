@@ -51,6 +51,17 @@ async fn infer_rows_are_sized_from_the_models_metadata() {
         // The server computed them: its statistics are in the report.
         assert!(report.stages_us.contains_key("compute_infer"), "{model}");
     }
+    // The open loop, paced on a timerfd: every request sent and answered, on
+    // schedule (a pacer that sent them all at once would end well before 0.2 s).
+    let open = BenchArgs {
+        rate: Some(2_000.0),
+        requests: Some(400),
+        ..args(&addr, "fraud_mlp")
+    };
+    let report = mesh::bench::run(open).await.unwrap();
+    assert_eq!(report.requests, 400);
+    assert_eq!(report.codes.get("OK"), Some(&400), "{:?}", report.codes);
+    assert!(report.seconds >= 0.199, "{}", report.seconds);
     let e = mesh::bench::run(args(&addr, "nope")).await.unwrap_err();
     assert!(e.to_string().contains("ModelMetadata of 'nope'"), "{e:#}");
     server.shutdown().await;

@@ -322,16 +322,69 @@ pub async fn closed_loop(
     }
 }
 
+/// Sleeps until a given instant on a timerfd that the runtime's reactor watches:
+/// the kernel's high-resolution timers (tens of µs late) without a thread of
+/// their own. tokio's timer counts in whole milliseconds.
+struct Pacer {
+    fd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+}
+
+impl Pacer {
+    // `AsyncFd::new` is deprecated because a type that only lends its descriptor
+    // may close it while the reactor still watches it; an `OwnedFd` moved into the
+    // `AsyncFd` is open exactly as long as the `AsyncFd` lives.
+    #[allow(deprecated)]
+    fn new() -> std::io::Result<Self> {
+        use rustix::time::{timerfd_create, TimerfdClockId, TimerfdFlags};
+        let fd = timerfd_create(
+            TimerfdClockId::Monotonic,
+            TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC,
+        )?;
+        Ok(Self {
+            fd: tokio::io::unix::AsyncFd::new(fd)?,
+        })
+    }
+
+    /// Returns at `due` (at once if it has passed).
+    async fn sleep_until(&self, due: Instant) -> std::io::Result<()> {
+        use rustix::time::{timerfd_settime, Itimerspec, TimerfdTimerFlags, Timespec};
+        let left = due.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(());
+        }
+        let at = Itimerspec {
+            it_interval: Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: Timespec {
+                tv_sec: left.as_secs().try_into().unwrap_or(i64::MAX),
+                tv_nsec: left.subsec_nanos().into(),
+            },
+        };
+        timerfd_settime(self.fd.get_ref(), TimerfdTimerFlags::empty(), &at)?;
+        loop {
+            let mut ready = self.fd.readable().await?;
+            let mut expirations = [0u8; 8];
+            match ready.try_io(|fd| Ok(rustix::io::read(fd.get_ref(), &mut expirations)?)) {
+                Ok(read) => return read.map(|_| ()),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+}
+
 /// Open loop: request i is due at `started + i/rate` whatever happened before,
 /// with at most 64 × `--concurrency` outstanding.
 ///
-/// A pacer thread of its own sleeps until each request is due (the kernel's
-/// high-resolution timers: tens of µs late) and starts it on the runtime. tokio's
-/// timer counts in whole milliseconds: paced by it, every request started up to
-/// 1 ms after it was due (a lag inside every latency reported, since latency
-/// counts from the due time), and those due within one millisecond left together,
-/// a burst the server then queued. A request whose time has passed (the pacer fell
-/// behind, or the outstanding limit held it) starts at once, its lag counted.
+/// The pacer is a task on the runtime that sleeps on a timerfd until each request
+/// is due and starts it there. Paced by tokio's timer (whole milliseconds), every
+/// request started up to 1 ms after it was due (a lag inside every latency
+/// reported, since latency counts from the due time), and those due within one
+/// millisecond left together, a burst the server then queued. A pacer thread of
+/// its own, the next try, cost a sleep, a wake-up and a hand-off to the runtime's
+/// thread per request. A request whose time has passed (the pacer fell behind, or
+/// the outstanding limit held it) starts at once, its lag counted.
 pub async fn open_loop(
     clients: &Clients,
     args: &Arc<BenchArgs>,
@@ -343,30 +396,28 @@ pub async fn open_loop(
     // At most 64 x MAX_CONCURRENCY (BenchArgs::check): fits the u32 below.
     let permits = args.concurrency.max(1) * 64;
     let limit = Arc::new(tokio::sync::Semaphore::new(permits));
-    let runtime = tokio::runtime::Handle::current();
-    let (clients, args, tally) = (clients.clone(), args.clone(), tally.clone());
-    let pacer_limit = limit.clone();
+    let pacer = Pacer::new().context("the load generator's timer (timerfd)")?;
+    let (clients, args, tally, pacer_limit) =
+        (clients.clone(), args.clone(), tally.clone(), limit.clone());
     // The requests' tasks are detached: each frees its memory when it ends. Join
     // handles kept to the end held every finished task's memory for the whole run
     // (385 MB at 11,000/s for 8 s, against 47-55 MB now; a million tasks at
     // 100,000/s for 10 s). The end waits for the outstanding ones through the
     // limit's permits instead.
-    let pace = move || {
+    let pace = async move {
         let mut i: u64 = 0;
         loop {
             let due = started + Duration::from_secs_f64(i as f64 / rate.max(1e-3));
             if due >= end || i >= max_requests {
-                break;
+                return Ok::<(), anyhow::Error>(());
             }
-            let now = Instant::now();
-            if due > now {
-                std::thread::sleep(due - now);
-            }
-            let Ok(permit) = runtime.block_on(pacer_limit.clone().acquire_owned()) else {
-                break;
-            };
+            pacer
+                .sleep_until(due)
+                .await
+                .context("the load generator's timer")?;
+            let permit = pacer_limit.clone().acquire_owned().await?;
             let (mut c, tally, args) = (clients.clone(), tally.clone(), args.clone());
-            runtime.spawn(async move {
+            tokio::spawn(async move {
                 let mut rng = rand::rngs::StdRng::seed_from_u64(i);
                 one(&mut c, &args, i, &mut rng, due, &tally).await;
                 drop(permit);
@@ -374,14 +425,11 @@ pub async fn open_loop(
             i += 1;
         }
     };
-    let pacer = std::thread::Builder::new()
-        .name("mesh-bench-pacer".into())
-        .spawn(pace)
-        .context("starting the load generator's pacer thread")?;
-    tokio::task::spawn_blocking(move || pacer.join())
+    // On a runtime thread, so that the requests it starts queue on that thread
+    // instead of waking it from outside.
+    tokio::spawn(pace)
         .await
-        .context("waiting for the pacer thread")?
-        .map_err(|_| anyhow::anyhow!("the load generator's pacer thread panicked"))?;
+        .map_err(|e| anyhow::anyhow!("the load generator's pacer failed: {e}"))??;
     // Every permit back: every request has ended (a task that panics drops its permit).
     let _all = limit
         .acquire_many(permits as u32)
@@ -467,6 +515,30 @@ mod tests {
             "S" => n * 1_000_000,
             other => panic!("unit {other}"),
         }
+    }
+
+    /// The pacer never wakes before the time asked, and a time already past
+    /// returns at once; it can be used again and again.
+    #[tokio::test]
+    async fn bench_pacer_wakes_at_the_time_asked_never_before() {
+        let pacer = Pacer::new().unwrap();
+        for ms in [3u64, 1, 5] {
+            let due = Instant::now() + Duration::from_millis(ms);
+            pacer.sleep_until(due).await.unwrap();
+            let woke = Instant::now();
+            assert!(woke >= due, "{ms} ms: woke {:?} early", due - woke);
+            assert!(
+                woke - due < Duration::from_secs(1),
+                "{ms} ms: {:?} late",
+                woke - due
+            );
+        }
+        let before = Instant::now();
+        pacer
+            .sleep_until(before - Duration::from_millis(5))
+            .await
+            .unwrap();
+        assert!(before.elapsed() < Duration::from_millis(500));
     }
 
     #[test]
