@@ -75,14 +75,13 @@ pub const MAX_THREADS: usize = 64;
 impl BenchArgs {
     /// Refuses arguments out of their range, naming them.
     pub fn check(&self) -> anyhow::Result<()> {
-        if !(1..=MAX_CONCURRENCY).contains(&self.concurrency) {
-            bail!(
-                "--concurrency {}: must be 1 to {MAX_CONCURRENCY}",
-                self.concurrency
-            );
-        }
-        if !(1..=MAX_THREADS).contains(&self.threads) {
-            bail!("--threads {}: must be 1 to {MAX_THREADS}", self.threads);
+        for (flag, value, max) in [
+            ("--concurrency", self.concurrency, MAX_CONCURRENCY),
+            ("--threads", self.threads, MAX_THREADS),
+        ] {
+            if !(1..=max).contains(&value) {
+                bail!("{flag} {value}: must be 1 to {max}");
+            }
         }
         self.load_seconds().map(|_| ())
     }
@@ -156,23 +155,16 @@ pub(super) mod tests {
         assert!(e.to_string().contains("--seconds -1"), "{e}");
         let e = parse(&["--seconds", "inf"]).load_seconds().unwrap_err();
         assert!(e.to_string().contains("must be a positive number"), "{e}");
-        parse(&["--concurrency", "10000"]).check().unwrap();
-        for bad in ["0", "10001"] {
-            let e = parse(&["--concurrency", bad]).check().unwrap_err();
-            assert!(
-                e.to_string()
-                    .contains(&format!("--concurrency {bad}: must be 1 to 10000")),
-                "{e}"
-            );
-        }
-        parse(&["--threads", "64"]).check().unwrap();
-        for bad in ["0", "65"] {
-            let e = parse(&["--threads", bad]).check().unwrap_err();
-            assert!(
-                e.to_string()
-                    .contains(&format!("--threads {bad}: must be 1 to 64")),
-                "{e}"
-            );
+        for (flag, max, over) in [
+            ("--concurrency", "10000", "10001"),
+            ("--threads", "64", "65"),
+        ] {
+            parse(&[flag, max]).check().unwrap();
+            for bad in ["0", over] {
+                let e = parse(&[flag, bad]).check().unwrap_err();
+                let want = format!("{flag} {bad}: must be 1 to {max}");
+                assert!(e.to_string().contains(&want), "{e}");
+            }
         }
         assert!(parse(&["--requests", "0"]).check().is_err());
     }
