@@ -6,8 +6,9 @@
 #         (closed loop), which reports percentiles (h2load reports only mean/sd).
 #   REST: wrk with the same JSON body against mesh and mesh/examples/null_rest.rs
 #         (parses the body exactly as the mesh does, answers a fixed OIP response).
-# A third server is the mesh with its runners' idle spin off (`idle_spin_us = 0` in a
-# copy of the example repository): the baseline for the spin, in the same run.
+# A third server is the mesh with one [batching] setting changed in a copy of the
+# example repository (BASELINE, default `inline_below_us = 0`: every request queued
+# for a runner thread): the baseline for that setting, in the same run.
 # Rounds alternate the servers (ROUNDS, default 2); the table shows the median of
 # the rounds and the spread.
 #
@@ -39,14 +40,20 @@ trap cleanup EXIT
 wait_port() { for _ in $(seq 150); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.2; done; echo "port $1 never opened" >&2; exit 1; }
 
 P=${PORT_BASE:-18400}
-rm -rf "$OUT/models-nospin"
-cp -r examples/models "$OUT/models-nospin"
-for f in "$OUT"/models-nospin/*/model.toml; do
-    sed -i 's/^\[batching\]$/[batching]\nidle_spin_us = 0/' "$f"
-    grep -q '^idle_spin_us = 0' "$f" || { echo "oip_compare.sh: no [batching] in $f" >&2; exit 1; }
+BASELINE=${BASELINE:-inline_below_us = 0}
+key=${BASELINE%% *}
+rm -rf "$OUT/models-base"
+cp -r examples/models "$OUT/models-base"
+for f in "$OUT"/models-base/*/model.toml; do
+    if grep -q "^$key = " "$f"; then
+        sed -i "s/^$key = .*/$BASELINE/" "$f"
+    else
+        sed -i "s/^\[batching\]$/[batching]\n$BASELINE/" "$f"
+    fi
+    grep -qx "$BASELINE" "$f" || { echo "oip_compare.sh: could not set '$BASELINE' in $f" >&2; exit 1; }
 done
 "$MESH_BIN" serve --models examples/models --grpc-port $((P+1)) --http-port $((P+0)) >"$OUT/mesh.log" 2>&1 & pids+=($!)
-"$MESH_BIN" serve --models "$OUT/models-nospin" --grpc-port $((P+21)) --http-port $((P+20)) >"$OUT/nospin.log" 2>&1 & pids+=($!)
+"$MESH_BIN" serve --models "$OUT/models-base" --grpc-port $((P+21)) --http-port $((P+20)) >"$OUT/base.log" 2>&1 & pids+=($!)
 "$EX/null_oip" examples/models/fraud_mlp $((P+11)) >"$OUT/null_oip.log" 2>&1 & pids+=($!)
 "$EX/null_rest" examples/models/fraud_mlp $((P+12)) >"$OUT/null_rest.log" 2>&1 & pids+=($!)
 wait_port $((P+1)); wait_port $((P+0)); wait_port $((P+11)); wait_port $((P+12)); wait_port $((P+21)); wait_port $((P+20))
@@ -97,19 +104,19 @@ PY
 : >"$OUT/results.txt"
 for r in $(seq "$ROUNDS"); do
     for c in 1 8 32; do
-        for s in "mesh $((P+1))" "null $((P+11))" "nospin $((P+21))"; do
+        for s in "mesh $((P+1))" "null $((P+11))" "base $((P+21))"; do
             set -- $s; echo "grpc $1 c$c $(grpc_run "$1" "$2" "$c")" >>"$OUT/results.txt"
         done
-        for s in "mesh $((P+0))" "null $((P+12))" "nospin $((P+20))"; do
+        for s in "mesh $((P+0))" "null $((P+12))" "base $((P+20))"; do
             set -- $s; echo "rest $1 c$c $(rest_run "$1" "$2" "$c")" >>"$OUT/results.txt"
         done
     done
-    for s in "mesh $((P+1))" "null $((P+11))"; do
+    for s in "mesh $((P+1))" "null $((P+11))" "base $((P+21))"; do
         set -- $s; echo "grpcp50 $1 c1 $(grpc_p50 "$1" "$2")" >>"$OUT/results.txt"
     done
 done
 
-"$VENV/bin/python" - "$OUT/results.txt" <<'PY'
+"$VENV/bin/python" - "$OUT/results.txt" "$BASELINE" <<'PY'
 import statistics as st, sys
 rows = {}
 for line in open(sys.argv[1]):
@@ -121,15 +128,15 @@ def med(kind, c, server, i=0):
     v = [x[i] for x in rows.get((kind, c, server), []) if len(x) > i]
     return (st.median(v), min(v), max(v)) if v else (float("nan"),) * 3
 def fmt(m): return f"{m[0]:,.0f} ({m[1]:,.0f}-{m[2]:,.0f})"
-print("| protocol | concurrency | mesh req/s | null server req/s | ratio | mesh, idle_spin_us = 0 | its ratio |")
+print(f"| protocol | concurrency | mesh req/s | null server req/s | ratio | mesh, {sys.argv[2]} | its ratio |")
 print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
 for kind in ("grpc", "rest"):
     for c in ("c1", "c8", "c32"):
-        m, n, z = med(kind, c, "mesh"), med(kind, c, "null"), med(kind, c, "nospin")
+        m, n, z = med(kind, c, "mesh"), med(kind, c, "null"), med(kind, c, "base")
         print(f"| {kind} | {c[1:]} | {fmt(m)} | {fmt(n)} | {m[0] / n[0]:.2f} | {fmt(z)} | {z[0] / n[0]:.2f} |")
-m, n = med("grpcp50", "c1", "mesh"), med("grpcp50", "c1", "null")
-print(f"\np50 at concurrency 1, gRPC (mesh bench): mesh {m[0]:.0f} µs, null {n[0]:.0f} µs, difference {m[0]-n[0]:.0f} µs")
-m, n = med("rest", "c1", "mesh", 1), med("rest", "c1", "null", 1)
-print(f"p50 at concurrency 1, REST (wrk): mesh {m[0]:.0f} µs, null {n[0]:.0f} µs, difference {m[0]-n[0]:.0f} µs")
+m, n, z = med("grpcp50", "c1", "mesh"), med("grpcp50", "c1", "null"), med("grpcp50", "c1", "base")
+print(f"\np50 at concurrency 1, gRPC (mesh bench): mesh {m[0]:.0f} µs, null {n[0]:.0f} µs, difference {m[0]-n[0]:.0f} µs; mesh with {sys.argv[2]} {z[0]:.0f} µs")
+m, n, z = med("rest", "c1", "mesh", 1), med("rest", "c1", "null", 1), med("rest", "c1", "base", 1)
+print(f"p50 at concurrency 1, REST (wrk): mesh {m[0]:.0f} µs, null {n[0]:.0f} µs, difference {m[0]-n[0]:.0f} µs; mesh with {sys.argv[2]} {z[0]:.0f} µs")
 PY
 echo "raw output: $OUT"

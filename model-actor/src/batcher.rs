@@ -2,7 +2,8 @@
 //! side pushes a request (admitted or refused at once, under the queue's lock) and
 //! awaits one reply; a runner that is free takes the next batch itself, formed by
 //! the pure planner in `batching`. A request crosses threads twice: into the queue,
-//! and back with its answer.
+//! and back with its answer. With `[batching] inline_below_us`, a request that finds
+//! the queue empty may instead be computed by its caller (`Queue::inline_ok`).
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -173,6 +174,23 @@ impl Queue {
             remaining,
             load,
         })
+    }
+
+    /// Whether a request of `rows` rows with `deadline` may be computed on its
+    /// caller's thread now, instead of queued: the queue is open and empty (no
+    /// request is passed over, no batch loses a member) and a batch of its rows is
+    /// expected to take at most `limit`, and to end before `deadline`.
+    pub fn inline_ok(&self, rows: usize, limit: Duration, deadline: Instant) -> bool {
+        let now = Instant::now();
+        let s = self.state.lock();
+        let cost = s.cost.time(rows);
+        !s.closed && s.waiting.is_empty() && cost <= limit && now + cost <= deadline
+    }
+
+    /// A batch of `rows` rows computed outside the runners (on a caller's thread)
+    /// took `took`: what the cost estimate learns from, as from a runner's batch.
+    pub fn observe(&self, rows: usize, took: Duration) {
+        self.state.lock().cost.observe(rows, took);
     }
 
     /// For runner `slot`: its batch is done (`computed`: its rows and forward-pass
@@ -566,6 +584,30 @@ mod tests {
             ),
             (0, 0, 1)
         );
+    }
+
+    #[test]
+    fn inline_only_on_an_open_empty_queue_cheap_enough_and_in_time() {
+        let q = queue(Duration::ZERO);
+        let (limit, far) = (
+            Duration::from_micros(100),
+            Instant::now() + Duration::from_secs(60),
+        );
+        // The first guess of a batch's cost is 50 µs (`compute_reserve`).
+        assert!(q.inline_ok(1, limit, far));
+        assert!(!q.inline_ok(1, Duration::from_micros(49), far));
+        assert!(!q.inline_ok(1, limit, Instant::now() + Duration::from_micros(10)));
+        // A batch learned to take 2 ms per row is over the limit.
+        q.observe(1, Duration::from_millis(2));
+        assert!(!q.inline_ok(1, limit, far));
+        let q = queue(Duration::ZERO);
+        // Something waiting: it would be passed over.
+        let (p, _rx) = pending();
+        q.push(p).unwrap();
+        assert!(!q.inline_ok(1, limit, far));
+        let q = queue(Duration::ZERO);
+        q.close();
+        assert!(!q.inline_ok(1, limit, far));
     }
 
     #[test]

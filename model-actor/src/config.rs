@@ -28,6 +28,7 @@
 //! queue_capacity = 2048        # requests admitted (waiting or running) before RESOURCE_EXHAUSTED
 //! runner_instances = 2         # SyncArbiter threads that own a copy of the model
 //! idle_spin_us = 50            # a runner out of work spins (yielding) this long before it sleeps, while requests come that close; 0: never
+//! inline_below_us = 0          # a request that finds the queue empty is computed on the caller's thread when a batch of its rows takes at most this long (cpu only); 0: never
 //! replicas = 1                 # independent actor groups (batcher + runners) per version
 //! default_timeout_ms = 1000    # deadline for requests that bring none
 //!
@@ -126,6 +127,9 @@ pub mod limits {
     pub const MAX_QUEUE_DELAY_US: u64 = 1_000_000;
     /// `[batching] idle_spin_us` (1 ms).
     pub const MAX_IDLE_SPIN_US: u64 = 1_000;
+    /// `[batching] inline_below_us` (1 ms: longer would hold a serving thread
+    /// against every other request on it).
+    pub const MAX_INLINE_BELOW_US: u64 = 1_000;
     /// `[batching] default_timeout_ms` (1 hour).
     pub const MAX_DEFAULT_TIMEOUT_MS: u64 = 3_600_000;
     /// `[warmup] batches`.
@@ -484,6 +488,14 @@ pub struct BatchingConfig {
     /// smoothed wait for the next request is within this (see `batcher`), so an
     /// idle or lightly loaded model spends nothing on it. 0: never spin.
     pub idle_spin_us: u64,
+    /// A request that finds its group's queue empty is computed on the caller's
+    /// (async) thread, with an instance of the model kept for it, when the learned
+    /// time of a batch of its rows is at most this: no hand-off to a runner thread
+    /// and back, which costs a small model more than its forward pass. When the
+    /// queue holds anything, or the kept instance is busy, the request queues as
+    /// always, so batching under load is untouched. 0 (the default): never; CPU
+    /// models only.
+    pub inline_below_us: u64,
 }
 
 /// `[batching] idle_spin_us` when model.toml does not set it.
@@ -499,6 +511,7 @@ impl Default for BatchingConfig {
             replicas: NonZeroUsize::MIN,
             default_timeout_ms: 1000,
             idle_spin_us: DEFAULT_IDLE_SPIN_US,
+            inline_below_us: 0,
         }
     }
 }
@@ -512,6 +525,10 @@ impl BatchingConfig {
     }
     pub fn idle_spin(&self) -> Duration {
         Duration::from_micros(self.idle_spin_us)
+    }
+    /// `inline_below_us`, or `None` when it is 0 (off).
+    pub fn inline_below(&self) -> Option<Duration> {
+        (self.inline_below_us > 0).then(|| Duration::from_micros(self.inline_below_us))
     }
 }
 
@@ -797,6 +814,13 @@ impl ModelConfig {
             return Err("outputs are FP32".into());
         }
         parse_device(&self.device)?;
+        if self.batching.inline_below_us > 0 && self.device != "cpu" {
+            return Err(format!(
+                "[batching] inline_below_us computes on the serving threads, so it is for \
+                 models on the cpu, not '{}'",
+                self.device
+            ));
+        }
         self.check_sizes()?;
         if let Some(mlp) = &self.mlp {
             check_relative_path("[mlp] weights", &mlp.weights)?;
@@ -858,6 +882,11 @@ impl ModelConfig {
                 MAX_QUEUE_DELAY_US,
             ),
             over("[batching] idle_spin_us", b.idle_spin_us, MAX_IDLE_SPIN_US),
+            over(
+                "[batching] inline_below_us",
+                b.inline_below_us,
+                MAX_INLINE_BELOW_US,
+            ),
             over(
                 "[batching] default_timeout_ms",
                 b.default_timeout_ms,
@@ -1068,6 +1097,7 @@ mod tests {
                 "max_queue_delay_us",
             ),
             ("[batching]\nidle_spin_us = 1001", "idle_spin_us"),
+            ("[batching]\ninline_below_us = 1001", "inline_below_us"),
             (
                 "[batching]\ndefault_timeout_ms = 18446744073709551615",
                 "default_timeout_ms",
@@ -1120,6 +1150,21 @@ mod tests {
         let text = MIN.replace("kind = \"mlp\"", "kind = \"mlp\"\ndevice = \"tpu\"");
         let err = ModelConfig::parse(&text, "m").unwrap_err();
         assert!(err.contains("tpu"), "{err}");
+    }
+
+    #[test]
+    fn inline_is_off_by_default_and_cpu_only() {
+        let c = ModelConfig::parse(MIN, "m").unwrap();
+        assert_eq!(c.batching.inline_below(), None);
+        let on = format!("{MIN}\n[batching]\ninline_below_us = 40\n");
+        let c = ModelConfig::parse(&on, "m").unwrap();
+        assert_eq!(c.batching.inline_below(), Some(Duration::from_micros(40)));
+        let gpu = on.replace("kind = \"mlp\"", "kind = \"mlp\"\ndevice = \"cuda:0\"");
+        let err = ModelConfig::parse(&gpu, "m").unwrap_err();
+        assert!(
+            err.contains("inline_below_us") && err.contains("cuda:0"),
+            "{err}"
+        );
     }
 
     #[test]

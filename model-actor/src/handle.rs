@@ -1,5 +1,6 @@
 //! A served model version: admission, the call into its actor group's queue, and
 //! its stats.
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,8 +13,8 @@ use crate::batcher::{Pending, Queue, Refusal};
 use crate::batching::Policy;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
-use crate::model::{Batch, ModelFactory};
-use crate::runner::{Labels, Output, Runner};
+use crate::model::{Batch, Model, ModelFactory};
+use crate::runner::{answer, forward, Labels, Output, Runner};
 use crate::stats::{names, VersionStats};
 use crate::system::ActorSystem;
 
@@ -31,6 +32,16 @@ pub struct VersionHandle {
     ready: AtomicBool,
     labels: Labels,
     meters: Arc<crate::stats::Meters>,
+    /// Computing on the callers' threads; `None` when it is off.
+    inline: Option<Inline>,
+}
+
+/// `[batching] inline_below_us` and the instance of the model that callers compute
+/// on themselves. The instance is taken away (`None`) if a forward pass on it
+/// panics: the version then only queues.
+struct Inline {
+    limit: Duration,
+    instance: parking_lot::Mutex<Option<Box<dyn Model>>>,
 }
 
 impl std::fmt::Debug for VersionHandle {
@@ -67,6 +78,10 @@ impl VersionHandle {
         let stats = Arc::new(VersionStats::default());
         let meters = Arc::new(crate::stats::Meters::new(&config.name, version, replica));
         let queue = Arc::new(Queue::new(policy, instances, meters.clone()));
+        let inline = b.inline_below().map(|limit| Inline {
+            limit,
+            instance: parking_lot::Mutex::new(Some(factory())),
+        });
         let runners = (0..instances)
             .map(|slot| Runner {
                 model: factory(),
@@ -97,6 +112,7 @@ impl VersionHandle {
             ready: AtomicBool::new(false),
             labels,
             meters,
+            inline,
         })
     }
 
@@ -189,6 +205,11 @@ impl VersionHandle {
         };
         self.meters.in_flight.set(self.in_flight() as f64);
         let deadline = deadline.unwrap_or(now + self.config.batching.default_timeout());
+        if let Some(answer) = self.try_inline(&batch, deadline) {
+            drop(permit);
+            self.meters.in_flight.set(self.in_flight() as f64);
+            return answer;
+        }
         let (tx, rx) = oneshot::channel();
         let span = tracing::debug_span!("model", model = %self.config.name, version = self.version);
         let pushed = self.queue.push(Pending {
@@ -216,6 +237,52 @@ impl VersionHandle {
             }),
             Ok(Ok(r)) => r,
         }
+    }
+
+    /// Computes `batch` on the caller's thread when `[batching] inline_below_us`
+    /// allows it now (see `Queue::inline_ok`) and the instance kept for it is free;
+    /// `None` when the request is to be queued. The request is recorded as a batch
+    /// of its own that waited 0 in the queue.
+    fn try_inline(&self, batch: &Batch, deadline: Instant) -> Option<Result<Output, ModelError>> {
+        let inline = self.inline.as_ref()?;
+        if !self.queue.inline_ok(batch.rows, inline.limit, deadline) {
+            return None;
+        }
+        let mut instance = inline.instance.try_lock()?;
+        let model = instance.as_mut()?;
+        self.meters.inline.increment(1);
+        self.stats.queue.add(1, Duration::ZERO);
+        self.meters.queue_wait.record(0.0);
+        let rows = [batch.rows];
+        let run = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            forward(&mut **model, batch, &rows, &self.stats, &self.meters)
+        }));
+        let Ok((compute, result)) = run else {
+            // The instance may be left broken: no further call uses it.
+            *instance = None;
+            let e = ModelError::Compute("the forward pass panicked".into());
+            self.labels.log_failure(&e);
+            tracing::error!(model = %self.config.name, version = self.version,
+                "computing on the callers' threads is off for this version from now on");
+            return Some(Err(e));
+        };
+        drop(instance);
+        self.queue.observe(batch.rows, compute);
+        Some(match result {
+            Ok((cols, mut parts)) => answer(Instant::now(), deadline, &self.meters, || Output {
+                data: parts.pop().unwrap_or_default(),
+                rows: batch.rows,
+                cols,
+                version: self.version,
+                queue: Duration::ZERO,
+                compute,
+                batch_rows: batch.rows,
+            }),
+            Err(e) => {
+                self.labels.log_failure(&e);
+                Err(e)
+            }
+        })
     }
 
     fn refused(&self, r: Refusal) -> ModelError {

@@ -45,6 +45,10 @@ impl Labels {
             replica_label: replica.to_string(),
         }
     }
+    /// Logs a failed forward pass of this version.
+    pub fn log_failure(&self, e: &ModelError) {
+        tracing::error!(model = %self.model, version = self.version, error = %e, "forward pass failed");
+    }
     pub fn pairs(&self) -> [(&'static str, String); 3] {
         [
             ("model", self.model.to_string()),
@@ -95,60 +99,90 @@ impl Runner {
             self.stats.queue.add(1, waited);
             self.meters.queue_wait.record(waited.as_secs_f64());
         }
-        let result = self.model.forward(&batch);
-        let compute = started.elapsed();
+        let (compute, result) = forward(&mut *self.model, &batch, &rows, &self.stats, &self.meters);
         self.queue.finished(self.slot, Some((total, compute)));
-        self.meters.compute.record(compute.as_secs_f64());
-        self.meters.batch_size.record(batch.rows as f64);
-        match result.and_then(|f| {
-            let parts = split(&f.data, f.cols, &rows).ok_or_else(|| {
-                ModelError::Compute(format!(
-                    "model returned {} values for {} rows",
-                    f.data.len(),
-                    batch.rows
-                ))
-            })?;
-            Ok((f, parts))
-        }) {
-            Ok((f, parts)) => {
-                self.stats.record_batch(
-                    items.len() as u64,
-                    batch.rows as u64,
-                    f.input,
-                    f.infer,
-                    f.output,
-                );
+        match result {
+            Ok((cols, parts)) => {
                 let done = Instant::now();
                 for (p, data) in items.into_iter().zip(parts) {
                     tracing::trace!(parent: &p.span, rows = p.rows, batch_rows = batch.rows, "computed");
-                    // An answer ready after the deadline is not an answer: the caller
-                    // has stopped waiting, and it must not count as served.
-                    let answer = if done > p.deadline {
-                        self.meters.late.increment(1);
-                        Err(ModelError::DeadlineExceeded(
-                            "the answer was ready after the deadline",
-                        ))
-                    } else {
-                        Ok(Output {
-                            data,
-                            rows: p.rows,
-                            cols: f.cols,
-                            version: self.labels.version,
-                            queue: started.saturating_duration_since(p.enqueued_at),
-                            compute,
-                            batch_rows: batch.rows,
-                        })
-                    };
+                    let answer = answer(done, p.deadline, &self.meters, || Output {
+                        data,
+                        rows: p.rows,
+                        cols,
+                        version: self.labels.version,
+                        queue: started.saturating_duration_since(p.enqueued_at),
+                        compute,
+                        batch_rows: batch.rows,
+                    });
                     let _ = p.reply.send(answer);
                 }
             }
             Err(e) => {
-                tracing::error!(model = %self.labels.model, version = self.labels.version, error = %e, "forward pass failed");
+                self.labels.log_failure(&e);
                 let msg = e.to_string();
                 for p in items {
                     let _ = p.reply.send(Err(ModelError::Compute(msg.clone())));
                 }
             }
         }
+    }
+}
+
+/// A batch's output: its columns, and each request's rows of it, in order.
+pub(crate) type Split = (usize, Vec<Vec<f32>>);
+
+/// The forward pass of `batch`, which holds the rows of requests of `rows` rows
+/// each, in order: its time, and the output's columns and each request's part of
+/// it. The time, the batch size and the split of the time go to `stats` and
+/// `meters`.
+pub(crate) fn forward(
+    model: &mut dyn Model,
+    batch: &Batch,
+    rows: &[usize],
+    stats: &VersionStats,
+    meters: &Meters,
+) -> (Duration, Result<Split, ModelError>) {
+    let started = Instant::now();
+    let result = model.forward(batch);
+    let compute = started.elapsed();
+    meters.compute.record(compute.as_secs_f64());
+    meters.batch_size.record(batch.rows as f64);
+    let result = result.and_then(|f| {
+        let parts = split(&f.data, f.cols, rows).ok_or_else(|| {
+            ModelError::Compute(format!(
+                "model returned {} values for {} rows",
+                f.data.len(),
+                batch.rows
+            ))
+        })?;
+        stats.record_batch(
+            rows.len() as u64,
+            batch.rows as u64,
+            f.input,
+            f.infer,
+            f.output,
+        );
+        Ok((f.cols, parts))
+    });
+    (compute, result)
+}
+
+/// What a caller whose answer was ready at `done` gets: the output, or, when that
+/// was after its `deadline`, `DeadlineExceeded` (the caller has stopped waiting,
+/// and a late answer must not count as served).
+pub(crate) fn answer(
+    done: Instant,
+    deadline: Instant,
+    meters: &Meters,
+    output: impl FnOnce() -> Output,
+) -> Result<Output, ModelError> {
+    if done > deadline {
+        meters.late.increment(1);
+        Err(ModelError::DeadlineExceeded(
+            "the answer was ready after the deadline",
+        ))
+    } else {
+        Ok(output())
     }
 }

@@ -35,6 +35,10 @@ pub mod names {
     /// further apart than `[batching] idle_spin_us`, or the spin is off). Whether
     /// the spin pays: `spin_caught` against `spin_empty`.
     pub const RUNNER_IDLE: &str = "mesh_model_runner_idle_total";
+    /// Counter: requests computed on the caller's thread (`[batching]
+    /// inline_below_us`: they found the queue empty and the model's kept instance
+    /// free) instead of queued for a runner.
+    pub const INLINE: &str = "mesh_model_inline_requests_total";
 }
 
 /// Histogram buckets of this crate, chosen in one place. Latencies run from 10 µs
@@ -71,6 +75,7 @@ pub struct Meters {
     pub idle_spin_caught: metrics::Counter,
     pub idle_spin_empty: metrics::Counter,
     pub idle_slept: metrics::Counter,
+    pub inline: metrics::Counter,
 }
 
 impl Meters {
@@ -96,6 +101,7 @@ impl Meters {
             idle_spin_caught: idle("spin_caught"),
             idle_spin_empty: idle("spin_empty"),
             idle_slept: idle("slept"),
+            inline: metrics::counter!(names::INLINE, &l),
         }
     }
 }

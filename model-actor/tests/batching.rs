@@ -34,6 +34,17 @@ impl Model for Fake {
 }
 
 fn config(max_batch: usize, delay_us: u64, capacity: usize, runners: usize) -> Arc<ModelConfig> {
+    config_with(max_batch, delay_us, capacity, runners, "")
+}
+
+/// `config` with `extra` lines added to its `[batching]` table.
+fn config_with(
+    max_batch: usize,
+    delay_us: u64,
+    capacity: usize,
+    runners: usize,
+    extra: &str,
+) -> Arc<ModelConfig> {
     let text = format!(
         r#"
         kind = "mlp"
@@ -54,6 +65,7 @@ fn config(max_batch: usize, delay_us: u64, capacity: usize, runners: usize) -> A
         queue_capacity = {capacity}
         runner_instances = {runners}
         default_timeout_ms = 5000
+        {extra}
         "#
     );
     Arc::new(ModelConfig::parse(&text, "fake").unwrap())
@@ -278,4 +290,112 @@ async fn a_request_that_expires_in_the_queue_is_not_computed_nor_counted_ok() {
     // Two answered, one failed: the expired request is not a success.
     assert_eq!(h.stats.success.get().0, 2);
     assert_eq!(h.stats.fail.get().0, 1);
+}
+
+/// Answers each row with its first value; records the name of the thread each batch
+/// ran on; sleeps `delay` per batch; panics on a row whose first value is 666.
+struct Where {
+    delay: Duration,
+    threads: Arc<Mutex<Vec<String>>>,
+}
+
+impl Model for Where {
+    fn input_width(&self) -> usize {
+        2
+    }
+    fn output_width(&self) -> usize {
+        1
+    }
+    fn forward(&mut self, b: &Batch) -> Result<Forward, ModelError> {
+        let name = std::thread::current().name().unwrap_or("").to_owned();
+        self.threads.lock().push(name);
+        assert!(b.data[0] != 666.0, "the model's own bug");
+        std::thread::sleep(self.delay);
+        Ok(Forward {
+            data: b.data.chunks(2).map(|r| r[0]).collect(),
+            cols: 1,
+            ..Default::default()
+        })
+    }
+}
+
+/// The names of the threads the batches of a `Where` model ran on, in order.
+type Threads = Arc<Mutex<Vec<String>>>;
+
+/// A version of the `Where` model with one runner.
+fn start_where(inline_below_us: u64, delay: Duration) -> (Arc<VersionHandle>, Threads) {
+    let threads = Arc::new(Mutex::new(Vec::new()));
+    let t = threads.clone();
+    let factory = Arc::new(move || {
+        Box::new(Where {
+            delay,
+            threads: t.clone(),
+        }) as Box<dyn Model>
+    });
+    let cfg = config_with(8, 0, 64, 1, &format!("inline_below_us = {inline_below_us}"));
+    let h = VersionHandle::spawn(&ActorSystem::start().unwrap(), cfg, 1, 0, factory).unwrap();
+    h.mark_ready();
+    (Arc::new(h), threads)
+}
+
+fn last_thread(threads: &Threads) -> String {
+    threads.lock().last().cloned().unwrap()
+}
+
+#[tokio::test]
+async fn inline_computes_on_the_callers_thread_when_on_and_the_model_is_cheap() {
+    let caller = std::thread::current().name().unwrap().to_owned();
+    // Off (the default): every batch runs on a runner thread.
+    let (h, threads) = start_where(0, Duration::ZERO);
+    for i in 0..3 {
+        let out = h.infer(row(i as f32), in_secs(5)).await.unwrap();
+        assert_eq!(out.data, vec![i as f32]);
+        assert_eq!(last_thread(&threads), "mesh-runner");
+    }
+    // On: a request that finds the queue empty is computed where it was made.
+    let (h, threads) = start_where(1_000, Duration::ZERO);
+    for i in 0..3 {
+        let out = h.infer(row(i as f32), in_secs(5)).await.unwrap();
+        assert_eq!(out.data, vec![i as f32]);
+        assert_eq!(out.queue, Duration::ZERO);
+        assert_eq!(out.batch_rows, 1);
+        assert_eq!(last_thread(&threads), caller);
+    }
+    assert_eq!(
+        h.stats
+            .inference_count
+            .load(std::sync::atomic::Ordering::Relaxed),
+        3
+    );
+}
+
+#[tokio::test]
+async fn a_model_slower_than_the_inline_limit_goes_back_to_its_runners() {
+    let caller = std::thread::current().name().unwrap().to_owned();
+    // Before any batch ran, the cost is a guess within the limit; the first batch
+    // shows it takes 5 ms, over the 1 ms limit: later requests queue.
+    let (h, threads) = start_where(1_000, Duration::from_millis(5));
+    h.infer(row(1.0), in_secs(5)).await.unwrap();
+    assert_eq!(last_thread(&threads), caller);
+    for i in 0..3 {
+        let out = h.infer(row(i as f32), in_secs(5)).await.unwrap();
+        assert_eq!(out.data, vec![i as f32]);
+        assert_eq!(last_thread(&threads), "mesh-runner");
+    }
+}
+
+#[tokio::test]
+async fn a_panic_on_the_callers_thread_is_an_error_and_turns_inline_off() {
+    let caller = std::thread::current().name().unwrap().to_owned();
+    let (h, threads) = start_where(1_000, Duration::ZERO);
+    let err = h.infer(row(666.0), in_secs(5)).await.unwrap_err();
+    assert!(matches!(err, ModelError::Compute(_)), "{err:?}");
+    assert!(err.to_string().contains("panicked"), "{err}");
+    assert_eq!(last_thread(&threads), caller);
+    // The caller's thread lived on, and the version serves through its runners.
+    for i in 0..3 {
+        let out = h.infer(row(i as f32), in_secs(5)).await.unwrap();
+        assert_eq!(out.data, vec![i as f32]);
+        assert_eq!(last_thread(&threads), "mesh-runner");
+    }
 }
