@@ -165,7 +165,9 @@ def test_bench_stops_after_a_count_and_reports_the_server_breakdown(mesh):
     assert sum(w["requests"] for w in r["windows"]) == 300
     stages = r["stages_us"]
     assert {"queue", "compute_input", "compute_infer", "compute_output"} <= stages.keys(), stages
-    assert stages["compute_infer"] > 0 and stages["queue"] > 0, stages
+    # The queue's share is 0 when every request was computed on its caller's thread
+    # (the examples set [batching] inline_below_us), never negative.
+    assert stages["compute_infer"] > 0 and stages["queue"] >= 0, stages
 
     # Open loop bounded by a count too.
     rc, out, err = run(

@@ -7,9 +7,10 @@ ScaledObject (deploy/helm/golden/model.yaml, which deploy/check.sh keeps equal t
 threshold before the load, above it under load, and back to 0 once the replicas are
 idle for the query's window.
 
-The model is the example MLP made to queue: one runner, batches of one row, and
-candle's thread pool on (`--compute-threads 8`), so each forward pass takes ~100 µs
-and 16 callers per replica wait behind each other.
+The model is the example MLP made to queue: one runner, batches of one row, nothing
+computed on the callers' threads (`inline_below_us = 0`), and candle's thread pool
+on (`--compute-threads 8`), so each forward pass takes ~100 µs and 16 callers per
+replica wait behind each other.
 
 Skipped only when the `prometheus` binary is missing and MESH_REQUIRE_PROMETHEUS is
 unset (CI sets it: there a missing binary fails)."""
@@ -60,12 +61,13 @@ def rendered() -> dict:
 
 
 def slow_repo(dst: Path) -> Path:
-    """The example fraud_mlp with one runner and one-row batches, so requests queue."""
+    """The example fraud_mlp with one runner, one-row batches and no computing on the
+    callers' threads, so requests queue."""
     src = ROOT / "examples" / "models" / MODEL
     shutil.copytree(src, dst / MODEL)
     toml = (dst / MODEL / "model.toml").read_text()
     for key, value in [("max_batch_size", "1"), ("runner_instances", "1"), ("replicas", "1"),
-                       ("batch_size", "1"), ("batches", "2")]:
+                       ("batch_size", "1"), ("batches", "2"), ("inline_below_us", "0")]:
         toml, n = re.subn(rf"^{key} = .*$", f"{key} = {value}", toml, flags=re.M)
         assert n == 1, f"model.toml has no single {key}"
     (dst / MODEL / "model.toml").write_text(toml)
