@@ -34,6 +34,16 @@ pub struct LogConfig {
     /// still gets about a tenth of a busy core's time against each of them, so it keeps up
     /// near saturation instead of falling behind and dropping.
     pub writer_nice: i32,
+    /// Run the writer and closer threads under Linux's `SCHED_IDLE` instead of
+    /// `writer_nice`: they take only CPU time no other thread wants, and a serving
+    /// thread that wakes takes the CPU back at once. Under `writer_nice`, a serving
+    /// thread that wakes while the writer encodes may wait for the next scheduler tick
+    /// (up to 4 ms on a 250 Hz kernel), which showed in the request p99. The cost:
+    /// under a load that leaves no CPU idle for long the log falls behind, and once
+    /// `channel_capacity` records wait, records are dropped and counted. A thread cannot
+    /// leave `SCHED_IDLE` without `CAP_SYS_NICE`, so it is set once, at start. Where it
+    /// cannot be set, `writer_nice` applies. Default true.
+    pub writer_idle: bool,
 }
 
 impl LogConfig {
@@ -47,6 +57,7 @@ impl LogConfig {
             fsync: false,
             features: FeatureLogging::All,
             writer_nice: 10,
+            writer_idle: true,
         }
     }
 

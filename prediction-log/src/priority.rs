@@ -2,6 +2,42 @@
 //! CPU only when the serving threads leave some, so a burst of log work delays the log,
 //! never a request.
 
+/// Lowers the calling thread below the serving threads as `LogConfig` asks: under
+/// `SCHED_IDLE` when `idle` (falling back to `nice` where that cannot be set), else
+/// `nice` steps down (see [`lower_current_thread`]).
+pub(crate) fn lower_for_log(nice: i32, idle: bool) {
+    if idle {
+        match set_current_thread_idle() {
+            Ok(()) => return,
+            Err(e) => tracing::warn!(error = %e, nice,
+                "could not run a prediction log thread under SCHED_IDLE; it runs at writer_nice"),
+        }
+    }
+    lower_current_thread(nice);
+}
+
+/// Puts the calling thread under `SCHED_IDLE` (Linux): it runs only when no other thread
+/// of the machine wants the CPU, and any thread that wakes preempts it at once.
+fn set_current_thread_idle() -> Result<(), String> {
+    #[cfg(target_os = "linux")]
+    {
+        use thread_priority::{
+            set_thread_priority_and_policy, thread_native_id, NormalThreadSchedulePolicy,
+            ThreadPriority, ThreadSchedulePolicy,
+        };
+        set_thread_priority_and_policy(
+            thread_native_id(),
+            ThreadPriority::Min,
+            ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Idle),
+        )
+        .map_err(|e| format!("{e:?}"))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        Err("SCHED_IDLE is Linux only".into())
+    }
+}
+
 /// Lowers the calling thread's scheduling priority by `nice` steps below the thread that
 /// started it (nice values add up to 19 at most; 0 leaves it as it is): a mesh started
 /// with `nice -n -5` runs its writer at 5 with the default 10. On Linux, where nice is per

@@ -8,8 +8,9 @@
 //! a warning with the count at the next flush tick). Nothing on the request path waits for
 //! the disk, and nothing wakes the writer: it takes what is queued every few milliseconds
 //! ([`DRAIN_INTERVAL`]), so records reach it in batches without a wake-up per record. Both
-//! threads run at a lower priority ([`LogConfig::writer_nice`]): their work, spread thin,
-//! uses the CPU the serving threads leave.
+//! threads run below the serving threads ([`LogConfig::writer_idle`], else
+//! [`LogConfig::writer_nice`]): their work, spread thin, uses the CPU the serving threads
+//! leave.
 
 use crate::config::LogConfig;
 use crate::error::{LogError, Result};
@@ -425,8 +426,8 @@ fn close_segment(dir: &std::path::Path, job: CloseJob) -> Result<Option<PathBuf>
     segment::convert_wal(dir, &job.id, &job.wal)
 }
 
-fn close_main(dir: PathBuf, rx: Receiver<CloseJob>, shared: &Shared, nice: i32) {
-    crate::priority::lower_current_thread(nice);
+fn close_main(dir: PathBuf, rx: Receiver<CloseJob>, shared: &Shared, (nice, idle): (i32, bool)) {
+    crate::priority::lower_for_log(nice, idle);
     while let Ok(job) = rx.recv() {
         let wal = job.wal.clone();
         match close_segment(&dir, job) {
@@ -452,14 +453,16 @@ fn close_main(dir: PathBuf, rx: Receiver<CloseJob>, shared: &Shared, nice: i32) 
 fn writer_main(cfg: LogConfig, rx: Receiver<Msg>, shared: &Shared) {
     let (close_tx, close_rx) = mpsc::sync_channel::<CloseJob>(2);
     let dir = cfg.dir.clone();
-    let nice = cfg.writer_nice;
+    let (nice, idle) = (cfg.writer_nice, cfg.writer_idle);
     std::thread::scope(|scope| {
         // The closer starts before the writer lowers itself: a thread inherits its
         // parent's nice value, and each lowers itself once from the serving level.
         let closer = std::thread::Builder::new()
             .name("prediction-log-close".into())
-            .spawn_scoped(scope, move || close_main(dir, close_rx, shared, nice));
-        crate::priority::lower_current_thread(nice);
+            .spawn_scoped(scope, move || {
+                close_main(dir, close_rx, shared, (nice, idle))
+            });
+        crate::priority::lower_for_log(nice, idle);
         let mut w = Writer {
             cfg,
             shared,

@@ -374,24 +374,71 @@ impl WithTs for mesh_prediction_log::PredictionRecord {
     }
 }
 
-/// The writer threads run `writer_nice` steps below the thread that started the log
-/// (Linux: nice is per thread, field 19 of /proc/self/task/<tid>/stat).
+/// Field `i` (1-based, as in proc(5)) of a thread's /proc stat line.
+#[cfg(target_os = "linux")]
+fn stat_field(task: &std::path::Path, i: usize) -> i64 {
+    let stat = std::fs::read_to_string(task.join("stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    fields[i - 3].parse().unwrap()
+}
+
+/// The log's threads of this process, with field `i` of their stat line each, once the
+/// writer and the closer both show `want` there (each sets its own priority when it
+/// starts: give them a moment on a busy machine), or after 2 s.
+#[cfg(target_os = "linux")]
+async fn log_threads(i: usize, want: i64) -> Vec<(String, i64)> {
+    let threads = || {
+        let mut found = Vec::new();
+        for t in std::fs::read_dir("/proc/self/task").unwrap() {
+            let t = t.unwrap().path();
+            let comm = std::fs::read_to_string(t.join("comm")).unwrap_or_default();
+            if comm.trim_end().starts_with("prediction-log") {
+                found.push((comm.trim_end().to_string(), stat_field(&t, i)));
+            }
+        }
+        found
+    };
+    let mut found = threads();
+    for _ in 0..100 {
+        if found.len() == 2 && found.iter().all(|(_, v)| *v == want) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        found = threads();
+    }
+    found
+}
+
+/// The tests that look at the log's threads, one at a time (under `cargo test` the tests
+/// of a file share a process, and each would see the other's threads).
+#[cfg(target_os = "linux")]
+static ONE_LOG_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Field 19 of a thread's stat line is its nice value, field 41 its policy.
+#[cfg(target_os = "linux")]
+const NICE: usize = 19;
+#[cfg(target_os = "linux")]
+const POLICY: usize = 41;
+#[cfg(target_os = "linux")]
+const SCHED_OTHER: i64 = 0;
+#[cfg(target_os = "linux")]
+const SCHED_IDLE: i64 = 5;
+
+/// With `writer_idle` off, the writer threads run `writer_nice` steps below the thread
+/// that started the log (Linux: nice is per thread).
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn writer_threads_run_nicer_than_the_serving_threads() {
-    fn nice_of(task: &std::path::Path) -> i64 {
-        let stat = std::fs::read_to_string(task.join("stat")).unwrap();
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .unwrap()
-            .1
-            .split_whitespace()
-            .collect();
-        fields[16].parse().unwrap()
-    }
-    let own = nice_of(std::path::Path::new("/proc/thread-self"));
+    let _one = ONE_LOG_AT_A_TIME.lock().await;
+    let own = stat_field(std::path::Path::new("/proc/thread-self"), NICE);
     let dir = tempfile::tempdir().unwrap();
     let mut c = cfg(dir.path());
+    c.writer_idle = false;
     c.writer_nice = 6;
     let (log, writer) = PredictionLog::start(c).unwrap();
     log.record_wait(record(0, "1", Role::Primary))
@@ -399,30 +446,47 @@ async fn writer_threads_run_nicer_than_the_serving_threads() {
         .unwrap();
     log.flush().await.unwrap();
     let want = (own + 6).min(19);
-    let threads = || {
-        let mut found = Vec::new();
-        for t in std::fs::read_dir("/proc/self/task").unwrap() {
-            let t = t.unwrap().path();
-            let comm = std::fs::read_to_string(t.join("comm")).unwrap_or_default();
-            if comm.trim_end().starts_with("prediction-log") {
-                found.push((comm.trim_end().to_string(), nice_of(&t)));
-            }
-        }
-        found
-    };
-    // The closer sets its own priority when it starts: give it a moment on a busy machine.
-    let mut found = threads();
-    for _ in 0..100 {
-        if found.len() == 2 && found.iter().all(|(_, n)| *n == want) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        found = threads();
-    }
+    let found = log_threads(NICE, want).await;
+    let policies = log_threads(POLICY, SCHED_OTHER).await;
     log.shutdown().await.unwrap();
     writer.join().unwrap();
     assert_eq!(found.len(), 2, "writer and closer threads: {found:?}");
     for (name, nice) in found {
         assert_eq!(nice, want, "{name}");
     }
+    assert!(
+        policies.iter().all(|(_, p)| *p == SCHED_OTHER),
+        "{policies:?}"
+    );
+}
+
+/// By default the writer threads run under SCHED_IDLE, and the log works as ever.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn writer_threads_run_under_sched_idle_by_default() {
+    let _one = ONE_LOG_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg(dir.path());
+    assert!(c.writer_idle);
+    let (log, writer) = PredictionLog::start(c).unwrap();
+    for i in 0..100 {
+        log.record_wait(record(i, "1", Role::Primary))
+            .await
+            .unwrap();
+    }
+    log.flush().await.unwrap();
+    let found = log_threads(POLICY, SCHED_IDLE).await;
+    log.shutdown().await.unwrap();
+    writer.join().unwrap();
+    assert_eq!(found.len(), 2, "writer and closer threads: {found:?}");
+    for (name, policy) in found {
+        assert_eq!(policy, SCHED_IDLE, "{name}");
+    }
+    let all = read_all(dir.path(), ReadOptions::default()).unwrap();
+    assert_eq!(all.len(), 100);
+    // The calling thread keeps its own policy.
+    assert_eq!(
+        stat_field(std::path::Path::new("/proc/thread-self"), POLICY),
+        SCHED_OTHER
+    );
 }

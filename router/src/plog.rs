@@ -26,8 +26,11 @@ pub struct PredictionLogConfig {
     pub flush_interval: Duration,
     /// Records that may wait for the writer before new ones are dropped.
     pub channel_capacity: usize,
-    /// Nice value of the log's writer threads (0..=19; 0 = the serving threads' own).
+    /// Nice value of the log's writer threads (0..=19; 0 = the serving threads' own),
+    /// when they do not run under SCHED_IDLE.
     pub writer_nice: i32,
+    /// The log's writer threads run under SCHED_IDLE (see `LogConfig::writer_idle`).
+    pub writer_idle: bool,
 }
 
 /// `[prediction_log]` as written, old spellings included.
@@ -45,6 +48,8 @@ struct PredictionLogFile {
     channel_capacity: usize,
     #[serde(default = "default_writer_nice")]
     writer_nice: i32,
+    #[serde(default = "default_writer_idle")]
+    writer_idle: bool,
 }
 
 impl TryFrom<PredictionLogFile> for PredictionLogConfig {
@@ -70,6 +75,7 @@ impl TryFrom<PredictionLogFile> for PredictionLogConfig {
             flush_interval: flush_interval.unwrap_or_else(default_flush_interval),
             channel_capacity: f.channel_capacity,
             writer_nice: f.writer_nice,
+            writer_idle: f.writer_idle,
         })
     }
 }
@@ -86,6 +92,9 @@ fn default_capacity() -> usize {
 fn default_writer_nice() -> i32 {
     LogConfig::new("").writer_nice
 }
+fn default_writer_idle() -> bool {
+    LogConfig::new("").writer_idle
+}
 
 /// Starts the writer.
 pub fn start(cfg: &PredictionLogConfig) -> Result<(PredictionLogHandle, WriterTask), RouterError> {
@@ -97,6 +106,7 @@ pub fn start(cfg: &PredictionLogConfig) -> Result<(PredictionLogHandle, WriterTa
     c.flush_interval = cfg.flush_interval;
     c.channel_capacity = cfg.channel_capacity;
     c.writer_nice = cfg.writer_nice;
+    c.writer_idle = cfg.writer_idle;
     PredictionLog::start(c)
         .map_err(|e| RouterError::Internal(format!("prediction log at {}: {e}", cfg.dir.display())))
 }
@@ -191,5 +201,17 @@ mod tests {
             let e = parse(&format!("dir = \"d\"\nwriter_nice = {bad}")).unwrap_err();
             assert!(e.contains("writer_nice") && e.contains(bad), "{e}");
         }
+    }
+
+    #[test]
+    fn writer_idle_is_on_unless_turned_off() {
+        assert!(parse("dir = \"d\"").unwrap().writer_idle);
+        assert!(
+            !parse("dir = \"d\"\nwriter_idle = false")
+                .unwrap()
+                .writer_idle
+        );
+        let e = parse("dir = \"d\"\nwriter_idle = \"sometimes\"").unwrap_err();
+        assert!(e.contains("writer_idle") || e.contains("bool"), "{e}");
     }
 }
