@@ -493,7 +493,8 @@ pub struct BatchingConfig {
     /// time of a batch of its rows is at most this: no hand-off to a runner thread
     /// and back, which costs a small model more than its forward pass. When the
     /// queue holds anything, or the kept instance is busy, the request queues as
-    /// always, so batching under load is untouched. 0 (the default): never; CPU
+    /// always, so batching under load is untouched (a request computed inline does
+    /// not wait `max_queue_delay_us` for company). 0 (the default): never; CPU
     /// models only.
     pub inline_below_us: u64,
 }
