@@ -38,11 +38,12 @@ pub struct LogConfig {
     /// `writer_nice`: they take only CPU time no other thread wants, and a serving
     /// thread that wakes takes the CPU back at once. Under `writer_nice`, a serving
     /// thread that wakes while the writer encodes may wait for the next scheduler tick
-    /// (up to 4 ms on a 250 Hz kernel), which showed in the request p99. The cost:
-    /// under a load that leaves no CPU idle for long the log falls behind, and once
-    /// `channel_capacity` records wait, records are dropped and counted. A thread cannot
-    /// leave `SCHED_IDLE` without `CAP_SYS_NICE`, so it is set once, at start. Where it
-    /// cannot be set, `writer_nice` applies. Default true.
+    /// (up to 4 ms on a 250 Hz kernel), which shows in the request p99. The cost:
+    /// under a load that leaves no CPU idle the log falls behind, and once
+    /// `channel_capacity` records wait, records are dropped and counted (`mesh demo`,
+    /// both cores busy, dropped 29% of its records). A thread cannot leave
+    /// `SCHED_IDLE` without `CAP_SYS_NICE`, so it is set once, at start. Where it cannot
+    /// be set, `writer_nice` applies. Default false.
     pub writer_idle: bool,
 }
 
@@ -57,7 +58,7 @@ impl LogConfig {
             fsync: false,
             features: FeatureLogging::All,
             writer_nice: 10,
-            writer_idle: true,
+            writer_idle: false,
         }
     }
 

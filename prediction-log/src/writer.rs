@@ -8,8 +8,8 @@
 //! a warning with the count at the next flush tick). Nothing on the request path waits for
 //! the disk, and nothing wakes the writer: it takes what is queued every few milliseconds
 //! ([`DRAIN_INTERVAL`]), so records reach it in batches without a wake-up per record. Both
-//! threads run below the serving threads ([`LogConfig::writer_idle`], else
-//! [`LogConfig::writer_nice`]): their work, spread thin, uses the CPU the serving threads
+//! threads run below the serving threads ([`LogConfig::writer_nice`], or `SCHED_IDLE` with
+//! [`LogConfig::writer_idle`]): their work, spread thin, uses the CPU the serving threads
 //! leave.
 
 use crate::config::LogConfig;

@@ -429,8 +429,8 @@ const SCHED_OTHER: i64 = 0;
 #[cfg(target_os = "linux")]
 const SCHED_IDLE: i64 = 5;
 
-/// With `writer_idle` off, the writer threads run `writer_nice` steps below the thread
-/// that started the log (Linux: nice is per thread).
+/// By default (`writer_idle` off) the writer threads run `writer_nice` steps below the
+/// thread that started the log (Linux: nice is per thread).
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn writer_threads_run_nicer_than_the_serving_threads() {
@@ -438,7 +438,7 @@ async fn writer_threads_run_nicer_than_the_serving_threads() {
     let own = stat_field(std::path::Path::new("/proc/thread-self"), NICE);
     let dir = tempfile::tempdir().unwrap();
     let mut c = cfg(dir.path());
-    c.writer_idle = false;
+    assert!(!c.writer_idle);
     c.writer_nice = 6;
     let (log, writer) = PredictionLog::start(c).unwrap();
     log.record_wait(record(0, "1", Role::Primary))
@@ -460,14 +460,15 @@ async fn writer_threads_run_nicer_than_the_serving_threads() {
     );
 }
 
-/// By default the writer threads run under SCHED_IDLE, and the log works as ever.
+/// With `writer_idle` on, the writer threads run under SCHED_IDLE, and the log works as
+/// ever.
 #[cfg(target_os = "linux")]
 #[tokio::test]
-async fn writer_threads_run_under_sched_idle_by_default() {
+async fn writer_threads_run_under_sched_idle_when_asked() {
     let _one = ONE_LOG_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
-    let c = cfg(dir.path());
-    assert!(c.writer_idle);
+    let mut c = cfg(dir.path());
+    c.writer_idle = true;
     let (log, writer) = PredictionLog::start(c).unwrap();
     for i in 0..100 {
         log.record_wait(record(i, "1", Role::Primary))

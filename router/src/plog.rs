@@ -29,7 +29,8 @@ pub struct PredictionLogConfig {
     /// Nice value of the log's writer threads (0..=19; 0 = the serving threads' own),
     /// when they do not run under SCHED_IDLE.
     pub writer_nice: i32,
-    /// The log's writer threads run under SCHED_IDLE (see `LogConfig::writer_idle`).
+    /// The log's writer threads run under SCHED_IDLE instead (see
+    /// `LogConfig::writer_idle`; off by default).
     pub writer_idle: bool,
 }
 
@@ -204,10 +205,10 @@ mod tests {
     }
 
     #[test]
-    fn writer_idle_is_on_unless_turned_off() {
-        assert!(parse("dir = \"d\"").unwrap().writer_idle);
+    fn writer_idle_is_off_unless_turned_on() {
+        assert!(!parse("dir = \"d\"").unwrap().writer_idle);
         assert!(
-            !parse("dir = \"d\"\nwriter_idle = false")
+            parse("dir = \"d\"\nwriter_idle = true")
                 .unwrap()
                 .writer_idle
         );
