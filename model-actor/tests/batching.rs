@@ -292,8 +292,12 @@ async fn a_request_that_expires_in_the_queue_is_not_computed_nor_counted_ok() {
     assert_eq!(h.stats.fail.get().0, 1);
 }
 
+/// Released by the test that holds a forward pass open (rows whose first value is 7).
+static RELEASE_SEVENS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Answers each row with its first value; records the name of the thread each batch
-/// ran on; sleeps `delay` per batch; panics on a row whose first value is 666.
+/// ran on; sleeps `delay` per batch; panics on a row whose first value is 666; holds a
+/// batch whose first value is 7 until `RELEASE_SEVENS` (10 s at most).
 struct Where {
     delay: Duration,
     threads: Arc<Mutex<Vec<String>>>,
@@ -310,6 +314,13 @@ impl Model for Where {
         let name = std::thread::current().name().unwrap_or("").to_owned();
         self.threads.lock().push(name);
         assert!(b.data[0] != 666.0, "the model's own bug");
+        if b.data[0] == 7.0 {
+            let give_up = Instant::now() + Duration::from_secs(10);
+            while !RELEASE_SEVENS.load(std::sync::atomic::Ordering::Acquire) {
+                assert!(Instant::now() < give_up, "never released");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
         std::thread::sleep(self.delay);
         Ok(Forward {
             data: b.data.chunks(2).map(|r| r[0]).collect(),
@@ -398,4 +409,31 @@ async fn a_panic_on_the_callers_thread_is_an_error_and_turns_inline_off() {
         assert_eq!(out.data, vec![i as f32]);
         assert_eq!(last_thread(&threads), "mesh-runner");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_the_kept_instance_computes_the_next_request_queues_for_a_runner() {
+    let (h, threads) = start_where(1_000, Duration::ZERO);
+    // The first request is computed on a serving thread and held there.
+    let first = {
+        let h = h.clone();
+        tokio::spawn(async move { h.infer(row(7.0), in_secs(20)).await })
+    };
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while threads.lock().is_empty() {
+        assert!(Instant::now() < give_up, "the first request never started");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // The queue is empty but the kept instance is busy: the next request does not
+    // wait for it, a runner answers it.
+    let out = h.infer(row(3.0), in_secs(5)).await.unwrap();
+    assert_eq!(out.data, vec![3.0]);
+    assert_eq!(last_thread(&threads), "mesh-runner");
+    RELEASE_SEVENS.store(true, std::sync::atomic::Ordering::Release);
+    let out = first.await.unwrap().unwrap();
+    assert_eq!(out.data, vec![7.0]);
+    assert_eq!(out.queue, Duration::ZERO);
+    let seen = threads.lock().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_ne!(seen[0], "mesh-runner", "{seen:?}");
 }
