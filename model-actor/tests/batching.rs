@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mesh_model_actor::{
-    ActorSystem, Batch, Forward, Model, ModelConfig, ModelError, VersionHandle,
+    ActorSystem, Batch, Forward, Model, ModelConfig, ModelError, ModelFactory, VersionHandle,
 };
 use parking_lot::Mutex;
 
@@ -74,6 +74,14 @@ fn config_with(
 /// The rows of every batch the fake model ran, in order.
 type Seen = Arc<Mutex<Vec<Vec<f32>>>>;
 
+/// Version 1 of a model built by `factory`, started on an actor system of its own
+/// and ready.
+fn spawn_ready(cfg: Arc<ModelConfig>, factory: ModelFactory) -> Arc<VersionHandle> {
+    let h = VersionHandle::spawn(&ActorSystem::start().unwrap(), cfg, 1, 0, factory).unwrap();
+    h.mark_ready();
+    Arc::new(h)
+}
+
 fn start(cfg: Arc<ModelConfig>, delay: Duration) -> (Arc<VersionHandle>, Seen) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let s = seen.clone();
@@ -83,9 +91,7 @@ fn start(cfg: Arc<ModelConfig>, delay: Duration) -> (Arc<VersionHandle>, Seen) {
             seen: s.clone(),
         }) as Box<dyn Model>
     });
-    let h = VersionHandle::spawn(&ActorSystem::start().unwrap(), cfg, 1, 0, factory).unwrap();
-    h.mark_ready();
-    (Arc::new(h), seen)
+    (spawn_ready(cfg, factory), seen)
 }
 
 fn row(a: f32) -> Batch {
@@ -344,9 +350,7 @@ fn start_where(inline_below_us: u64, delay: Duration) -> (Arc<VersionHandle>, Th
         }) as Box<dyn Model>
     });
     let cfg = config_with(8, 0, 64, 1, &format!("inline_below_us = {inline_below_us}"));
-    let h = VersionHandle::spawn(&ActorSystem::start().unwrap(), cfg, 1, 0, factory).unwrap();
-    h.mark_ready();
-    (Arc::new(h), threads)
+    (spawn_ready(cfg, factory), threads)
 }
 
 fn last_thread(threads: &Threads) -> String {
