@@ -78,7 +78,7 @@ total = secs(open(f"/proc/{pid}/stat").read())
 log = 0.0
 for t in os.listdir(f"/proc/{pid}/task"):
     try:
-        if open(f"/proc/{pid}/task/{t}/comm").read().startswith("prediction-log"):
+        if open(f"/proc/{pid}/task/{t}/comm").read().startswith("plog-"):
             log += secs(open(f"/proc/{pid}/task/{t}/stat").read())
     except OSError:
         pass

@@ -15,8 +15,9 @@ pub struct LogConfig {
     /// Default 65 536 (about 1 s of traffic at 65k predictions/s).
     pub channel_capacity: usize,
     /// Roll the open segment when its wal reaches this many bytes. Default 64 MiB.
-    /// (The Parquet file is several times smaller; the writer holds the open segment's
-    /// records in memory until it rolls, so this also bounds that memory.)
+    /// (The Parquet file is several times smaller. A segment whose Parquet file is built
+    /// from its wal at close, see `encoder_backlog`, is read whole into memory then, so
+    /// this also bounds that memory.)
     pub segment_max_bytes: u64,
     /// Roll the open segment when it is this old. Default 5 minutes.
     pub segment_max_age: Duration,
@@ -45,6 +46,21 @@ pub struct LogConfig {
     /// `SCHED_IDLE` without `CAP_SYS_NICE`, so it is set once, at start. Where it cannot
     /// be set, `writer_nice` applies. Default false.
     pub writer_idle: bool,
+    /// Run the Parquet encoder thread (column builders, slice encoding and compression,
+    /// the footer at close) under Linux's `SCHED_IDLE`: the log's heaviest CPU work then
+    /// takes only CPU time no other thread wants, and a serving thread that wakes takes
+    /// the CPU back at once. The writer thread, which appends every record to the wal
+    /// (a few µs each) and so decides what is kept, stays at `writer_nice`: a starved
+    /// encoder never drops a record (see `encoder_backlog`). Where `SCHED_IDLE` cannot
+    /// be set, `writer_nice` applies. Default true.
+    pub encoder_idle: bool,
+    /// Records that may wait for the Parquet encoder. When the encoder falls this far
+    /// behind (a machine with no idle CPU starves a `SCHED_IDLE` thread), the open
+    /// segment's Parquet file is given up and the segment is converted from its wal when
+    /// it rolls, by the closer thread at `writer_nice`: more work at the roll, no record
+    /// lost. Counted in `mesh_log_encoder_behind_segments_total`. Default 8 192
+    /// (16 slices); at least 1.
+    pub encoder_backlog: usize,
 }
 
 impl LogConfig {
@@ -59,6 +75,8 @@ impl LogConfig {
             features: FeatureLogging::All,
             writer_nice: 10,
             writer_idle: false,
+            encoder_idle: true,
+            encoder_backlog: 8192,
         }
     }
 
@@ -66,6 +84,11 @@ impl LogConfig {
         if self.channel_capacity == 0 {
             return Err(LogError::Config(
                 "channel_capacity must be at least 1".into(),
+            ));
+        }
+        if self.encoder_backlog == 0 {
+            return Err(LogError::Config(
+                "encoder_backlog must be at least 1".into(),
             ));
         }
         if self.segment_max_bytes == 0 {

@@ -3,7 +3,8 @@
 //! ```text
 //! <dir>/_wal/seg-<id>.wal                         the open segment (and, after a crash, leftovers)
 //! <dir>/date=YYYY-MM-DD/part-<id>.parquet         closed segments, one date each
-//! <dir>/date=YYYY-MM-DD/.part-<id>.parquet.tmp    a conversion in progress
+//! <dir>/date=YYYY-MM-DD/.part-<id>.parquet.tmp    the open segment's Parquet file
+//! <dir>/date=YYYY-MM-DD/.part-<id>.wal.parquet.tmp a conversion from the wal in progress
 //! ```
 //! `<id>` is `<open time µs, 16 digits>-<pid>-<sequence>`, so names sort by time and never
 //! collide between restarts. A wal and the Parquet file made from it share the id, which
@@ -93,7 +94,9 @@ pub(crate) fn write_segment(
         return Ok(None);
     };
     let date = date_of_us(first.ts_us);
-    let mut file = open_parquet(dir, &date, id)?;
+    // A temp name of its own: the encoder may still hold the open segment's temp file of
+    // a segment it gave up, and removes it when it sees that.
+    let mut file = OpenParquet::create(&temp_path(dir, &date, &format!("{id}.wal"))?)?;
     for r in records {
         file.append(r)?;
     }

@@ -1,16 +1,24 @@
-//! The writer: a bounded channel in front of a dedicated thread that appends each record
-//! to the wal of the open segment (a compact binary frame) and to the segment's Parquet
-//! file (column builders, encoded a slice of rows at a time), and a second thread that
-//! closes rolled segments (last row group, footer, fsync, rename).
+//! The writer: a bounded channel in front of three threads.
+//!
+//! - The writer thread appends each record to the wal of the open segment (a compact
+//!   binary frame, a few µs) and passes it on to the encoder. The wal is what keeps a
+//!   record; this thread runs at [`LogConfig::writer_nice`].
+//! - The encoder thread fills the segment's Parquet file (column builders, encoded and
+//!   compressed a slice of rows at a time) and, when the segment rolls, finishes it
+//!   (footer, fsync, rename) and removes the wal. This is most of the log's CPU work, and
+//!   by default it runs under `SCHED_IDLE` ([`LogConfig::encoder_idle`]). When it falls
+//!   [`LogConfig::encoder_backlog`] records behind, the writer gives up that segment's
+//!   Parquet file and the closer converts the segment from its wal instead.
+//! - The closer thread converts such segments (and those whose Parquet file could not be
+//!   written) from their wal, at `writer_nice`.
 //!
 //! The request path only ever calls [`PredictionLogHandle::record`], a `try_send`: when the
 //! channel is full the record is dropped and counted (`mesh_log_dropped_records_total`, and
 //! a warning with the count at the next flush tick). Nothing on the request path waits for
 //! the disk, and nothing wakes the writer: it takes what is queued every few milliseconds
-//! ([`DRAIN_INTERVAL`]), so records reach it in batches without a wake-up per record. Both
-//! threads run below the serving threads ([`LogConfig::writer_nice`], or `SCHED_IDLE` with
-//! [`LogConfig::writer_idle`]): their work, spread thin, uses the CPU the serving threads
-//! leave.
+//! ([`DRAIN_INTERVAL`]), so records reach it in batches without a wake-up per record (the
+//! encoder takes its queue the same way). All three threads run below the serving threads:
+//! their work, spread thin, uses the CPU the serving threads leave.
 
 use crate::config::LogConfig;
 use crate::error::{LogError, Result};
@@ -19,7 +27,7 @@ use crate::record::{date_of_us, now_us, FeatureLogging, PredictionRecord};
 use crate::segment::{self, RecoveryReport};
 use crate::wal::WalWriter;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -49,6 +57,7 @@ struct Shared {
     flushed: AtomicU64,
     lost: AtomicU64,
     segments: AtomicU64,
+    encoder_behind: AtomicU64,
 }
 
 /// A snapshot of the writer's counters (since this process started the log).
@@ -66,6 +75,9 @@ pub struct LogStats {
     pub lost: u64,
     /// Segments closed into Parquet files.
     pub segments: u64,
+    /// Segments whose Parquet file the encoder gave up because it fell
+    /// `encoder_backlog` records behind; each was converted from its wal at close.
+    pub encoder_behind: u64,
 }
 
 impl Shared {
@@ -77,6 +89,7 @@ impl Shared {
             flushed: self.flushed.load(Ordering::Acquire),
             lost: self.lost.load(Ordering::Relaxed),
             segments: self.segments.load(Ordering::Relaxed),
+            encoder_behind: self.encoder_behind.load(Ordering::Relaxed),
         }
     }
 }
@@ -143,7 +156,7 @@ impl PredictionLog {
         let thread = {
             let shared = shared.clone();
             std::thread::Builder::new()
-                .name("prediction-log".into())
+                .name("plog-writer".into())
                 .spawn(move || {
                     writer_main(config, rx, &shared);
                     // Released only after the last segment is closed and converted.
@@ -275,18 +288,34 @@ struct OpenSegment {
     id: String,
     date: String,
     wal: WalWriter,
-    /// The segment's Parquet file, filled as records arrive; `None` after a write to it
-    /// failed, and then the closer converts the wal instead.
-    parquet: Option<OpenParquet>,
+    /// While the encoder builds this segment's Parquet file: the flag either side sets
+    /// when that is given up (the encoder fell behind, or the file could not be written).
+    /// `None` once given up: the closer converts the segment from its wal.
+    encoding: Option<Arc<AtomicBool>>,
     opened: Instant,
 }
 
-/// A rolled segment for the closer thread.
+/// Work for the encoder thread, in the order the writer made it.
+enum EncMsg {
+    /// A new segment: start its Parquet file.
+    Start {
+        id: String,
+        date: String,
+        gave_up: Arc<AtomicBool>,
+    },
+    Record(Box<PredictionRecord>),
+    /// The segment rolled: finish its Parquet file, put it into place, remove the wal.
+    /// From here the encoder owns the segment (it hands it to the closer if the file
+    /// fails).
+    Finish {
+        wal: PathBuf,
+    },
+}
+
+/// A rolled segment for the closer thread, to be converted from its wal.
 struct CloseJob {
     id: String,
-    date: String,
     wal: PathBuf,
-    parquet: Option<OpenParquet>,
 }
 
 struct Writer<'a> {
@@ -295,12 +324,26 @@ struct Writer<'a> {
     open: Option<OpenSegment>,
     seq: u64,
     written: u64,
+    enc_tx: Option<SyncSender<EncMsg>>,
     close_tx: Option<SyncSender<CloseJob>>,
     error_reported: bool,
 }
 
+/// Tells the encoder to drop the Parquet file of a segment it was building.
+fn give_up(encoding: Option<Arc<AtomicBool>>) {
+    if let Some(flag) = encoding {
+        flag.store(true, Ordering::Release);
+    }
+}
+
 impl Writer<'_> {
-    fn append(&mut self, rec: PredictionRecord) {
+    /// Counts a segment whose Parquet file is given up because the encoder is behind.
+    fn encoder_behind(&self) {
+        self.shared.encoder_behind.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("mesh_log_encoder_behind_segments_total").increment(1);
+    }
+
+    fn append(&mut self, rec: Box<PredictionRecord>) {
         let date = date_of_us(rec.ts_us);
         if self.open.as_ref().is_some_and(|s| s.date != date) {
             self.roll();
@@ -315,24 +358,35 @@ impl Writer<'_> {
         };
         if let Err(e) = seg.wal.append(&rec) {
             // The wal keeps what it had; recovery at the next start converts it.
-            if let Some(p) = self.open.take().and_then(|s| s.parquet) {
-                let _ = std::fs::remove_file(p.path());
-            }
+            give_up(self.open.take().and_then(|s| s.encoding));
             return self.lose(1, &e);
         }
-        if let Some(p) = seg.parquet.as_mut() {
-            if let Err(e) = p.append(&rec) {
-                // The wal has every record: the closer converts it instead.
-                tracing::error!(error = %e, "prediction log Parquet write failed; the segment will be converted from its wal");
-                metrics::counter!("mesh_log_convert_errors_total").increment(1);
-                if let Some(p) = seg.parquet.take() {
-                    let _ = std::fs::remove_file(p.path());
-                }
+        let mut behind = false;
+        if let Some(flag) = &seg.encoding {
+            let sent = !flag.load(Ordering::Acquire)
+                && match self
+                    .enc_tx
+                    .as_ref()
+                    .map(|tx| tx.try_send(EncMsg::Record(rec)))
+                {
+                    Some(Ok(())) => true,
+                    Some(Err(TrySendError::Full(_))) => {
+                        behind = true;
+                        false
+                    }
+                    _ => false,
+                };
+            if !sent {
+                give_up(seg.encoding.take());
             }
         }
+        let full = seg.wal.bytes() >= self.cfg.segment_max_bytes;
         self.written += 1;
         self.shared.written.store(self.written, Ordering::Relaxed);
-        if seg.wal.bytes() >= self.cfg.segment_max_bytes {
+        if behind {
+            self.encoder_behind();
+        }
+        if full {
             self.roll();
         }
     }
@@ -342,18 +396,25 @@ impl Writer<'_> {
         let id = segment::segment_id(now_us(), self.seq);
         self.seq += 1;
         let wal = WalWriter::create(&segment::wal_path(&self.cfg.dir, &id))?;
-        let parquet = match segment::open_parquet(&self.cfg.dir, &date, &id) {
-            Ok(p) => Some(p),
-            Err(e) => {
-                tracing::error!(error = %e, "could not start a Parquet file; the segment will be converted from its wal");
-                None
+        let mut encoding = None;
+        if let Some(tx) = &self.enc_tx {
+            let flag = Arc::new(AtomicBool::new(false));
+            let start = EncMsg::Start {
+                id: id.clone(),
+                date: date.clone(),
+                gave_up: flag.clone(),
+            };
+            match tx.try_send(start) {
+                Ok(()) => encoding = Some(flag),
+                Err(TrySendError::Full(_)) => self.encoder_behind(),
+                Err(TrySendError::Disconnected(_)) => {}
             }
-        };
+        }
         self.open = Some(OpenSegment {
             id,
             date,
             wal,
-            parquet,
+            encoding,
             opened: Instant::now(),
         });
         Ok(())
@@ -379,9 +440,7 @@ impl Writer<'_> {
                         .flushed
                         .load(Ordering::Acquire)
                         .min(self.written);
-                if let Some(p) = self.open.take().and_then(|s| s.parquet) {
-                    let _ = std::fs::remove_file(p.path());
-                }
+                give_up(self.open.take().and_then(|s| s.encoding));
                 self.written -= n;
                 self.shared.written.store(self.written, Ordering::Relaxed);
                 return self.lose(n, &e);
@@ -395,13 +454,20 @@ impl Writer<'_> {
     fn roll(&mut self) {
         self.flush();
         let Some(seg) = self.open.take() else { return };
-        let job = CloseJob {
-            id: seg.id,
-            date: seg.date,
-            wal: seg.wal.path().to_path_buf(),
-            parquet: seg.parquet,
-        };
+        let wal = seg.wal.path().to_path_buf();
         drop(seg.wal);
+        if let Some(flag) = seg.encoding {
+            if !flag.load(Ordering::Acquire) {
+                let finish = EncMsg::Finish { wal: wal.clone() };
+                match self.enc_tx.as_ref().map(|tx| tx.try_send(finish)) {
+                    Some(Ok(())) => return,
+                    Some(Err(TrySendError::Full(_))) => self.encoder_behind(),
+                    _ => {}
+                }
+            }
+            give_up(Some(flag));
+        }
+        let job = CloseJob { id: seg.id, wal };
         if let Some(tx) = &self.close_tx {
             if tx.send(job).is_err() {
                 tracing::error!("prediction log closer stopped; the wal stays for recovery");
@@ -410,58 +476,177 @@ impl Writer<'_> {
     }
 }
 
-/// Closes one rolled segment: its Parquet file into place (or, when that file could not
-/// be written, a conversion of its wal), then removes the wal.
-fn close_segment(dir: &std::path::Path, job: CloseJob) -> Result<Option<PathBuf>> {
-    if let Some(p) = job.parquet {
-        let tmp = p.path().to_path_buf();
-        match segment::close_parquet(dir, &job.date, &job.id, p) {
-            Ok(path) => return Ok(Some(path)),
-            Err(e) => {
-                tracing::error!(error = %e, "could not close a segment's Parquet file; converting its wal");
-                let _ = std::fs::remove_file(tmp);
-            }
-        }
+/// Counts a closed segment and removes its wal, now that its Parquet file is in place.
+fn segment_closed(shared: &Shared, wal: &std::path::Path, path: Option<PathBuf>) {
+    if let Err(e) = std::fs::remove_file(wal) {
+        tracing::warn!(error = %e, wal = %wal.display(), "could not remove converted wal");
     }
-    segment::convert_wal(dir, &job.id, &job.wal)
+    shared.segments.fetch_add(1, Ordering::Relaxed);
+    metrics::counter!("mesh_log_segments_total").increment(1);
+    if let Some(p) = path {
+        tracing::debug!(path = %p.display(), "segment closed");
+    }
 }
 
+/// The closer thread: converts rolled segments that have no Parquet file from their wal.
 fn close_main(dir: PathBuf, rx: Receiver<CloseJob>, shared: &Shared, (nice, idle): (i32, bool)) {
     crate::priority::lower_for_log(nice, idle);
     while let Ok(job) = rx.recv() {
-        let wal = job.wal.clone();
-        match close_segment(&dir, job) {
-            Ok(path) => {
-                if let Err(e) = std::fs::remove_file(&wal) {
-                    tracing::warn!(error = %e, wal = %wal.display(), "could not remove converted wal");
-                }
-                shared.segments.fetch_add(1, Ordering::Relaxed);
-                metrics::counter!("mesh_log_segments_total").increment(1);
-                if let Some(p) = path {
-                    tracing::debug!(path = %p.display(), "segment closed");
-                }
-            }
+        match segment::convert_wal(&dir, &job.id, &job.wal) {
+            Ok(path) => segment_closed(shared, &job.wal, path),
             Err(e) => {
                 metrics::counter!("mesh_log_convert_errors_total").increment(1);
-                tracing::error!(error = %e, wal = %wal.display(),
+                tracing::error!(error = %e, wal = %job.wal.display(),
                     "could not convert a segment to Parquet; its wal stays and is converted at the next start");
             }
         }
     }
 }
 
+/// The segment whose Parquet file the encoder is building.
+struct Encoding {
+    id: String,
+    date: String,
+    gave_up: Arc<AtomicBool>,
+    /// `None` once given up.
+    file: Option<OpenParquet>,
+}
+
+impl Encoding {
+    /// Drops the Parquet file and its temp file (the segment is converted from its wal).
+    fn drop_file(&mut self) {
+        if let Some(f) = self.file.take() {
+            let tmp = f.path().to_path_buf();
+            drop(f);
+            let _ = std::fs::remove_file(tmp);
+        }
+    }
+
+    /// A write to the Parquet file failed: give it up, the wal has every record.
+    fn failed(&mut self, e: &LogError) {
+        tracing::error!(error = %e, "prediction log Parquet write failed; the segment will be converted from its wal");
+        metrics::counter!("mesh_log_convert_errors_total").increment(1);
+        self.gave_up.store(true, Ordering::Release);
+        self.drop_file();
+    }
+}
+
+/// The encoder thread: builds each segment's Parquet file from the records the writer
+/// passes on, and puts it into place when the segment rolls. Takes its queue every few
+/// milliseconds, like the writer, so that passing a record on wakes nothing.
+fn encode_main(
+    dir: PathBuf,
+    rx: Receiver<EncMsg>,
+    close_tx: SyncSender<CloseJob>,
+    shared: &Shared,
+    (nice, idle): (i32, bool),
+) {
+    crate::priority::lower_for_log(nice, idle);
+    let mut current: Option<Encoding> = None;
+    loop {
+        let mut taken = 0usize;
+        while taken < ROUND_RECORDS {
+            let msg = match rx.try_recv() {
+                Ok(m) => m,
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    // A segment the writer gave up and never finished.
+                    if let Some(mut c) = current.take() {
+                        c.drop_file();
+                    }
+                    return;
+                }
+            };
+            taken += 1;
+            match msg {
+                EncMsg::Start { id, date, gave_up } => {
+                    if let Some(mut c) = current.take() {
+                        c.drop_file();
+                    }
+                    let mut c = Encoding {
+                        file: None,
+                        id,
+                        date,
+                        gave_up,
+                    };
+                    match segment::open_parquet(&dir, &c.date, &c.id) {
+                        Ok(f) => c.file = Some(f),
+                        Err(e) => c.failed(&e),
+                    }
+                    current = Some(c);
+                }
+                EncMsg::Record(r) => {
+                    let Some(c) = current.as_mut() else { continue };
+                    if c.gave_up.load(Ordering::Acquire) {
+                        c.drop_file();
+                    } else if let Some(f) = c.file.as_mut() {
+                        if let Err(e) = f.append(&r) {
+                            c.failed(&e);
+                        }
+                    }
+                }
+                EncMsg::Finish { wal } => {
+                    let Some(mut c) = current.take() else {
+                        continue;
+                    };
+                    if let Some(f) = c.file.take() {
+                        let tmp = f.path().to_path_buf();
+                        match segment::close_parquet(&dir, &c.date, &c.id, f) {
+                            Ok(path) => {
+                                segment_closed(shared, &wal, Some(path));
+                                continue;
+                            }
+                            Err(e) => {
+                                let _ = std::fs::remove_file(tmp);
+                                c.failed(&e);
+                            }
+                        }
+                    }
+                    // The writer handed this segment over: convert it from its wal.
+                    if close_tx.send(CloseJob { id: c.id, wal }).is_err() {
+                        tracing::error!(
+                            "prediction log closer stopped; the wal stays for recovery"
+                        );
+                    }
+                }
+            }
+        }
+        if taken < ROUND_RECORDS {
+            std::thread::sleep(if taken == 0 {
+                IDLE_INTERVAL
+            } else {
+                DRAIN_INTERVAL
+            });
+        }
+    }
+}
+
 fn writer_main(cfg: LogConfig, rx: Receiver<Msg>, shared: &Shared) {
     let (close_tx, close_rx) = mpsc::sync_channel::<CloseJob>(2);
+    let (enc_tx, enc_rx) = mpsc::sync_channel::<EncMsg>(cfg.encoder_backlog);
     let dir = cfg.dir.clone();
     let (nice, idle) = (cfg.writer_nice, cfg.writer_idle);
+    let encoder_idle = idle || cfg.encoder_idle;
     std::thread::scope(|scope| {
-        // The closer starts before the writer lowers itself: a thread inherits its
-        // parent's nice value, and each lowers itself once from the serving level.
-        let closer = std::thread::Builder::new()
-            .name("prediction-log-close".into())
-            .spawn_scoped(scope, move || {
-                close_main(dir, close_rx, shared, (nice, idle))
-            });
+        // The closer and the encoder start before the writer lowers itself: a thread
+        // inherits its parent's nice value, and each lowers itself once from the serving
+        // level.
+        let closer = {
+            let dir = dir.clone();
+            std::thread::Builder::new()
+                .name("plog-closer".into())
+                .spawn_scoped(scope, move || {
+                    close_main(dir, close_rx, shared, (nice, idle))
+                })
+        };
+        let encoder = {
+            let close_tx = close_tx.clone();
+            std::thread::Builder::new()
+                .name("plog-encoder".into())
+                .spawn_scoped(scope, move || {
+                    encode_main(dir, enc_rx, close_tx, shared, (nice, encoder_idle))
+                })
+        };
         crate::priority::lower_for_log(nice, idle);
         let mut w = Writer {
             cfg,
@@ -469,6 +654,7 @@ fn writer_main(cfg: LogConfig, rx: Receiver<Msg>, shared: &Shared) {
             open: None,
             seq: 0,
             written: 0,
+            enc_tx: Some(enc_tx),
             close_tx: Some(close_tx),
             error_reported: false,
         };
@@ -478,12 +664,18 @@ fn writer_main(cfg: LogConfig, rx: Receiver<Msg>, shared: &Shared) {
             );
             w.close_tx = None;
         }
+        if encoder.is_err() {
+            tracing::error!(
+                "could not start the prediction log encoder thread; segments are converted from their wal when they roll"
+            );
+            w.enc_tx = None;
+        }
         let mut reported = run(&mut w, &rx);
         // Drain: everything accepted before the shutdown message is already processed (FIFO);
         // records still queued behind it are written too rather than lost.
         while let Ok(m) = rx.try_recv() {
             match m {
-                Msg::Record(r) => w.append(*r),
+                Msg::Record(r) => w.append(r),
                 Msg::Flush(ack) => {
                     w.flush();
                     let _ = ack.send(w.written);
@@ -492,7 +684,10 @@ fn writer_main(cfg: LogConfig, rx: Receiver<Msg>, shared: &Shared) {
             }
         }
         w.roll();
-        w.close_tx = None; // closes the closer's channel; the scope joins it
+        // Closes the encoder's channel, then the closer's (once the encoder is done with
+        // its copy); the scope joins both.
+        w.enc_tx = None;
+        w.close_tx = None;
         reported.report(shared);
     });
     let s = shared.stats();
@@ -518,7 +713,7 @@ fn run(w: &mut Writer<'_>, rx: &Receiver<Msg>) -> MetricsReported {
         while taken < ROUND_RECORDS {
             match rx.try_recv() {
                 Ok(Msg::Record(r)) => {
-                    w.append(*r);
+                    w.append(r);
                     taken += 1;
                 }
                 Ok(Msg::Flush(ack)) => {
@@ -591,29 +786,213 @@ mod tests {
             .collect()
     }
 
-    /// A segment whose Parquet file could not be written is converted from its wal.
-    #[test]
-    fn a_segment_without_its_parquet_file_is_converted_from_the_wal() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(segment::wal_dir(dir.path())).unwrap();
-        let id = segment::segment_id(now_us(), 0);
-        let wal = segment::wal_path(dir.path(), &id);
+    /// A writer whose encoder queue holds `backlog` messages and whose closer queue the
+    /// test reads, with nobody taking either.
+    fn writer<'a>(
+        dir: &std::path::Path,
+        shared: &'a Shared,
+        backlog: usize,
+    ) -> (Writer<'a>, Receiver<EncMsg>, Receiver<CloseJob>) {
+        std::fs::create_dir_all(segment::wal_dir(dir)).unwrap();
+        let (enc_tx, enc_rx) = mpsc::sync_channel(backlog);
+        let (close_tx, close_rx) = mpsc::sync_channel(2);
+        let w = Writer {
+            cfg: LogConfig::new(dir),
+            shared,
+            open: None,
+            seq: 0,
+            written: 0,
+            enc_tx: Some(enc_tx),
+            close_tx: Some(close_tx),
+            error_reported: false,
+        };
+        (w, enc_rx, close_rx)
+    }
+
+    /// Runs the encoder thread over `msgs` until they are all taken, then stops it.
+    fn encode(dir: &std::path::Path, shared: &Shared, msgs: Vec<EncMsg>) -> Vec<String> {
+        let (tx, rx) = mpsc::sync_channel(msgs.len().max(1));
+        let (close_tx, close_rx) = mpsc::sync_channel(8);
+        for m in msgs {
+            tx.send(m).unwrap();
+        }
+        drop(tx);
+        encode_main(dir.to_path_buf(), rx, close_tx, shared, (0, false));
+        close_rx.try_iter().map(|j| j.id).collect()
+    }
+
+    fn files_under(dir: &std::path::Path) -> Vec<String> {
+        let mut out = Vec::new();
+        for p in segment::partition_dirs(dir).unwrap() {
+            for e in std::fs::read_dir(p).unwrap() {
+                out.push(e.unwrap().file_name().to_string_lossy().into_owned());
+            }
+        }
+        out.sort();
+        out
+    }
+
+    fn wal_of(dir: &std::path::Path, id: &str, recs: &[PredictionRecord]) -> PathBuf {
+        std::fs::create_dir_all(segment::wal_dir(dir)).unwrap();
+        let wal = segment::wal_path(dir, id);
         let mut w = WalWriter::create(&wal).unwrap();
-        let recs = records(700);
-        for r in &recs {
+        for r in recs {
             w.append(r).unwrap();
         }
         w.flush(false).unwrap();
-        let date = date_of_us(recs[0].ts_us);
-        let job = CloseJob {
-            id: id.clone(),
-            date: date.clone(),
-            wal: wal.clone(),
-            parquet: None,
+        wal
+    }
+
+    /// When the encoder's queue is full, the writer gives up the segment's Parquet file
+    /// (and tells the encoder), keeps writing the wal, and at the roll hands the segment
+    /// to the closer, whose conversion holds every record.
+    #[test]
+    fn an_encoder_that_falls_behind_costs_the_segment_its_parquet_file_not_a_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = Shared::default();
+        let (mut w, enc_rx, close_rx) = writer(dir.path(), &shared, 4);
+        let recs = records(10);
+        for r in &recs {
+            w.append(Box::new(r.clone()));
+        }
+        assert_eq!(shared.stats().encoder_behind, 1, "counted once per segment");
+        assert!(w.open.as_ref().unwrap().encoding.is_none());
+        w.roll();
+        // The encoder got the start and the first three records, and the word to drop them.
+        let queued: Vec<EncMsg> = enc_rx.try_iter().collect();
+        assert_eq!(queued.len(), 4);
+        let EncMsg::Start { gave_up, .. } = &queued[0] else {
+            panic!("the segment starts with Start");
         };
-        let path = close_segment(dir.path(), job).unwrap().unwrap();
+        assert!(gave_up.load(Ordering::Acquire));
+        assert!(queued[1..].iter().all(|m| matches!(m, EncMsg::Record(_))));
+        let job = close_rx
+            .try_recv()
+            .expect("the closer converts the segment");
+        let path = segment::convert_wal(dir.path(), &job.id, &job.wal)
+            .unwrap()
+            .unwrap();
+        assert_eq!(crate::parquet_io::read_parquet(&path).unwrap(), recs);
+        assert_eq!(shared.stats().written, 10);
+    }
+
+    /// While the encoder keeps up, the roll hands it the segment (not the closer).
+    #[test]
+    fn a_segment_the_encoder_kept_up_with_is_finished_by_the_encoder() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = Shared::default();
+        let (mut w, enc_rx, close_rx) = writer(dir.path(), &shared, 64);
+        let recs = records(10);
+        for r in &recs {
+            w.append(Box::new(r.clone()));
+        }
+        w.roll();
+        assert!(close_rx.try_recv().is_err());
+        let msgs: Vec<EncMsg> = enc_rx.try_iter().collect();
+        assert_eq!(msgs.len(), 12);
+        assert!(matches!(msgs.last(), Some(EncMsg::Finish { .. })));
+        assert_eq!(shared.stats().encoder_behind, 0);
+        // The encoder builds the file, puts it into place and removes the wal.
+        let handed = encode(dir.path(), &shared, msgs);
+        assert!(handed.is_empty(), "{handed:?}");
+        let files = crate::segment::parquet_files(dir.path()).unwrap();
+        assert_eq!(files.len(), 1);
+        assert_eq!(crate::parquet_io::read_parquet(&files[0]).unwrap(), recs);
+        assert!(crate::segment::wal_files(dir.path()).unwrap().is_empty());
+        assert_eq!(files_under(dir.path()).len(), 1, "no temp file left");
+        assert_eq!(shared.stats().segments, 1);
+    }
+
+    /// A segment given up while the encoder still held its file: the encoder removes its
+    /// temp file and writes nothing in its place.
+    #[test]
+    fn the_encoder_drops_the_file_of_a_segment_given_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = Shared::default();
+        let recs = records(3);
+        let gave_up = Arc::new(AtomicBool::new(false));
+        let date = date_of_us(recs[0].ts_us);
+        let start = EncMsg::Start {
+            id: "a".into(),
+            date: date.clone(),
+            gave_up: gave_up.clone(),
+        };
+        // Given up after the encoder opened its file: seen at the next record.
+        let (tx, rx) = mpsc::sync_channel(8);
+        let (close_tx, close_rx) = mpsc::sync_channel(2);
+        tx.send(start).unwrap();
+        tx.send(EncMsg::Record(Box::new(recs[0].clone()))).unwrap();
+        std::thread::scope(|s| {
+            let t = s
+                .spawn(|| encode_main(dir.path().to_path_buf(), rx, close_tx, &shared, (0, false)));
+            while files_under(dir.path()).is_empty() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            assert_eq!(
+                files_under(dir.path()),
+                vec![".part-a.parquet.tmp".to_string()]
+            );
+            gave_up.store(true, Ordering::Release);
+            tx.send(EncMsg::Record(Box::new(recs[1].clone()))).unwrap();
+            drop(tx);
+            t.join().unwrap();
+        });
+        assert!(
+            files_under(dir.path()).is_empty(),
+            "{:?}",
+            files_under(dir.path())
+        );
+        assert!(
+            close_rx.try_recv().is_err(),
+            "the writer hands that segment over itself"
+        );
+        assert_eq!(shared.stats().segments, 0);
+    }
+
+    /// When the encoder cannot write a segment it was handed, it passes the segment to the
+    /// closer, which converts the wal.
+    #[test]
+    fn a_parquet_file_that_cannot_be_written_sends_the_segment_to_the_closer() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = Shared::default();
+        let recs = records(5);
+        let date = date_of_us(recs[0].ts_us);
+        // The partition directory cannot be made: a file has its name.
+        std::fs::write(dir.path().join(format!("date={date}")), b"").unwrap();
+        let wal = wal_of(dir.path(), "b", &recs);
+        let gave_up = Arc::new(AtomicBool::new(false));
+        let mut msgs = vec![EncMsg::Start {
+            id: "b".into(),
+            date,
+            gave_up: gave_up.clone(),
+        }];
+        msgs.extend(recs.iter().map(|r| EncMsg::Record(Box::new(r.clone()))));
+        msgs.push(EncMsg::Finish { wal: wal.clone() });
+        let handed = encode(dir.path(), &shared, msgs);
+        assert_eq!(handed, vec!["b".to_string()]);
+        assert!(
+            gave_up.load(Ordering::Acquire),
+            "the writer stops passing records on"
+        );
+        assert!(wal.exists(), "the wal stays until the closer converted it");
+    }
+
+    /// The closer's conversion from a wal uses a temp name of its own.
+    #[test]
+    fn a_conversion_from_the_wal_does_not_share_the_encoders_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let recs = records(700);
+        let date = date_of_us(recs[0].ts_us);
+        let id = segment::segment_id(now_us(), 0);
+        let wal = wal_of(dir.path(), &id, &recs);
+        // The encoder's file of the same segment, still open.
+        let held = segment::open_parquet(dir.path(), &date, &id).unwrap();
+        let path = segment::convert_wal(dir.path(), &id, &wal)
+            .unwrap()
+            .unwrap();
         assert_eq!(path, segment::parquet_path(dir.path(), &date, &id));
         assert_eq!(crate::parquet_io::read_parquet(&path).unwrap(), recs);
+        assert!(held.path().exists(), "the encoder's temp file is untouched");
     }
 
     /// The Parquet file filled as records arrive reads back like one written at once,

@@ -387,25 +387,28 @@ fn stat_field(task: &std::path::Path, i: usize) -> i64 {
     fields[i - 3].parse().unwrap()
 }
 
-/// The log's threads of this process, with field `i` of their stat line each, once the
-/// writer and the closer both show `want` there (each sets its own priority when it
-/// starts: give them a moment on a busy machine), or after 2 s.
+/// The log's threads of this process (`plog-writer`, `plog-closer`, `plog-encoder`), each
+/// with fields `i` of its stat line, once every thread shows what `want` says for it
+/// (each sets its own priority when it starts: give them a moment on a busy machine), or
+/// after 2 s.
 #[cfg(target_os = "linux")]
-async fn log_threads(i: usize, want: i64) -> Vec<(String, i64)> {
+async fn log_threads(i: &[usize], want: impl Fn(&str) -> Vec<i64>) -> Vec<(String, Vec<i64>)> {
     let threads = || {
         let mut found = Vec::new();
         for t in std::fs::read_dir("/proc/self/task").unwrap() {
             let t = t.unwrap().path();
             let comm = std::fs::read_to_string(t.join("comm")).unwrap_or_default();
-            if comm.trim_end().starts_with("prediction-log") {
-                found.push((comm.trim_end().to_string(), stat_field(&t, i)));
+            if comm.starts_with("plog-") {
+                let fields = i.iter().map(|&i| stat_field(&t, i)).collect();
+                found.push((comm.trim_end().to_string(), fields));
             }
         }
+        found.sort();
         found
     };
     let mut found = threads();
     for _ in 0..100 {
-        if found.len() == 2 && found.iter().all(|(_, v)| *v == want) {
+        if found.len() == 3 && found.iter().all(|(name, v)| *v == want(name)) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -429,38 +432,77 @@ const SCHED_OTHER: i64 = 0;
 #[cfg(target_os = "linux")]
 const SCHED_IDLE: i64 = 5;
 
-/// By default (`writer_idle` off) the writer threads run `writer_nice` steps below the
-/// thread that started the log (Linux: nice is per thread).
+/// Starts a log with `c`, writes 100 records, and returns the log's threads with their
+/// nice value and policy as `want` expects them, then checks every record came back and
+/// the calling thread kept its policy.
+#[cfg(target_os = "linux")]
+async fn threads_of_a_log(
+    c: LogConfig,
+    want: impl Fn(&str) -> Vec<i64>,
+) -> Vec<(String, Vec<i64>)> {
+    let dir = c.dir.clone();
+    let (log, writer) = PredictionLog::start(c).unwrap();
+    for i in 0..100 {
+        log.record_wait(record(i, "1", Role::Primary))
+            .await
+            .unwrap();
+    }
+    log.flush().await.unwrap();
+    let found = log_threads(&[NICE, POLICY], want).await;
+    log.shutdown().await.unwrap();
+    writer.join().unwrap();
+    assert_eq!(read_all(&dir, ReadOptions::default()).unwrap().len(), 100);
+    assert_eq!(
+        stat_field(std::path::Path::new("/proc/thread-self"), POLICY),
+        SCHED_OTHER,
+        "the calling thread keeps its own policy"
+    );
+    found
+}
+
+/// By default the writer and the closer run `writer_nice` steps below the thread that
+/// started the log (Linux: nice is per thread), and the Parquet encoder under SCHED_IDLE.
 #[cfg(target_os = "linux")]
 #[tokio::test]
-async fn writer_threads_run_nicer_than_the_serving_threads() {
+async fn the_writer_runs_nicer_than_the_serving_threads_and_the_encoder_under_sched_idle() {
     let _one = ONE_LOG_AT_A_TIME.lock().await;
     let own = stat_field(std::path::Path::new("/proc/thread-self"), NICE);
     let dir = tempfile::tempdir().unwrap();
     let mut c = cfg(dir.path());
-    assert!(!c.writer_idle);
+    assert!(!c.writer_idle && c.encoder_idle);
     c.writer_nice = 6;
-    let (log, writer) = PredictionLog::start(c).unwrap();
-    log.record_wait(record(0, "1", Role::Primary))
-        .await
-        .unwrap();
-    log.flush().await.unwrap();
-    let want = (own + 6).min(19);
-    let found = log_threads(NICE, want).await;
-    let policies = log_threads(POLICY, SCHED_OTHER).await;
-    log.shutdown().await.unwrap();
-    writer.join().unwrap();
-    assert_eq!(found.len(), 2, "writer and closer threads: {found:?}");
-    for (name, nice) in found {
-        assert_eq!(nice, want, "{name}");
+    let nice = (own + 6).min(19);
+    let want = |name: &str| match name {
+        // Under SCHED_IDLE the nice value is not used; it keeps the one it inherited.
+        "plog-encoder" => vec![own, SCHED_IDLE],
+        _ => vec![nice, SCHED_OTHER],
+    };
+    let found = threads_of_a_log(c, want).await;
+    let names: Vec<&str> = found.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["plog-closer", "plog-encoder", "plog-writer"]);
+    for (name, fields) in &found {
+        assert_eq!(*fields, want(name), "{name}: [nice, policy]");
     }
-    assert!(
-        policies.iter().all(|(_, p)| *p == SCHED_OTHER),
-        "{policies:?}"
-    );
 }
 
-/// With `writer_idle` on, the writer threads run under SCHED_IDLE, and the log works as
+/// With `encoder_idle` off, the encoder runs at `writer_nice` like the others.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn the_encoder_runs_at_writer_nice_when_encoder_idle_is_off() {
+    let _one = ONE_LOG_AT_A_TIME.lock().await;
+    let own = stat_field(std::path::Path::new("/proc/thread-self"), NICE);
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(dir.path());
+    c.encoder_idle = false;
+    let nice = (own + 10).min(19);
+    let found = threads_of_a_log(c, |_| vec![nice, SCHED_OTHER]).await;
+    assert_eq!(found.len(), 3, "{found:?}");
+    for (name, fields) in found {
+        assert_eq!(fields, vec![nice, SCHED_OTHER], "{name}: [nice, policy]");
+    }
+}
+
+/// With `writer_idle` on, all three threads run under SCHED_IDLE, and the log works as
 /// ever.
 #[cfg(target_os = "linux")]
 #[tokio::test]
@@ -469,25 +511,52 @@ async fn writer_threads_run_under_sched_idle_when_asked() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = cfg(dir.path());
     c.writer_idle = true;
+    let found = threads_of_a_log(c, |_| vec![]).await;
+    assert_eq!(found.len(), 3, "{found:?}");
+    for (name, fields) in found {
+        assert_eq!(fields[1], SCHED_IDLE, "{name}");
+    }
+}
+
+/// An encoder that cannot keep up (a queue of one message) costs segments their Parquet
+/// files, never a record: every segment is converted from its wal at close instead, each
+/// record reads back once and in order, and no temp file is left.
+#[tokio::test]
+async fn an_encoder_kept_behind_loses_no_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(dir.path());
+    c.encoder_backlog = 1;
+    c.segment_max_bytes = 64 << 10;
     let (log, writer) = PredictionLog::start(c).unwrap();
-    for i in 0..100 {
+    let n = 5_000u64;
+    for i in 0..n {
         log.record_wait(record(i, "1", Role::Primary))
             .await
             .unwrap();
     }
-    log.flush().await.unwrap();
-    let found = log_threads(POLICY, SCHED_IDLE).await;
-    log.shutdown().await.unwrap();
+    let stats = log.shutdown().await.unwrap();
     writer.join().unwrap();
-    assert_eq!(found.len(), 2, "writer and closer threads: {found:?}");
-    for (name, policy) in found {
-        assert_eq!(policy, SCHED_IDLE, "{name}");
+    assert_eq!(stats.written, n);
+    assert_eq!(stats.dropped + stats.lost, 0);
+    assert!(stats.encoder_behind >= 1, "{stats:?}");
+    let files = parquet_files(dir.path()).unwrap();
+    assert_eq!(files.len() as u64, stats.segments, "{stats:?}");
+    assert!(stats.segments > 1, "{stats:?}");
+    let ids: Vec<String> = read_all(dir.path(), ReadOptions::default())
+        .unwrap()
+        .into_iter()
+        .map(|r| r.request_id)
+        .collect();
+    let want: Vec<String> = (0..n)
+        .map(|i| record(i, "1", Role::Primary).request_id)
+        .collect();
+    assert_eq!(ids, want);
+    assert!(wal_files(dir.path()).unwrap().is_empty());
+    for f in files {
+        let dir = f.parent().unwrap();
+        for e in std::fs::read_dir(dir).unwrap() {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            assert!(!name.starts_with('.'), "temp file left: {name}");
+        }
     }
-    let all = read_all(dir.path(), ReadOptions::default()).unwrap();
-    assert_eq!(all.len(), 100);
-    // The calling thread keeps its own policy.
-    assert_eq!(
-        stat_field(std::path::Path::new("/proc/thread-self"), POLICY),
-        SCHED_OTHER
-    );
 }

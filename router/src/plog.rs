@@ -32,6 +32,12 @@ pub struct PredictionLogConfig {
     /// The log's writer threads run under SCHED_IDLE instead (see
     /// `LogConfig::writer_idle`; off by default).
     pub writer_idle: bool,
+    /// The Parquet encoder thread runs under SCHED_IDLE (`LogConfig::encoder_idle`; on
+    /// by default).
+    pub encoder_idle: bool,
+    /// Records that may wait for the encoder before the open segment's Parquet file is
+    /// given up and built from its wal at close (`LogConfig::encoder_backlog`).
+    pub encoder_backlog: usize,
 }
 
 /// `[prediction_log]` as written, old spellings included.
@@ -51,6 +57,10 @@ struct PredictionLogFile {
     writer_nice: i32,
     #[serde(default = "default_writer_idle")]
     writer_idle: bool,
+    #[serde(default = "default_encoder_idle")]
+    encoder_idle: bool,
+    #[serde(default = "default_encoder_backlog")]
+    encoder_backlog: usize,
 }
 
 impl TryFrom<PredictionLogFile> for PredictionLogConfig {
@@ -70,6 +80,12 @@ impl TryFrom<PredictionLogFile> for PredictionLogConfig {
                 f.writer_nice
             ));
         }
+        if f.encoder_backlog == 0 {
+            return Err(
+                "[prediction_log] encoder_backlog = 0: must be at least 1 (records waiting for the Parquet encoder)"
+                    .into(),
+            );
+        }
         Ok(Self {
             dir: f.dir,
             features: f.features,
@@ -77,6 +93,8 @@ impl TryFrom<PredictionLogFile> for PredictionLogConfig {
             channel_capacity: f.channel_capacity,
             writer_nice: f.writer_nice,
             writer_idle: f.writer_idle,
+            encoder_idle: f.encoder_idle,
+            encoder_backlog: f.encoder_backlog,
         })
     }
 }
@@ -96,6 +114,12 @@ fn default_writer_nice() -> i32 {
 fn default_writer_idle() -> bool {
     LogConfig::new("").writer_idle
 }
+fn default_encoder_idle() -> bool {
+    LogConfig::new("").encoder_idle
+}
+fn default_encoder_backlog() -> usize {
+    LogConfig::new("").encoder_backlog
+}
 
 /// Starts the writer.
 pub fn start(cfg: &PredictionLogConfig) -> Result<(PredictionLogHandle, WriterTask), RouterError> {
@@ -108,6 +132,8 @@ pub fn start(cfg: &PredictionLogConfig) -> Result<(PredictionLogHandle, WriterTa
     c.channel_capacity = cfg.channel_capacity;
     c.writer_nice = cfg.writer_nice;
     c.writer_idle = cfg.writer_idle;
+    c.encoder_idle = cfg.encoder_idle;
+    c.encoder_backlog = cfg.encoder_backlog;
     PredictionLog::start(c)
         .map_err(|e| RouterError::Internal(format!("prediction log at {}: {e}", cfg.dir.display())))
 }
@@ -214,5 +240,20 @@ mod tests {
         );
         let e = parse("dir = \"d\"\nwriter_idle = \"sometimes\"").unwrap_err();
         assert!(e.contains("writer_idle") || e.contains("bool"), "{e}");
+    }
+
+    #[test]
+    fn the_encoder_runs_idle_by_default_with_a_bounded_backlog() {
+        let c = parse("dir = \"d\"").unwrap();
+        let log = LogConfig::new("d");
+        assert!(c.encoder_idle && log.encoder_idle);
+        assert_eq!(c.encoder_backlog, log.encoder_backlog);
+        let c = parse("dir = \"d\"\nencoder_idle = false\nencoder_backlog = 100").unwrap();
+        assert!(!c.encoder_idle);
+        assert_eq!(c.encoder_backlog, 100);
+        let e = parse("dir = \"d\"\nencoder_backlog = 0").unwrap_err();
+        assert!(e.contains("encoder_backlog"), "{e}");
+        let e = parse("dir = \"d\"\nencoder_backlog = -5").unwrap_err();
+        assert!(e.contains("encoder_backlog") || e.contains("-5"), "{e}");
     }
 }
