@@ -66,7 +66,7 @@ bench() { # name seconds args...
     local name=$1 secs=$2; shift 2
     "${RUN[@]}" "$BIN" bench --addr "http://127.0.0.1:$PORT" --target decide --seconds "$secs" --json "$@" >"$OUT/$name.json" 2>"$OUT/$name.err"
 }
-# CPU seconds (user + system) of the server, and of its threads named prediction-log*.
+# CPU seconds (user + system) of the server, and of its threads named plog-*.
 cpu() {
     python3 - "$pid" <<'PY'
 import os, sys
