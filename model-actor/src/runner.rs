@@ -120,7 +120,11 @@ impl Runner {
             }
             Err(e) => {
                 self.labels.log_failure(&e);
-                let msg = e.to_string();
+                // Each caller gets the error as the model gave it (not wrapped twice).
+                let msg = match e {
+                    ModelError::Compute(m) => m,
+                    other => other.to_string(),
+                };
                 for p in items {
                     let _ = p.reply.send(Err(ModelError::Compute(msg.clone())));
                 }

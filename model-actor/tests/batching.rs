@@ -302,8 +302,9 @@ async fn a_request_that_expires_in_the_queue_is_not_computed_nor_counted_ok() {
 static RELEASE_SEVENS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Answers each row with its first value; records the name of the thread each batch
-/// ran on; sleeps `delay` per batch; panics on a row whose first value is 666; holds a
-/// batch whose first value is 7 until `RELEASE_SEVENS` (10 s at most).
+/// ran on; sleeps `delay` per batch; panics on a row whose first value is 666, fails on
+/// one whose first value is 404; holds a batch whose first value is 7 until
+/// `RELEASE_SEVENS` (10 s at most).
 struct Where {
     delay: Duration,
     threads: Arc<Mutex<Vec<String>>>,
@@ -320,6 +321,9 @@ impl Model for Where {
         let name = std::thread::current().name().unwrap_or("").to_owned();
         self.threads.lock().push(name);
         assert!(b.data[0] != 666.0, "the model's own bug");
+        if b.data[0] == 404.0 {
+            return Err(ModelError::Compute("row 404 refused".into()));
+        }
         if b.data[0] == 7.0 {
             let give_up = Instant::now() + Duration::from_secs(10);
             while !RELEASE_SEVENS.load(std::sync::atomic::Ordering::Acquire) {
@@ -396,6 +400,22 @@ async fn a_model_slower_than_the_inline_limit_goes_back_to_its_runners() {
         let out = h.infer(row(i as f32), in_secs(5)).await.unwrap();
         assert_eq!(out.data, vec![i as f32]);
         assert_eq!(last_thread(&threads), "mesh-runner");
+    }
+}
+
+/// A model's error reaches the caller as the model gave it, on either path, once.
+#[tokio::test]
+async fn a_model_error_reaches_the_caller_as_the_model_gave_it() {
+    for (inline, thread) in [(0, "mesh-runner"), (1_000, "")] {
+        let (h, threads) = start_where(inline, Duration::ZERO);
+        let err = h.infer(row(404.0), in_secs(5)).await.unwrap_err();
+        assert!(matches!(err, ModelError::Compute(_)), "{err:?}");
+        assert_eq!(err.to_string(), "model execution failed: row 404 refused");
+        if !thread.is_empty() {
+            assert_eq!(last_thread(&threads), thread);
+        }
+        // The version serves on.
+        assert_eq!(h.infer(row(3.0), in_secs(5)).await.unwrap().data, vec![3.0]);
     }
 }
 
