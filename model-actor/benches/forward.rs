@@ -1,6 +1,8 @@
 //! The MLP forward pass in process, the number that moves with the CPU features a
 //! build targets (README, "CPU targets"): the example fraud MLP (32-64-32-1) at batch
 //! 1 and 64, and a compute-heavy MLP (32-1024-1024-1, random weights) at batch 64.
+//! Also the fraud MLP at 1, 4, 16 and 64 rows through candle only and through the
+//! direct path (`mlp::DIRECT_MAX_ROWS`), side by side.
 //!
 //!     cargo bench -p mesh-model-actor --bench forward
 //!     RUSTFLAGS="-C target-cpu=x86-64-v3" cargo bench -p mesh-model-actor --bench forward
@@ -10,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use mesh_model_actor::mlp::{Mlp, DIRECT_MAX_ROWS};
 use mesh_model_actor::repository::build_factory;
 use mesh_model_actor::{Batch, Model, ModelConfig};
 
@@ -70,6 +73,31 @@ fn forward(c: &mut Criterion) {
             let b = batch(rows);
             g.throughput(Throughput::Elements(rows as u64));
             g.bench_function(format!("{name}/batch{rows}"), |bench| {
+                bench.iter(|| black_box(model.forward(black_box(&b)).expect("forward")))
+            });
+        }
+    }
+    // Candle only against the direct path, at the same rows.
+    let dir = example_dir();
+    let config = ModelConfig::load(&dir).expect("model.toml");
+    let mlp = Mlp::load(
+        &dir.join("1/model.safetensors"),
+        config.mlp.as_ref().expect("[mlp]"),
+        config.dtype,
+        &Device::Cpu,
+        32,
+        1,
+    )
+    .expect("weights");
+    let mut paths = [("candle", mlp.clone().candle_only()), ("direct", mlp)];
+    for rows in [1usize, 4, 16, 64] {
+        let b = batch(rows);
+        g.throughput(Throughput::Elements(rows as u64));
+        for (name, model) in paths.iter_mut() {
+            if *name == "direct" && rows > DIRECT_MAX_ROWS {
+                continue;
+            }
+            g.bench_function(format!("fraud_mlp_{name}/batch{rows}"), |bench| {
                 bench.iter(|| black_box(model.forward(black_box(&b)).expect("forward")))
             });
         }
