@@ -149,6 +149,7 @@ impl PredictionLog {
         // alert sees the first drop (a counter born at 5 has no increase).
         metrics::counter!("mesh_log_dropped_records_total").increment(0);
         metrics::counter!("mesh_log_lost_records_total").increment(0);
+        metrics::counter!("mesh_log_encoder_behind_segments_total").increment(0);
         let (tx, rx) = mpsc::sync_channel(config.channel_capacity);
         let (done_tx, done_rx) = watch::channel(false);
         let shared = Arc::new(Shared::default());
