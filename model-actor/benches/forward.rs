@@ -2,7 +2,7 @@
 //! build targets (README, "CPU targets"): the example fraud MLP (32-64-32-1) at batch
 //! 1 and 64, and a compute-heavy MLP (32-1024-1024-1, random weights) at batch 64.
 //! Also the fraud MLP at 1, 4, 16 and 64 rows through candle only and through the
-//! direct path (`mlp::DIRECT_MAX_ROWS`), side by side.
+//! direct path (`mlp::DIRECT_MAX_MACS`; forced here up to 64 rows), side by side.
 //!
 //!     cargo bench -p mesh-model-actor --bench forward
 //!     RUSTFLAGS="-C target-cpu=x86-64-v3" cargo bench -p mesh-model-actor --bench forward
@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use mesh_model_actor::mlp::{Mlp, DIRECT_MAX_ROWS};
+use mesh_model_actor::mlp::Mlp;
 use mesh_model_actor::repository::build_factory;
 use mesh_model_actor::{Batch, Model, ModelConfig};
 
@@ -89,14 +89,15 @@ fn forward(c: &mut Criterion) {
         1,
     )
     .expect("weights");
-    let mut paths = [("candle", mlp.clone().candle_only()), ("direct", mlp)];
+    // The direct path forced up to 64 rows, to show where candle's kernels win.
+    let mut paths = [
+        ("candle", mlp.clone().candle_only()),
+        ("direct", mlp.with_direct_rows(64)),
+    ];
     for rows in [1usize, 4, 16, 64] {
         let b = batch(rows);
         g.throughput(Throughput::Elements(rows as u64));
         for (name, model) in paths.iter_mut() {
-            if *name == "direct" && rows > DIRECT_MAX_ROWS {
-                continue;
-            }
             g.bench_function(format!("fraud_mlp_{name}/batch{rows}"), |bench| {
                 bench.iter(|| black_box(model.forward(black_box(&b)).expect("forward")))
             });

@@ -1,8 +1,8 @@
 //! Kind `mlp`: dense layers read from safetensors (`l{i}.weight` [out, in] and
 //! `l{i}.bias` [out], the torch `Linear` layout), run with candle.
 //!
-//! A batch of a few rows of an f32 model on the CPU is computed directly from the same
-//! weights instead ([`DIRECT_MAX_ROWS`]): there candle's cost per operation (a new
+//! A small batch of a small f32 model on the CPU is computed directly from the same
+//! weights instead ([`DIRECT_MAX_MACS`]): there candle's cost per operation (a new
 //! tensor and storage for each of some sixteen operations) is most of the forward pass.
 use std::path::Path;
 use std::sync::Arc;
@@ -32,22 +32,26 @@ pub struct Mlp {
     dtype: DType,
     input_width: usize,
     output_width: usize,
-    /// The same layers as plain f32 rows, for batches of up to [`DIRECT_MAX_ROWS`]
-    /// rows: f32 on the CPU, activations relu, tanh or none.
+    /// The same layers as plain f32 rows, for batches of at most [`DIRECT_MAX_MACS`]
+    /// multiply-adds: f32 on the CPU, activations relu, tanh or none.
     direct: Option<Arc<Direct>>,
     /// Scratch for the direct path's hidden layers.
     scratch: Vec<f32>,
 }
 
-/// Batches of up to this many rows of an f32 MLP on the CPU are computed directly
-/// rather than through candle. Measured with `cargo bench -p mesh-model-actor --bench
-/// forward` on the fraud MLP (32-64-32-1), portable build: 1 row 0.56 µs direct against
-/// 2.95 µs through candle, 4 rows 1.97 against 3.08 µs, 16 rows 7.63 against 4.51 µs
-/// (candle's matrix kernels win from about 8 rows).
-pub const DIRECT_MAX_ROWS: usize = 4;
+/// Batches of an f32 MLP on the CPU that take at most this many multiply-adds (rows x
+/// weights) are computed directly rather than through candle: the direct path costs
+/// about 0.11 ns per multiply-add, candle about 3 µs a batch plus its matrix kernels,
+/// which are faster per multiply-add. Measured with `cargo bench -p mesh-model-actor
+/// --bench forward` on the fraud MLP (32-64-32-1, 4,128 weights), portable build: 1 row
+/// 0.56 µs direct against 2.95 µs through candle, 4 rows 1.97 against 3.08 µs, 16 rows
+/// 7.63 against 4.51 µs (candle wins from about 8 rows, 33k multiply-adds). So this
+/// model takes the direct path up to 3 rows, and a model of a million weights never.
+pub const DIRECT_MAX_MACS: usize = 16_384;
 
 /// One dense layer as f32 rows: `w` is `[out][inp]` (the torch layout), so each output
 /// is the bias plus one contiguous dot product.
+#[derive(Clone)]
 struct DirectDense {
     w: Vec<f32>,
     b: Vec<f32>,
@@ -57,8 +61,11 @@ struct DirectDense {
 }
 
 /// The layers of an [`Mlp`] for the direct path.
+#[derive(Clone)]
 struct Direct {
     layers: Vec<DirectDense>,
+    /// The most rows a batch may have to take this path (at least 1).
+    max_rows: usize,
 }
 
 /// `a · b` over equal lengths, in eight independent sums (which the compiler keeps in
@@ -115,6 +122,11 @@ impl Direct {
         {
             return Ok(None);
         }
+        let macs: usize = layers.iter().map(|l| l.w_t.elem_count()).sum();
+        let max_rows = DIRECT_MAX_MACS / macs.max(1);
+        if max_rows == 0 {
+            return Ok(None);
+        }
         let mut out = Vec::with_capacity(layers.len());
         for l in layers {
             // w_t is [in, out]; the direct path reads [out][in].
@@ -134,7 +146,10 @@ impl Direct {
                 act: l.act,
             });
         }
-        Ok(Some(Self { layers: out }))
+        Ok(Some(Self {
+            layers: out,
+            max_rows,
+        }))
     }
 
     /// The forward pass of `rows` rows of `x`, with `output` applied to each row.
@@ -304,15 +319,26 @@ impl Mlp {
         })
     }
 
-    /// Whether batches of up to [`DIRECT_MAX_ROWS`] rows take the direct path.
-    pub fn has_direct_path(&self) -> bool {
-        self.direct.is_some()
+    /// The most rows a batch may have to take the direct path; 0 when none does (see
+    /// [`DIRECT_MAX_MACS`]).
+    pub fn direct_rows(&self) -> usize {
+        self.direct.as_ref().map_or(0, |d| d.max_rows)
     }
 
     /// This model without the direct path: every batch through candle (for tests and
     /// benchmarks that compare the two).
     pub fn candle_only(mut self) -> Self {
         self.direct = None;
+        self
+    }
+
+    /// This model with the direct path taking batches of up to `rows` rows, whatever
+    /// their size (for benchmarks that show where it stops paying). Nothing changes for
+    /// a model the direct path cannot run (GELU, f16/bf16, GPU).
+    pub fn with_direct_rows(mut self, rows: usize) -> Self {
+        if let Some(d) = self.direct.as_mut() {
+            Arc::make_mut(d).max_rows = rows;
+        }
         self
     }
 
@@ -352,11 +378,7 @@ impl Model for Mlp {
 
     fn forward(&mut self, batch: &Batch) -> Result<Forward, ModelError> {
         batch.check_width(self.input_width)?;
-        if let Some(direct) = self
-            .direct
-            .as_ref()
-            .filter(|_| batch.rows <= DIRECT_MAX_ROWS)
-        {
+        if let Some(direct) = self.direct.as_ref().filter(|d| batch.rows <= d.max_rows) {
             let t0 = Instant::now();
             let data = direct.run(
                 &batch.data,
@@ -449,9 +471,13 @@ mod tests {
         ];
         for (widths, acts, out) in cases {
             let mut direct = mlp(&widths, acts, out);
-            assert!(direct.has_direct_path(), "{widths:?}");
+            let max = direct.direct_rows();
+            let macs: usize = widths.windows(2).map(|w| w[0] * w[1]).sum();
+            assert_eq!(max, DIRECT_MAX_MACS / macs, "{widths:?}");
+            assert!(max >= 1, "{widths:?}");
             let mut candle = direct.clone().candle_only();
-            for rows in [1, 2, 3, 8, DIRECT_MAX_ROWS, DIRECT_MAX_ROWS + 1] {
+            assert_eq!(candle.direct_rows(), 0);
+            for rows in [1, 2, 3, max, max + 1] {
                 let b = batch(rows, widths[0], rows);
                 let d = direct.forward(&b).unwrap();
                 let c = candle.forward(&b).unwrap();
@@ -483,14 +509,28 @@ mod tests {
         assert!(m.forward(&b).unwrap().data[0].is_nan());
     }
 
-    /// GELU, other precisions and GPUs keep candle's path.
+    /// GELU keeps candle's path, and so does a model too large for the direct path to
+    /// win even at one row.
     #[test]
-    fn gelu_keeps_the_candle_path() {
+    fn gelu_and_large_models_keep_the_candle_path() {
         let m = mlp(
             &[4, 8, 1],
             vec![Activation::Gelu],
             OutputActivation::Sigmoid,
         );
-        assert!(!m.has_direct_path());
+        assert_eq!(m.direct_rows(), 0);
+        let m = mlp(
+            &[64, 512, 1],
+            vec![Activation::Relu],
+            OutputActivation::Sigmoid,
+        );
+        assert_eq!(m.direct_rows(), 0);
+        // The example fraud MLP (32-64-32-1): up to 3 rows.
+        let m = mlp(
+            &[32, 64, 32, 1],
+            vec![Activation::Relu; 2],
+            OutputActivation::Sigmoid,
+        );
+        assert_eq!(m.direct_rows(), 3);
     }
 }
