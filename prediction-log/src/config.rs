@@ -16,8 +16,8 @@ pub struct LogConfig {
     pub channel_capacity: usize,
     /// Roll the open segment when its wal reaches this many bytes. Default 64 MiB.
     /// (The Parquet file is several times smaller. A segment whose Parquet file is built
-    /// from its wal at close, see `encoder_backlog`, is read whole into memory then, so
-    /// this also bounds that memory.)
+    /// from its wal at close, see `encoder_backlog`, is read one frame at a time: that
+    /// takes a slice of rows and one encoded row group in memory, not the segment.)
     pub segment_max_bytes: u64,
     /// Roll the open segment when it is this old. Default 5 minutes.
     pub segment_max_age: Duration,

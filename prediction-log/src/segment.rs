@@ -14,8 +14,8 @@
 
 use crate::error::{LogError, Result};
 use crate::parquet_io::OpenParquet;
-use crate::record::{date_of_us, PredictionRecord};
-use crate::wal::read_wal_from;
+use crate::record::date_of_us;
+use crate::wal::scan_wal;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -83,32 +83,72 @@ pub(crate) fn close_parquet(
     Ok(final_path)
 }
 
-/// Writes the records of segment `id` as its Parquet file (temp name, fsync, atomic rename,
-/// fsync of the directory). Returns the final path, or `None` for an empty segment.
-pub(crate) fn write_segment(
-    dir: &Path,
-    id: &str,
-    records: &[PredictionRecord],
-) -> Result<Option<PathBuf>> {
-    let Some(first) = records.first() else {
-        return Ok(None);
+/// What [`convert`] did with one wal.
+struct Converted {
+    /// The Parquet file written; `None` for a wal without a record, or when the segment
+    /// was already converted.
+    path: Option<PathBuf>,
+    /// Records read from the wal (when `already`, only the first).
+    records: usize,
+    /// Bytes after the wal's last whole frame.
+    trailing_bytes: u64,
+    /// The segment's Parquet file existed already (a crash between rename and delete).
+    already: bool,
+}
+
+/// Converts the wal of segment `id` into its Parquet file (temp name, fsync, atomic
+/// rename, fsync of the directory), up to its last whole frame, one frame at a time: the
+/// memory it takes is a slice of rows and the encoded row group, not the segment. With
+/// `skip_existing`, a segment whose Parquet file exists is left as it is.
+fn convert(dir: &Path, id: &str, wal: &Path, skip_existing: bool) -> Result<Converted> {
+    let mut open: Option<(String, OpenParquet)> = None;
+    let mut already = false;
+    let scanned = scan_wal(wal, 0, |rec| {
+        let file = match open.as_mut() {
+            Some((_, f)) => f,
+            None => {
+                // The partition is the first record's date (a segment holds one date).
+                let date = date_of_us(rec.ts_us);
+                if skip_existing && parquet_path(dir, &date, id).exists() {
+                    already = true;
+                    return Ok(false);
+                }
+                // A temp name of its own: the encoder may still hold the open segment's
+                // temp file of a segment it gave up, and removes it when it sees that.
+                let f = OpenParquet::create(&temp_path(dir, &date, &format!("{id}.wal"))?)?;
+                &mut open.insert((date, f)).1
+            }
+        };
+        file.append(&rec).map(|()| true)
+    });
+    let scanned = match scanned {
+        Ok(s) => s,
+        Err(e) => {
+            if let Some((_, f)) = open {
+                let tmp = f.path().to_path_buf();
+                drop(f);
+                let _ = fs::remove_file(tmp);
+            }
+            return Err(e);
+        }
     };
-    let date = date_of_us(first.ts_us);
-    // A temp name of its own: the encoder may still hold the open segment's temp file of
-    // a segment it gave up, and removes it when it sees that.
-    let mut file = OpenParquet::create(&temp_path(dir, &date, &format!("{id}.wal"))?)?;
-    for r in records {
-        file.append(r)?;
-    }
-    close_parquet(dir, &date, id, file).map(Some)
+    let path = match open {
+        Some((date, f)) => Some(close_parquet(dir, &date, id, f)?),
+        None => None,
+    };
+    Ok(Converted {
+        path,
+        records: scanned.records,
+        trailing_bytes: scanned.trailing_bytes,
+        already,
+    })
 }
 
 /// Converts the wal of segment `id` into its Parquet file, up to its last whole frame;
-/// `None` when it holds no record. For a segment whose Parquet file could not be written
-/// while it was open.
+/// `None` when it holds no record. For a segment whose Parquet file was not written while
+/// it was open.
 pub(crate) fn convert_wal(dir: &Path, id: &str, wal: &Path) -> Result<Option<PathBuf>> {
-    let contents = read_wal_from(wal, 0)?;
-    write_segment(dir, id, &contents.records)
+    convert(dir, id, wal, false).map(|c| c.path)
 }
 
 /// What [`recover`] did.
@@ -141,16 +181,12 @@ pub fn recover(dir: &Path) -> Result<RecoveryReport> {
         for wal in wals {
             let Some(id) = id_of_wal(&wal) else { continue };
             report.wal_files += 1;
-            let contents = read_wal_from(&wal, 0)?;
-            report.torn_bytes += contents.trailing_bytes;
-            if let Some(first) = contents.records.first() {
-                let target = parquet_path(dir, &date_of_us(first.ts_us), &id);
-                if target.exists() {
-                    report.already_converted += 1;
-                } else {
-                    write_segment(dir, &id, &contents.records)?;
-                    report.records += contents.records.len();
-                }
+            let c = convert(dir, &id, &wal, true)?;
+            if c.already {
+                report.already_converted += 1;
+            } else {
+                report.torn_bytes += c.trailing_bytes;
+                report.records += c.records;
             }
             fs::remove_file(&wal).map_err(|e| LogError::io(&wal, e))?;
         }
@@ -218,4 +254,63 @@ pub fn wal_files(dir: &Path) -> Result<Vec<PathBuf>> {
         .collect();
     out.sort();
     Ok(out)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::record::{now_us, PredictionRecord, Role};
+    use crate::wal::WalWriter;
+
+    /// A wal of `n` records with its last frame torn in half.
+    fn torn_wal(dir: &Path, id: &str, n: usize) -> (PathBuf, Vec<PredictionRecord>) {
+        fs::create_dir_all(wal_dir(dir)).unwrap();
+        let wal = wal_path(dir, id);
+        let mut w = WalWriter::create(&wal).unwrap();
+        let recs: Vec<_> = (0..n)
+            .map(|i| PredictionRecord::new(format!("r{i}"), "m", "1", Role::Primary))
+            .collect();
+        for r in &recs {
+            w.append(r).unwrap();
+        }
+        w.flush(false).unwrap();
+        let len = fs::metadata(&wal).unwrap().len();
+        fs::File::options()
+            .write(true)
+            .open(&wal)
+            .unwrap()
+            .set_len(len - 5)
+            .unwrap();
+        (wal, recs)
+    }
+
+    /// A conversion streams the wal frame by frame into the Parquet file, across many
+    /// slices, up to the last whole frame; it skips a segment already converted after
+    /// reading only its first record.
+    #[test]
+    fn a_wal_converts_frame_by_frame_up_to_its_last_whole_frame() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = segment_id(now_us(), 0);
+        let n = crate::parquet_io::SLICE_ROWS * 3 + 11;
+        let (wal, recs) = torn_wal(dir.path(), &id, n);
+        let c = convert(dir.path(), &id, &wal, true).unwrap();
+        assert!(!c.already);
+        assert_eq!(c.records, n - 1);
+        assert!(c.trailing_bytes > 0);
+        let path = c.path.unwrap();
+        assert_eq!(
+            crate::parquet_io::read_parquet(&path).unwrap(),
+            recs[..n - 1]
+        );
+        let again = convert(dir.path(), &id, &wal, true).unwrap();
+        assert!(again.already && again.path.is_none());
+        assert_eq!(again.records, 1, "stopped at the first record");
+        // No temp file is left in the partition.
+        let names: Vec<String> = fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+    }
 }

@@ -15,7 +15,7 @@ use crate::codec::{self, DecodeError};
 use crate::error::{LogError, Result};
 use crate::record::PredictionRecord;
 use std::fs::File;
-use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
+use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 /// The magic of files this build writes: binary frames.
@@ -96,9 +96,6 @@ pub(crate) struct WalContents {
     pub records: Vec<PredictionRecord>,
     /// Offset just past the last whole frame.
     pub valid_len: u64,
-    /// Bytes after `valid_len` that do not form a whole frame (a torn tail, or a frame still
-    /// being written when a live file is read).
-    pub trailing_bytes: u64,
 }
 
 /// How the payloads of a wal file are encoded, from its magic.
@@ -151,14 +148,39 @@ fn decode(path: &Path, format: Format, payload: &[u8]) -> Result<Option<Predicti
     }
 }
 
-/// Reads whole frames of `path` starting at `offset` (0 = the start of the file; a
-/// non-zero offset is the `valid_len` of an earlier read).
-pub(crate) fn read_wal_from(path: &Path, offset: u64) -> Result<WalContents> {
+/// Where a [`scan_wal`] stopped.
+pub(crate) struct WalScan {
+    /// Records handed over.
+    pub records: usize,
+    /// Bytes of whole frames from the start of the file (the offset to read on from).
+    pub valid_len: u64,
+    /// Bytes after the last whole frame (a torn frame, or one still being written).
+    pub trailing_bytes: u64,
+}
+
+/// Fills `buf` from `r`; false when the file ends first (a torn frame).
+fn read_full(path: &Path, r: &mut impl Read, buf: &mut [u8]) -> Result<bool> {
+    match r.read_exact(buf) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(false),
+        Err(e) => Err(LogError::io(path, e)),
+    }
+}
+
+/// Reads the whole frames of `path` from `offset` (0 = the start of the file; a non-zero
+/// offset is the `valid_len` of an earlier read) one at a time, handing each record to
+/// `f`, which returns false to stop. Holds one frame in memory, not the file. Frames
+/// appended after the scan started are left for the next one.
+pub(crate) fn scan_wal(
+    path: &Path,
+    offset: u64,
+    mut f: impl FnMut(PredictionRecord) -> Result<bool>,
+) -> Result<WalScan> {
     let mut file = File::open(path).map_err(|e| LogError::io(path, e))?;
+    let len = file.metadata().map_err(|e| LogError::io(path, e))?.len();
     let Some(format) = read_format(path, &mut file)? else {
-        let len = file.metadata().map_err(|e| LogError::io(path, e))?.len();
-        return Ok(WalContents {
-            records: Vec::new(),
+        return Ok(WalScan {
+            records: 0,
             valid_len: 0,
             trailing_bytes: len,
         });
@@ -166,32 +188,47 @@ pub(crate) fn read_wal_from(path: &Path, offset: u64) -> Result<WalContents> {
     let start = offset.max(MAGIC.len() as u64);
     file.seek(SeekFrom::Start(start))
         .map_err(|e| LogError::io(path, e))?;
-    let mut data = Vec::new();
-    file.read_to_end(&mut data)
-        .map_err(|e| LogError::io(path, e))?;
-    let mut pos = 0usize;
-    let mut records = Vec::new();
-    while data.len() - pos >= FRAME_HEADER {
-        let len =
-            u32::from_le_bytes([data[pos], data[pos + 1], data[pos + 2], data[pos + 3]]) as usize;
-        let crc = u32::from_le_bytes([data[pos + 4], data[pos + 5], data[pos + 6], data[pos + 7]]);
-        if len > MAX_FRAME || data.len() - pos - FRAME_HEADER < len {
+    let mut r = BufReader::with_capacity(256 << 10, file);
+    let (mut pos, mut records) = (start, 0usize);
+    let mut header = [0u8; FRAME_HEADER];
+    let mut payload = Vec::new();
+    while len.saturating_sub(pos) >= FRAME_HEADER as u64 && read_full(path, &mut r, &mut header)? {
+        let [l0, l1, l2, l3, c0, c1, c2, c3] = header;
+        let frame = u32::from_le_bytes([l0, l1, l2, l3]) as usize;
+        let crc = u32::from_le_bytes([c0, c1, c2, c3]);
+        if frame > MAX_FRAME || len - pos - (FRAME_HEADER as u64) < frame as u64 {
             break;
         }
-        let payload = &data[pos + FRAME_HEADER..pos + FRAME_HEADER + len];
-        if crc32fast::hash(payload) != crc {
+        payload.resize(frame, 0);
+        if !read_full(path, &mut r, &mut payload)? || crc32fast::hash(&payload) != crc {
             break;
         }
-        match decode(path, format, payload)? {
-            Some(r) => records.push(r),
-            None => break,
+        let Some(rec) = decode(path, format, &payload)? else {
+            break;
+        };
+        pos += (FRAME_HEADER + frame) as u64;
+        records += 1;
+        if !f(rec)? {
+            break;
         }
-        pos += FRAME_HEADER + len;
     }
+    Ok(WalScan {
+        records,
+        valid_len: pos,
+        trailing_bytes: len.saturating_sub(pos),
+    })
+}
+
+/// Reads whole frames of `path` starting at `offset` (see [`scan_wal`]) into memory.
+pub(crate) fn read_wal_from(path: &Path, offset: u64) -> Result<WalContents> {
+    let mut records = Vec::new();
+    let scan = scan_wal(path, offset, |r| {
+        records.push(r);
+        Ok(true)
+    })?;
     Ok(WalContents {
         records,
-        valid_len: start + pos as u64,
-        trailing_bytes: (data.len() - pos) as u64,
+        valid_len: scan.valid_len,
     })
 }
 
@@ -221,7 +258,7 @@ mod tests {
         f.set_len(full - 10).unwrap();
         let c = read_wal_from(&p, 0).unwrap();
         assert_eq!(c.records.len(), 4);
-        assert!(c.trailing_bytes > 0);
+        assert!(scan_wal(&p, 0, |_| Ok(true)).unwrap().trailing_bytes > 0);
         // Corrupt a byte in the last whole frame: three survive.
         let mut data = std::fs::read(&p).unwrap();
         let third = c.valid_len as usize - 20;
@@ -256,7 +293,7 @@ mod tests {
         json_wal(&p, &recs);
         let c = read_wal_from(&p, 0).unwrap();
         assert_eq!(c.records, recs);
-        assert_eq!(c.trailing_bytes, 0);
+        assert_eq!(scan_wal(&p, 0, |_| Ok(true)).unwrap().trailing_bytes, 0);
         assert_eq!(c.valid_len, std::fs::metadata(&p).unwrap().len());
         // From an offset too (the tail): the format comes from the magic, not the offset.
         let first = read_wal_from(&p, 0).unwrap();
