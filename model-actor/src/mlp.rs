@@ -105,6 +105,7 @@ impl DirectDense {
                         }
                     }
                     Activation::Tanh => v.tanh(),
+                    // GELU never gets here (`Direct::of` leaves such models to candle).
                     Activation::None | Activation::Gelu => v,
                 });
             }

@@ -570,9 +570,12 @@ fn encode_main(
                         date,
                         gave_up,
                     };
-                    match segment::open_parquet(&dir, &c.date, &c.id) {
-                        Ok(f) => c.file = Some(f),
-                        Err(e) => c.failed(&e),
+                    // Given up before the encoder got to it: nothing to start.
+                    if !c.gave_up.load(Ordering::Acquire) {
+                        match segment::open_parquet(&dir, &c.date, &c.id) {
+                            Ok(f) => c.file = Some(f),
+                            Err(e) => c.failed(&e),
+                        }
                     }
                     current = Some(c);
                 }
@@ -948,6 +951,29 @@ mod tests {
             "the writer hands that segment over itself"
         );
         assert_eq!(shared.stats().segments, 0);
+    }
+
+    /// A segment given up before the encoder got to its start: no file is made.
+    #[test]
+    fn a_segment_given_up_before_it_starts_makes_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = Shared::default();
+        let recs = records(2);
+        let msgs = vec![
+            EncMsg::Start {
+                id: "c".into(),
+                date: date_of_us(recs[0].ts_us),
+                gave_up: Arc::new(AtomicBool::new(true)),
+            },
+            EncMsg::Record(Box::new(recs[0].clone())),
+        ];
+        let handed = encode(dir.path(), &shared, msgs);
+        assert!(handed.is_empty(), "{handed:?}");
+        assert!(
+            files_under(dir.path()).is_empty(),
+            "{:?}",
+            files_under(dir.path())
+        );
     }
 
     /// When the encoder cannot write a segment it was handed, it passes the segment to the
