@@ -35,16 +35,18 @@ pub struct LogConfig {
     /// still gets about a tenth of a busy core's time against each of them, so it keeps up
     /// near saturation instead of falling behind and dropping.
     pub writer_nice: i32,
-    /// Run the writer and closer threads under Linux's `SCHED_IDLE` instead of
-    /// `writer_nice`: they take only CPU time no other thread wants, and a serving
-    /// thread that wakes takes the CPU back at once. Under `writer_nice`, a serving
-    /// thread that wakes while the writer encodes may wait for the next scheduler tick
-    /// (up to 4 ms on a 250 Hz kernel), which shows in the request p99. The cost:
-    /// under a load that leaves no CPU idle the log falls behind, and once
-    /// `channel_capacity` records wait, records are dropped and counted (`mesh demo`,
-    /// both cores busy, dropped 29% of its records). A thread cannot leave
-    /// `SCHED_IDLE` without `CAP_SYS_NICE`, so it is set once, at start. Where it cannot
-    /// be set, `writer_nice` applies. Default false.
+    /// Run the writer and closer threads under Linux's `SCHED_IDLE` too, instead of
+    /// `writer_nice` (the encoder runs there by default, `encoder_idle`): they take only
+    /// CPU time no other thread wants, and a serving thread that wakes takes the CPU back
+    /// at once. Under `writer_nice`, a serving thread that wakes while the writer works
+    /// may wait for the next scheduler tick (up to 4 ms on a 250 Hz kernel), but the
+    /// writer's own work is small (the wal frames, about 1.3% of a core at 15,000
+    /// records/s). The cost: under a load that leaves no CPU idle the writer itself falls
+    /// behind, and once `channel_capacity` records wait, records are dropped and counted
+    /// (`mesh demo`, both cores busy, dropped 29% of its records when this applied to
+    /// the whole log). A thread cannot leave `SCHED_IDLE` without `CAP_SYS_NICE`, so it
+    /// is set once, at start. Where it cannot be set, `writer_nice` applies. Default
+    /// false.
     pub writer_idle: bool,
     /// Run the Parquet encoder thread (column builders, slice encoding and compression,
     /// the footer at close) under Linux's `SCHED_IDLE`: the log's heaviest CPU work then
