@@ -378,6 +378,14 @@ impl OpenParquet {
             .map_err(|e| LogError::parquet(&self.path, e))
     }
 
+    /// Gives the file up: closes it without a footer and removes it (its rows are read
+    /// again from the wal).
+    pub(crate) fn discard(self) {
+        let Self { path, writer, .. } = self;
+        drop(writer);
+        let _ = std::fs::remove_file(path);
+    }
+
     /// Writes what is left and the footer, and syncs the file to disk. The caller renames
     /// it into place.
     pub(crate) fn finish(mut self) -> Result<()> {

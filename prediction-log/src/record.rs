@@ -344,6 +344,14 @@ pub fn now_us() -> i64 {
     }
 }
 
+/// `n` records `r0`, `r1`, ... of model `m` version 1 in `role` (for tests).
+#[cfg(test)]
+pub(crate) fn numbered(n: usize, role: Role) -> Vec<PredictionRecord> {
+    (0..n)
+        .map(|i| PredictionRecord::new(format!("r{i}"), "m", "1", role))
+        .collect()
+}
+
 /// UTC calendar date (`YYYY-MM-DD`) of a timestamp in microseconds since the epoch.
 pub fn date_of_us(ts_us: i64) -> String {
     let days = ts_us.div_euclid(86_400_000_000);

@@ -125,9 +125,7 @@ fn convert(dir: &Path, id: &str, wal: &Path, skip_existing: bool) -> Result<Conv
         Ok(s) => s,
         Err(e) => {
             if let Some((_, f)) = open {
-                let tmp = f.path().to_path_buf();
-                drop(f);
-                let _ = fs::remove_file(tmp);
+                f.discard();
             }
             return Err(e);
         }
@@ -260,21 +258,15 @@ pub fn wal_files(dir: &Path) -> Result<Vec<PathBuf>> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::record::{now_us, PredictionRecord, Role};
-    use crate::wal::WalWriter;
+    use crate::record::{now_us, numbered, PredictionRecord, Role};
+    use crate::wal::write_wal;
 
     /// A wal of `n` records with its last frame torn in half.
     fn torn_wal(dir: &Path, id: &str, n: usize) -> (PathBuf, Vec<PredictionRecord>) {
         fs::create_dir_all(wal_dir(dir)).unwrap();
         let wal = wal_path(dir, id);
-        let mut w = WalWriter::create(&wal).unwrap();
-        let recs: Vec<_> = (0..n)
-            .map(|i| PredictionRecord::new(format!("r{i}"), "m", "1", Role::Primary))
-            .collect();
-        for r in &recs {
-            w.append(r).unwrap();
-        }
-        w.flush(false).unwrap();
+        let recs = numbered(n, Role::Primary);
+        write_wal(&wal, &recs);
         let len = fs::metadata(&wal).unwrap().len();
         fs::File::options()
             .write(true)

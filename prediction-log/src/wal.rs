@@ -232,6 +232,17 @@ pub(crate) fn read_wal_from(path: &Path, offset: u64) -> Result<WalContents> {
     })
 }
 
+/// Writes `recs` as a new wal file at `path`, flushed (for tests).
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+pub(crate) fn write_wal(path: &Path, recs: &[PredictionRecord]) {
+    let mut w = WalWriter::create(path).unwrap();
+    for r in recs {
+        w.append(r).unwrap();
+    }
+    w.flush(true).unwrap();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,17 +252,7 @@ mod tests {
     fn torn_tail_is_dropped() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("a.wal");
-        let mut w = WalWriter::create(&p).unwrap();
-        for i in 0..5 {
-            w.append(&PredictionRecord::new(
-                format!("r{i}"),
-                "m",
-                "1",
-                Role::Primary,
-            ))
-            .unwrap();
-        }
-        w.flush(true).unwrap();
+        write_wal(&p, &crate::record::numbered(5, Role::Primary));
         let full = std::fs::metadata(&p).unwrap().len();
         // Cut the last frame in half.
         let f = File::options().write(true).open(&p).unwrap();
@@ -287,9 +288,7 @@ mod tests {
     fn a_wal_of_json_frames_from_an_older_build_still_reads() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("old.wal");
-        let recs: Vec<_> = (0..3)
-            .map(|i| PredictionRecord::new(format!("r{i}"), "m", "1", Role::Canary))
-            .collect();
+        let recs = crate::record::numbered(3, Role::Canary);
         json_wal(&p, &recs);
         let c = read_wal_from(&p, 0).unwrap();
         assert_eq!(c.records, recs);

@@ -517,9 +517,7 @@ impl Encoding {
     /// Drops the Parquet file and its temp file (the segment is converted from its wal).
     fn drop_file(&mut self) {
         if let Some(f) = self.file.take() {
-            let tmp = f.path().to_path_buf();
-            drop(f);
-            let _ = std::fs::remove_file(tmp);
+            f.discard();
         }
     }
 
@@ -784,10 +782,11 @@ mod tests {
     use super::*;
     use crate::record::Role;
 
+    use crate::record::numbered;
+    use crate::wal::write_wal;
+
     fn records(n: usize) -> Vec<PredictionRecord> {
-        (0..n)
-            .map(|i| PredictionRecord::new(format!("r{i}"), "m", "1", Role::Primary))
-            .collect()
+        numbered(n, Role::Primary)
     }
 
     /// A writer whose encoder queue holds `backlog` messages and whose closer queue the
@@ -839,11 +838,7 @@ mod tests {
     fn wal_of(dir: &std::path::Path, id: &str, recs: &[PredictionRecord]) -> PathBuf {
         std::fs::create_dir_all(segment::wal_dir(dir)).unwrap();
         let wal = segment::wal_path(dir, id);
-        let mut w = WalWriter::create(&wal).unwrap();
-        for r in recs {
-            w.append(r).unwrap();
-        }
-        w.flush(false).unwrap();
+        write_wal(&wal, recs);
         wal
     }
 
