@@ -812,6 +812,17 @@ mod tests {
         (w, enc_rx, close_rx)
     }
 
+    /// The Start of segment `id` for records of `recs[0]`'s date, and its flag.
+    fn start(id: &str, recs: &[PredictionRecord], gave_up: bool) -> (EncMsg, Arc<AtomicBool>) {
+        let flag = Arc::new(AtomicBool::new(gave_up));
+        let msg = EncMsg::Start {
+            id: id.into(),
+            date: date_of_us(recs[0].ts_us),
+            gave_up: flag.clone(),
+        };
+        (msg, flag)
+    }
+
     /// Runs the encoder thread over `msgs` until they are all taken, then stops it.
     fn encode(dir: &std::path::Path, shared: &Shared, msgs: Vec<EncMsg>) -> Vec<String> {
         let (tx, rx) = mpsc::sync_channel(msgs.len().max(1));
@@ -909,13 +920,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let shared = Shared::default();
         let recs = records(3);
-        let gave_up = Arc::new(AtomicBool::new(false));
-        let date = date_of_us(recs[0].ts_us);
-        let start = EncMsg::Start {
-            id: "a".into(),
-            date: date.clone(),
-            gave_up: gave_up.clone(),
-        };
+        let (start, gave_up) = start("a", &recs, false);
         // Given up after the encoder opened its file: seen at the next record.
         let (tx, rx) = mpsc::sync_channel(8);
         let (close_tx, close_rx) = mpsc::sync_channel(2);
@@ -955,11 +960,7 @@ mod tests {
         let shared = Shared::default();
         let recs = records(2);
         let msgs = vec![
-            EncMsg::Start {
-                id: "c".into(),
-                date: date_of_us(recs[0].ts_us),
-                gave_up: Arc::new(AtomicBool::new(true)),
-            },
+            start("c", &recs, true).0,
             EncMsg::Record(Box::new(recs[0].clone())),
         ];
         let handed = encode(dir.path(), &shared, msgs);
@@ -979,12 +980,8 @@ mod tests {
         // The partition directory cannot be made: a file has its name.
         std::fs::write(dir.path().join(format!("date={date}")), b"").unwrap();
         let wal = wal_of(dir.path(), "b", &recs);
-        let gave_up = Arc::new(AtomicBool::new(false));
-        let mut msgs = vec![EncMsg::Start {
-            id: "b".into(),
-            date,
-            gave_up: gave_up.clone(),
-        }];
+        let (first, gave_up) = start("b", &recs, false);
+        let mut msgs = vec![first];
         msgs.extend(recs.iter().map(|r| EncMsg::Record(Box::new(r.clone()))));
         msgs.push(EncMsg::Finish { wal: wal.clone() });
         let handed = encode(dir.path(), &shared, msgs);
