@@ -119,3 +119,27 @@ impl LogConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each bound is refused at start, naming its field; the defaults pass.
+    #[test]
+    fn out_of_range_settings_are_refused_naming_the_field() {
+        LogConfig::new("d").validate().unwrap();
+        type Set = fn(&mut LogConfig);
+        let cases: [(&str, Set); 4] = [
+            ("channel_capacity", |c| c.channel_capacity = 0),
+            ("encoder_backlog", |c| c.encoder_backlog = 0),
+            ("segment_max_bytes", |c| c.segment_max_bytes = 0),
+            ("writer_nice", |c| c.writer_nice = 20),
+        ];
+        for (field, set) in cases {
+            let mut c = LogConfig::new("d");
+            set(&mut c);
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(field), "{field}: {e}");
+        }
+    }
+}
