@@ -561,8 +561,8 @@ fn probe(
         misses: Vec::with_capacity(n * plan.groups.len()),
         hits: 0,
     };
-    let caching = sled.cache.enabled();
-    let started = Instant::now();
+    // Every key first, then the cache's answers for all of them at once.
+    let mut rows = Vec::with_capacity(n * plan.groups.len());
     let mut scratch = Vec::with_capacity(32);
     for (gi, g) in plan.groups.iter().enumerate() {
         let v: &ViewInfo = &inner.views[g.view];
@@ -571,30 +571,46 @@ fn probe(
             keys.encode(v.id, i, &mut scratch);
             let at = p.keybuf.len();
             p.keybuf.extend_from_slice(&scratch);
-            let key = at..p.keybuf.len();
-            let epoch = if caching {
-                match sled.cache.get_with_epoch(&p.keybuf[key.clone()], started) {
-                    (Some(Hit::Fresh(cached) | Hit::Old(cached)), _) => {
-                        p.hits += 1;
-                        if let Some(bytes) = cached {
-                            fill_row(v, g, &mut p.cols, row, &bytes, now)?;
-                        }
-                        continue;
-                    }
-                    (None, epoch) => epoch,
-                }
-            } else {
-                0
-            };
-            p.misses.push(PendingRead {
-                group: gi,
-                row,
-                key,
-                epoch,
-            });
+            rows.push((gi, row, at..p.keybuf.len()));
         }
     }
-    Ok(p)
+    if !sled.cache.enabled() {
+        p.misses
+            .extend(rows.into_iter().map(|(group, row, key)| PendingRead {
+                group,
+                row,
+                key,
+                epoch: 0,
+            }));
+        return Ok(p);
+    }
+    let keys: Vec<&[u8]> = rows.iter().map(|(_, _, k)| &p.keybuf[k.clone()]).collect();
+    let (cols, misses, hits) = (&mut p.cols, &mut p.misses, &mut p.hits);
+    let mut failed = None;
+    sled.cache.get_many(&keys, Instant::now(), |i, hit, epoch| {
+        let (gi, row, key) = &rows[i];
+        match hit {
+            Some(Hit::Fresh(cached) | Hit::Old(cached)) => {
+                *hits += 1;
+                if let Some(bytes) = cached {
+                    let g = &plan.groups[*gi];
+                    if let Err(e) = fill_row(&inner.views[g.view], g, cols, *row, bytes, now) {
+                        failed.get_or_insert(e);
+                    }
+                }
+            }
+            None => misses.push(PendingRead {
+                group: *gi,
+                row: *row,
+                key: key.clone(),
+                epoch,
+            }),
+        }
+    });
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(p),
+    }
 }
 
 /// Reads from sled the keys the row cache did not hold, fills their rows and
@@ -607,19 +623,21 @@ fn read_misses(inner: &Inner, plan: &Plan, p: &mut Pending, now: Micros) -> Resu
     let keybuf = &p.keybuf;
     p.misses
         .sort_unstable_by(|a, b| keybuf[a.key.clone()].cmp(&keybuf[b.key.clone()]));
-    let filled = Instant::now();
+    let mut read = Vec::with_capacity(if caching { p.misses.len() } else { 0 });
     for miss in &p.misses {
         let key = &keybuf[miss.key.clone()];
         let got = sled.rows.get(key)?;
-        if caching {
-            sled.cache.insert(key, got.clone(), miss.epoch, filled);
-        }
-        if let Some(bytes) = got {
+        if let Some(bytes) = &got {
             let g = &plan.groups[miss.group];
-            fill_row(&inner.views[g.view], g, &mut p.cols, miss.row, &bytes, now)?;
+            fill_row(&inner.views[g.view], g, &mut p.cols, miss.row, bytes, now)?;
+        }
+        if caching {
+            read.push((key, got, miss.epoch));
         }
     }
     if caching {
+        // Under one hold of the cache's lock.
+        sled.cache.insert_many(read, Instant::now());
         m::record_cache(p.hits, p.misses.len() as u64);
         m::record_cache_bytes(sled.cache.bytes());
     }

@@ -26,6 +26,10 @@ fn args(addr: &str, model: &str) -> BenchArgs {
         json: false,
         html: None,
         deadline_ms: None,
+        view: "card".into(),
+        keys: 10,
+        event_times_per_view: false,
+        decode_values: false,
     }
 }
 

@@ -248,3 +248,68 @@ async fn a_store_and_a_remote_features_role_together_are_refused() {
     );
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
 }
+
+/// `mesh bench --target lookup`: every call of a view's random entities answered
+/// with a column per feature and a status per entity, for an int64-keyed view and a
+/// string-keyed one, read as statuses only and decoded whole; an unknown view is named with the ones served, before any load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_looks_up_random_entities_of_a_view() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = mesh(dir.path()).await;
+    let addr = format!("http://{}", running.grpc_addr);
+    for (view, extra) in [
+        (
+            "card",
+            ["--cards", "50", "--event-times-per-view"].as_slice(),
+        ),
+        ("card", ["--cards", "50", "--decode-values"].as_slice()),
+        ("merchant", ["--merchants", "20"].as_slice()),
+    ] {
+        let mut a = args(&[
+            "bench",
+            "--addr",
+            &addr,
+            "--target",
+            "lookup",
+            "--view",
+            view,
+            "--keys",
+            "25",
+            "--requests",
+            "200",
+            "--concurrency",
+            "4",
+            "--json",
+        ]);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        let (code, out, err) = mesh_cli(a, None).await;
+        assert_eq!(code, 0, "{view}: {err}");
+        let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(r["target"], "lookup", "{view}");
+        assert_eq!(r["requests"], 200, "{view}");
+        assert_eq!(r["codes"], serde_json::json!({"OK": 200}), "{view}: {out}");
+    }
+    // More keys than the store's limit: refused by the bench itself, by name.
+    let (code, _, err) = mesh_cli(
+        args(&[
+            "bench", "--addr", &addr, "--target", "lookup", "--keys", "4097",
+        ]),
+        None,
+    )
+    .await;
+    assert_ne!(code, 0);
+    assert!(err.contains("--keys 4097: must be 1 to 4096"), "{err}");
+    let (code, _, err) = mesh_cli(
+        args(&[
+            "bench", "--addr", &addr, "--target", "lookup", "--view", "nope",
+        ]),
+        None,
+    )
+    .await;
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("--view nope: the store serves no such view") && err.contains("\"card\""),
+        "{err}"
+    );
+    running.shutdown().await;
+}

@@ -12,6 +12,10 @@ pub enum Target {
     /// model's metadata says (its input's name, datatype and width; integer codes in
     /// the categorical columns its config names).
     Infer,
+    /// mesh.v1.FeatureStore/GetOnlineFeatures: `--keys` random entities of `--view`
+    /// per call, every feature of the view (int64 keys 1..=--cards; string keys
+    /// m000001..=--merchants, as the demo names merchants).
+    Lookup,
 }
 
 #[derive(Debug, Args)]
@@ -57,6 +61,21 @@ pub struct BenchArgs {
     pub cards: i64,
     #[arg(long, default_value_t = 1_000)]
     pub merchants: u64,
+    /// Lookup: the feature view read.
+    #[arg(long, default_value = "card")]
+    pub view: String,
+    /// Lookup: entities per call, 1 to 4,096 (the store's default limit).
+    #[arg(long, default_value_t = 10)]
+    pub keys: usize,
+    /// Lookup: ask for each view's event times once (`event_times_per_view`)
+    /// instead of in every column.
+    #[arg(long)]
+    pub event_times_per_view: bool,
+    /// Lookup: decode each whole answer, values and event times too, as a client
+    /// library does (by default the bench reads each column's statuses and skips the
+    /// rest by its length, as redis-benchmark reads an MGET reply's framing).
+    #[arg(long)]
+    pub decode_values: bool,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -71,6 +90,8 @@ pub struct BenchArgs {
 pub const MAX_CONCURRENCY: usize = 10_000;
 /// The most `--threads`.
 pub const MAX_THREADS: usize = 64;
+/// The most `--keys`: the feature store's default `max_keys_per_lookup`.
+pub const MAX_KEYS: usize = 4096;
 
 impl BenchArgs {
     /// Refuses arguments out of their range, naming them.
@@ -78,6 +99,7 @@ impl BenchArgs {
         for (flag, value, max) in [
             ("--concurrency", self.concurrency, MAX_CONCURRENCY),
             ("--threads", self.threads, MAX_THREADS),
+            ("--keys", self.keys, MAX_KEYS),
         ] {
             if !(1..=max).contains(&value) {
                 bail!("{flag} {value}: must be 1 to {max}");
@@ -101,7 +123,7 @@ impl BenchArgs {
         })
     }
 
-    /// The target as the report names it: `decide` or `infer`.
+    /// The target as the report names it: `decide`, `infer` or `lookup`.
     pub fn target_name(&self) -> String {
         format!("{:?}", self.target).to_lowercase()
     }
@@ -158,6 +180,7 @@ pub(super) mod tests {
         for (flag, max, over) in [
             ("--concurrency", "10000", "10001"),
             ("--threads", "64", "65"),
+            ("--keys", "4096", "4097"),
         ] {
             parse(&[flag, max]).check().unwrap();
             for bad in ["0", over] {

@@ -173,6 +173,119 @@ fn infer_request(rng: &mut impl Rng, model: &str, shape: &InferShape) -> oip::Mo
     }
 }
 
+/// What a Lookup call asks for, from the view as the store declares it (ListViews).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct LookupShape {
+    pub join_key: String,
+    /// Int64 keys (otherwise string keys).
+    pub int64: bool,
+    /// Every feature of the view, as `view:feature`.
+    pub features: Vec<String>,
+}
+
+impl LookupShape {
+    /// Reads the view's spec from the mesh.
+    pub async fn fetch(c: &Clients, view: &str) -> anyhow::Result<Self> {
+        let views = c
+            .features
+            .clone()
+            .list_views(pb::ListViewsRequest {})
+            .await
+            .map_err(|s| anyhow::anyhow!("ListViews: {}", s.message()))?
+            .into_inner()
+            .views;
+        let Some(v) = views.iter().find(|v| v.name == view) else {
+            let names: Vec<&str> = views.iter().map(|v| v.name.as_str()).collect();
+            anyhow::bail!("--view {view}: the store serves no such view (it serves {names:?})");
+        };
+        if v.features.is_empty() {
+            anyhow::bail!("--view {view}: the view has no features");
+        }
+        Ok(Self {
+            join_key: v.join_key.clone(),
+            int64: v.key_type == pb::EntityKeyType::Int64 as i32,
+            features: v
+                .features
+                .iter()
+                .map(|f| format!("{view}:{}", f.name))
+                .collect(),
+        })
+    }
+}
+
+/// `--keys` random entities of the view: int64 keys in 1..=--cards, string keys
+/// m000001..=--merchants.
+fn lookup_request(
+    rng: &mut impl Rng,
+    shape: &LookupShape,
+    args: &BenchArgs,
+) -> pb::GetOnlineFeaturesRequest {
+    let mut keys = pb::EntityKeyColumn {
+        join_key: shape.join_key.clone(),
+        ..Default::default()
+    };
+    for _ in 0..args.keys {
+        if shape.int64 {
+            keys.int64_keys
+                .push(rng.random_range(1..=args.cards.max(1)));
+        } else {
+            let m = rng.random_range(1..=args.merchants.max(1));
+            keys.string_keys.push(format!("m{m:06}"));
+        }
+    }
+    pb::GetOnlineFeaturesRequest {
+        features: shape.features.clone(),
+        entities: vec![keys],
+        event_times_per_view: args.event_times_per_view,
+    }
+}
+
+/// Whether a Lookup answer has what was asked: a column per feature, each with a
+/// status per entity.
+fn lookup_answered(r: &pb::GetOnlineFeaturesResponse, shape: &LookupShape, keys: usize) -> bool {
+    r.columns.len() == shape.features.len() && r.columns.iter().all(|c| c.statuses.len() == keys)
+}
+
+/// A Lookup answer as the bench reads it by default: each column's statuses and
+/// nothing else. The values and event times are skipped by their lengths, not
+/// decoded, as redis-benchmark reads an MGET reply's framing and not its values:
+/// decoding 100 entities of 16 columns cost the bench about as much CPU as the
+/// server spent answering, on the machine they share. `--decode-values` reads the
+/// whole answer, as a client library does.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LookupStatuses {
+    #[prost(message, repeated, tag = "1")]
+    pub columns: Vec<StatusColumn>,
+}
+
+/// One column of [`LookupStatuses`]: `FeatureColumn.statuses`, a packed enum, read
+/// as its bytes (one per entity: every status is below 128).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct StatusColumn {
+    #[prost(bytes = "bytes", tag = "3")]
+    pub statuses: prost::bytes::Bytes,
+}
+
+fn statuses_answered(r: &LookupStatuses, shape: &LookupShape, keys: usize) -> bool {
+    r.columns.len() == shape.features.len()
+        && r.columns
+            .iter()
+            .all(|c| c.statuses.len() == keys && c.statuses.iter().all(|s| *s < 0x80))
+}
+
+/// GetOnlineFeatures with the answer read as [`LookupStatuses`].
+async fn lookup_statuses(
+    grpc: &mut tonic::client::Grpc<tonic::transport::Channel>,
+    req: tonic::Request<pb::GetOnlineFeaturesRequest>,
+) -> Result<LookupStatuses, tonic::Status> {
+    grpc.ready()
+        .await
+        .map_err(|e| tonic::Status::unavailable(format!("connection not ready: {e}")))?;
+    let path = http::uri::PathAndQuery::from_static("/mesh.v1.FeatureStore/GetOnlineFeatures");
+    let codec = tonic_prost::ProstCodec::<pb::GetOnlineFeaturesRequest, LookupStatuses>::default();
+    Ok(grpc.unary(req, path, codec).await?.into_inner())
+}
+
 /// An answer source as the report names it: `MODEL`, `BATCH_SCORE`, ...
 fn source_name(source: i32) -> String {
     pb::AnswerSource::try_from(source)
@@ -202,12 +315,17 @@ pub struct Clients {
     decide: pb::decisions_client::DecisionsClient<tonic::transport::Channel>,
     infer:
         oip::grpc_inference_service_client::GrpcInferenceServiceClient<tonic::transport::Channel>,
+    features: pb::feature_store_client::FeatureStoreClient<tonic::transport::Channel>,
+    /// The same channel, for calls whose answer the bench reads its own way.
+    grpc: tonic::client::Grpc<tonic::transport::Channel>,
     /// The Infer target's rows (read from the model before the load starts).
     pub shape: Arc<InferShape>,
+    /// The Lookup target's request (read from the view before the load starts).
+    pub lookup: Arc<LookupShape>,
 }
 
 impl Clients {
-    /// One channel to `addr` (`--addr`), shared by both clients.
+    /// One channel to `addr` (`--addr`), shared by the clients.
     pub async fn connect(addr: &str, tls_ca: Option<&std::path::Path>) -> anyhow::Result<Self> {
         let mut endpoint = tonic::transport::Endpoint::from_shared(addr.to_owned())
             .with_context(|| format!("--addr {addr}"))?
@@ -224,8 +342,13 @@ impl Clients {
             .with_context(|| format!("connecting to {addr}"))?;
         Ok(Self {
             decide: pb::decisions_client::DecisionsClient::new(channel.clone()),
-            infer: oip::grpc_inference_service_client::GrpcInferenceServiceClient::new(channel),
+            infer: oip::grpc_inference_service_client::GrpcInferenceServiceClient::new(
+                channel.clone(),
+            ),
+            features: pb::feature_store_client::FeatureStoreClient::new(channel.clone()),
+            grpc: tonic::client::Grpc::new(channel),
             shape: Arc::default(),
+            lookup: Arc::default(),
         })
     }
 }
@@ -241,7 +364,8 @@ fn with_deadline<T>(msg: T, args: &BenchArgs, intended: Instant) -> Option<tonic
     Some(req)
 }
 
-/// Whether an answer came from a model: any OK for Infer; for Decide, the sources
+/// Whether an answer came from a model: any OK for Infer (and for Lookup, which has
+/// no model: a complete answer); for Decide, the sources
 /// MODEL and PREVIOUS_VERSION.
 fn from_model(code: &str, source: Option<&str>) -> bool {
     code == "OK" && source.is_none_or(|s| s == "MODEL" || s == "PREVIOUS_VERSION")
@@ -279,6 +403,29 @@ async fn one(
                     Ok(_) => ("OK".to_owned(), None, None),
                     Err(s) => (format!("{:?}", s.code()), None, None),
                 },
+            }
+        }
+        Target::Lookup => {
+            let shape = c.lookup.clone();
+            match with_deadline(lookup_request(rng, &shape, args), args, intended) {
+                None => not_sent(),
+                Some(req) => {
+                    let answered = if args.decode_values {
+                        c.features
+                            .get_online_features(req)
+                            .await
+                            .map(|r| lookup_answered(r.get_ref(), &shape, args.keys))
+                    } else {
+                        lookup_statuses(&mut c.grpc, req)
+                            .await
+                            .map(|r| statuses_answered(&r, &shape, args.keys))
+                    };
+                    match answered {
+                        Ok(true) => ("OK".to_owned(), None, None),
+                        Ok(false) => ("WrongShape".to_owned(), None, None),
+                        Err(s) => (format!("{:?}", s.code()), None, None),
+                    }
+                }
             }
         }
     };
@@ -652,5 +799,57 @@ mod tests {
         assert_eq!(parse_columns("32, 33", 34).unwrap(), [32, 33]);
         assert!(parse_columns("34", 34).is_err() && parse_columns("x", 34).is_err());
         assert!(parse_columns("", 34).unwrap().is_empty());
+    }
+
+    /// A whole GetOnlineFeatures answer, encoded as the server does, reads back as
+    /// [`LookupStatuses`]: a column per feature with one status byte per entity,
+    /// the values and event times skipped; a column short of an entity is caught.
+    #[test]
+    fn lookup_statuses_read_a_whole_answer() {
+        use prost::Message;
+        let shape = LookupShape {
+            join_key: "card_id".into(),
+            int64: true,
+            features: vec!["card:a".into(), "card:b".into()],
+        };
+        let column = |name: &str, n: usize| pb::FeatureColumn {
+            name: name.into(),
+            r#type: pb::FeatureType::F32 as i32,
+            statuses: (0..n)
+                .map(|i| {
+                    if i % 3 == 0 {
+                        pb::FeatureStatus::NotFound as i32
+                    } else {
+                        pb::FeatureStatus::Present as i32
+                    }
+                })
+                .collect(),
+            event_time_unix_micros: vec![1_764_000_000_000_000; n],
+            f32_values: vec![0.5; n],
+            ..Default::default()
+        };
+        let whole = pb::GetOnlineFeaturesResponse {
+            columns: vec![column("card:a", 100), column("card:b", 100)],
+            ..Default::default()
+        };
+        let read = LookupStatuses::decode(whole.encode_to_vec().as_slice()).unwrap();
+        assert!(lookup_answered(&whole, &shape, 100));
+        assert!(statuses_answered(&read, &shape, 100));
+        assert_eq!(
+            read.columns[0].statuses[..3],
+            [
+                pb::FeatureStatus::NotFound as u8,
+                pb::FeatureStatus::Present as u8,
+                pb::FeatureStatus::Present as u8
+            ]
+        );
+        assert!(!statuses_answered(&read, &shape, 99));
+        let short = pb::GetOnlineFeaturesResponse {
+            columns: vec![column("card:a", 100), column("card:b", 99)],
+            ..Default::default()
+        };
+        let read = LookupStatuses::decode(short.encode_to_vec().as_slice()).unwrap();
+        assert!(!lookup_answered(&short, &shape, 100));
+        assert!(!statuses_answered(&read, &shape, 100));
     }
 }

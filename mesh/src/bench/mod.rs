@@ -1,7 +1,8 @@
 //! `mesh bench`: a load generator for a running mesh. Closed loop (a fixed number
 //! of callers, each sending as soon as its last answer arrived) or open loop (a
 //! fixed rate; latency counts from the intended send time, so queueing in the
-//! client or server is not hidden). Drives `Decide` or OIP `ModelInfer`.
+//! client or server is not hidden). Drives `Decide`, OIP `ModelInfer` or
+//! the feature store's `GetOnlineFeatures`.
 //!
 //! Modules, each depending only on those before it: [`report`] (what is
 //! reported), [`args`] (the command line), [`tally`] (counting while the load
@@ -34,6 +35,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     let mut clients = Clients::connect(&args.addr, args.tls_ca.as_deref()).await?;
     if args.target == Target::Infer {
         clients.shape = Arc::new(load::InferShape::fetch(&clients, &args.model).await?);
+    }
+    if args.target == Target::Lookup {
+        clients.lookup = Arc::new(load::LookupShape::fetch(&clients, &args.view).await?);
     }
     let max_requests = args.requests.unwrap_or(u64::MAX);
     let server_before = ServerStats::fetch(&clients, &args).await;

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Feature lookups over gRPC as a client sees them, against Redis MGET of the same
+# shape, each driven from its own process by a one-thread load generator:
+#
+#   mesh serve --role features   <- mesh bench --target lookup   (1 thread, 8 callers)
+#   redis-server                 <- redis-benchmark MGET          (1 thread, 8 connections)
+#
+# Both hold 1M entities of 16 f32 (64 bytes); each call names 100 (then 10) random
+# keys. The mesh runs twice: sled alone (the default), and with a row cache sized for
+# every entity (`[features] cache_max_bytes`), as Redis holds every key in memory.
+# Unlike feature-store/benches/lookup.rs (server and callers in one process, a
+# writer at 1,000 rows/s), no writer runs here, as none runs against Redis.
+#
+#   bench/features_compare.sh [MESH_BIN]     (needs redis-server and redis-tools)
+#
+# ENTITIES (1000000), SECS per figure (5), CONNS (8).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MESH_BIN=${1:-${MESH_BIN:-${CARGO_TARGET_DIR:-target}/release/mesh}}
+[ -x "$MESH_BIN" ] || { echo "features_compare.sh: no mesh binary at $MESH_BIN (cargo build --release -p mesh)" >&2; exit 1; }
+ENTITIES=${ENTITIES:-1000000}
+SECS=${SECS:-5}
+CONNS=${CONNS:-8}
+DIR=$(mktemp -d)
+spid=
+cleanup() { [ -n "$spid" ] && kill "$spid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$DIR"; }
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+feats=$(python3 -c 'print(", ".join("{ name = \"f%d\", type = \"f32\" }" % i for i in range(16)))')
+cat >"$DIR/views.toml" <<EOF
+[[entities]]
+name = "entity"
+join_key = "entity_id"
+key_type = "int64"
+
+[[views]]
+name = "bench"
+entity = "entity"
+max_age = "7d"
+timestamp_field = "event_timestamp"
+features = [$feats]
+EOF
+# Entities 1..=ENTITIES, as mesh bench draws int64 keys from 1..=--cards.
+python3 - "$DIR/bench.csv" "$ENTITIES" <<'PY'
+import sys, time
+n, now = int(sys.argv[2]), int(time.time())
+with open(sys.argv[1], "w") as f:
+    f.write("entity_id,event_timestamp," + ",".join(f"f{j}" for j in range(16)) + "\n")
+    tail = [",".join(f"{(i + j) % 1000}.25" for j in range(16)) for i in range(1000)]
+    for i in range(1, n + 1):
+        f.write(f"{i},{now},{tail[i % 1000]}\n")
+PY
+t0=$(date +%s%N)
+"$MESH_BIN" features ingest --store "$DIR/db" --views "$DIR/views.toml" --view bench "$DIR/bench.csv" >/dev/null 2>&1
+echo "loaded $ENTITIES entities in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+rm -f "$DIR/bench.csv"
+
+# One mesh bench run: "calls/s p50 p99" from its JSON report.
+cat >"$DIR/report.py" <<'PY'
+import json, sys
+r = json.load(sys.stdin)
+bad = {k: v for k, v in r["codes"].items() if k != "OK"}
+if bad:
+    sys.exit(f"features_compare.sh: calls that failed: {bad}")
+t, p50, p99 = r["throughput"], r["p50_us"], r["p99_us"]
+print(f"{t:>9,.0f} calls/s, p50 {p50:,} us, p99 {p99:,} us")
+PY
+lookup() {
+    "$MESH_BIN" bench --addr "http://127.0.0.1:$gport" --target lookup --view bench \
+        --cards "$ENTITIES" --concurrency "$CONNS" --seconds "$SECS" --json "$@" 2>/dev/null |
+        python3 "$DIR/report.py"
+}
+
+for cache in 0 $((512 << 20)); do
+    gport=$(free_port)
+    cat >"$DIR/mesh.toml" <<EOF
+[server]
+grpc_port = $gport
+http_port = $(free_port)
+[features]
+path = "$DIR/db"
+views = "$DIR/views.toml"
+cache_max_bytes = $cache
+EOF
+    "$MESH_BIN" serve --role features --config "$DIR/mesh.toml" >"$DIR/serve.log" 2>&1 &
+    spid=$!
+    for _ in $(seq 150); do (exec 3<>/dev/tcp/127.0.0.1/"$gport") 2>/dev/null && break; sleep 0.2; done
+    if [ "$cache" = 0 ]; then
+        label="sled, no row cache"
+        # Warm sled's page cache as the Redis run has its keys in memory.
+        "$MESH_BIN" bench --addr "http://127.0.0.1:$gport" --target lookup --view bench \
+            --cards "$ENTITIES" --keys 4096 --seconds "$SECS" >/dev/null 2>&1
+    else
+        label="row cache of every entity"
+        # Fill the cache: random 4,096-key calls until nearly every entity was read.
+        "$MESH_BIN" bench --addr "http://127.0.0.1:$gport" --target lookup --view bench \
+            --cards "$ENTITIES" --keys 4096 --requests $((ENTITIES * 6 / 4096)) >/dev/null 2>&1
+    fi
+    echo "mesh, $label:"
+    echo "  mesh lookup c=$CONNS, 100 keys:                  $(lookup --keys 100)"
+    echo "  mesh lookup c=$CONNS, 100 keys, per-view times:  $(lookup --keys 100 --event-times-per-view)"
+    echo "  mesh lookup c=$CONNS,  10 keys:                  $(lookup --keys 10)"
+    kill "$spid"; wait "$spid" 2>/dev/null || true; spid=
+done
+echo "baseline, same minute:"
+CONNS=$CONNS bench/redis_mget.sh | sed 's/^/  /'
