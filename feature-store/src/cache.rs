@@ -27,21 +27,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hashbrown::HashTable;
-use parking_lot::RwLock;
+use parking_lot::Mutex;
 
 use crate::types::{Micros, Value};
 
-/// Invalidation shards: a write bumps the epoch of the shards of its keys only, so
-/// a lookup racing a write on other keys still caches what it read.
-const SHARDS: usize = 32;
+/// Shards, each behind its own lock. Few enough that a lookup of 100 keys finds
+/// several in each shard it locks (their memory loads overlap under one hold),
+/// enough that a writer and two serving threads rarely meet on one.
+const SHARDS: usize = 16;
 /// Bookkeeping per entry (map slot, queue slot, Arc header), bytes.
 const ENTRY_OVERHEAD: usize = 96;
 /// An entry's estimate for a row of a few numeric features, bytes: the map and
 /// queue are sized for `max_bytes` of those.
 const TYPICAL_ENTRY: usize = 192;
-/// Most keys [`Cache::get_many`] looks up under one hold of the read lock, so that
-/// a writer waits for at most this many.
-pub(crate) const GET_MANY_CHUNK: usize = 128;
 
 /// One stored row, decoded: its event time and its non-null fields by feature id.
 #[derive(Debug, Clone, PartialEq)]
@@ -147,9 +145,9 @@ struct Entry<V> {
     bytes: usize,
 }
 
-/// Everything behind the cache's one lock.
-struct Table<V> {
-    /// The entries, found by the key's hash (computed once per key, outside the
+/// One shard: its entries, their order and its invalidation state.
+struct Shard<V> {
+    /// The entries, found by the key's hash (computed once per key, before the
     /// lock, by [`Cache::hash`]).
     map: HashTable<Entry<V>>,
     /// Insertion order: (key, seq); a key re-inserted later has a newer seq, and its
@@ -157,26 +155,25 @@ struct Table<V> {
     order: VecDeque<(Key, u64)>,
     bytes: usize,
     seq: u64,
-    /// Per invalidation shard: bumped when a write starts and when it ends; see
-    /// [`Cache::get_with_epoch`].
-    epoch: [u64; SHARDS],
-    /// Per invalidation shard: writes under way on its keys; no insert while above 0.
-    writing: [u32; SHARDS],
+    /// Bumped when a write starts and when it ends; see [`Cache::get_with_epoch`].
+    epoch: u64,
+    /// Writes under way on keys of this shard: no insert while above 0.
+    writing: u32,
 }
 
-impl<V> Table<V> {
+impl<V> Shard<V> {
     /// Room for `entries` from the start: growing a map of thousands of entries
     /// rehashes them all at once, a pause of milliseconds inside some lookup. The
     /// slots are reserved, not touched, so memory is used as they fill.
     fn with_capacity(entries: usize) -> Self {
-        Table {
+        Shard {
             map: HashTable::with_capacity(entries),
             // Re-inserted keys leave stale slots: up to twice the live ones.
             order: VecDeque::with_capacity(2 * entries),
             bytes: 0,
             seq: 0,
-            epoch: [0; SHARDS],
-            writing: [0; SHARDS],
+            epoch: 0,
+            writing: 0,
         }
     }
 
@@ -184,15 +181,12 @@ impl<V> Table<V> {
         self.map.find(hash, |e| e.key.as_slice() == key)
     }
 
-    /// Removes `key`'s entry; its bytes.
-    fn remove(&mut self, hash: u64, key: &[u8]) -> Option<usize> {
-        let e = self
-            .map
-            .find_entry(hash, |e| e.key.as_slice() == key)
-            .ok()?;
-        let (gone, _) = e.remove();
-        self.bytes -= gone.bytes;
-        Some(gone.bytes)
+    /// Removes `key`'s entry, if any.
+    fn remove(&mut self, hash: u64, key: &[u8]) {
+        if let Ok(e) = self.map.find_entry(hash, |e| e.key.as_slice() == key) {
+            let (gone, _) = e.remove();
+            self.bytes -= gone.bytes;
+        }
     }
 }
 
@@ -204,15 +198,15 @@ pub(crate) enum Hit<V = Cached> {
     Old(V),
 }
 
-/// The cache. One read-write lock: lookups share it, and a batch of keys is looked
-/// up under one hold, with no atomic operation between its keys, so that the
-/// processor has the memory loads of several keys under way at once (a hit is a
-/// few cache misses: the map's control bytes, the entry, the row). Writers (an
-/// insert, the start and end of a write) hold it briefly.
+/// The cache: [`SHARDS`] maps, each behind its own lock. A lookup of many keys
+/// ([`Cache::get_many`]) locks each shard once for all of its keys there and takes
+/// no reference count, so the processor has several keys' memory loads under way
+/// at once (a hit on a map far larger than the processor's caches is three misses:
+/// the map's control bytes, the entry, the row).
 pub(crate) struct Cache<V = Cached> {
-    table: RwLock<Table<V>>,
+    shards: Vec<Mutex<Shard<V>>>,
     hasher: std::collections::hash_map::RandomState,
-    max_bytes: usize,
+    max_bytes_per_shard: usize,
     max_age: Duration,
     bytes: AtomicUsize,
 }
@@ -222,9 +216,11 @@ impl<V: Weigh> Cache<V> {
     /// for `max_age`.
     pub(crate) fn new(max_bytes: usize, max_age: Duration) -> Self {
         Cache {
-            table: RwLock::new(Table::with_capacity(max_bytes / TYPICAL_ENTRY)),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(Shard::with_capacity(max_bytes / SHARDS / TYPICAL_ENTRY)))
+                .collect(),
             hasher: Default::default(),
-            max_bytes,
+            max_bytes_per_shard: max_bytes / SHARDS,
             max_age,
             bytes: AtomicUsize::new(0),
         }
@@ -232,17 +228,17 @@ impl<V: Weigh> Cache<V> {
 
     /// Whether anything can be cached (`max_bytes` > 0).
     pub(crate) fn enabled(&self) -> bool {
-        self.max_bytes > 0
+        self.max_bytes_per_shard > 0
     }
 
-    /// The key's hash (the map's and, modulo [`SHARDS`], its invalidation shard's).
+    /// The key's hash: the map's, and its shard's.
     fn hash(&self, key: &[u8]) -> u64 {
         self.hasher.hash_one(key)
     }
 
     fn shard_of(hash: u64) -> usize {
         // The map takes its buckets from the low bits and its tags from the top
-        // seven: the shard from the bits above the low ones.
+        // seven: the shard from the bits between.
         ((hash >> 32) as usize) % SHARDS
     }
 
@@ -258,64 +254,72 @@ impl<V: Weigh> Cache<V> {
         self.get_with_epoch(key, now).0
     }
 
-    /// [`Cache::get`] and the key's invalidation epoch, under one lock: on a miss
+    /// [`Cache::get`] and the shard's invalidation epoch, under one lock: on a miss
     /// the caller reads the store and hands the epoch to [`Cache::insert`].
     pub(crate) fn get_with_epoch(&self, key: &[u8], now: Instant) -> (Option<Hit<V>>, u64) {
         let hash = self.hash(key);
-        let t = self.table.read();
-        let hit = t.find(hash, key).map(|e| match self.hit(e, now) {
+        let shard = self.shards[Self::shard_of(hash)].lock();
+        let hit = shard.find(hash, key).map(|e| match self.hit(e, now) {
             Hit::Fresh(r) => Hit::Fresh(r.clone()),
             Hit::Old(r) => Hit::Old(r.clone()),
         });
-        (hit, t.epoch[Self::shard_of(hash)])
+        (hit, shard.epoch)
     }
 
-    /// Looks up `keys` in chunks of [`GET_MANY_CHUNK`], each under one hold of the
-    /// read lock, and calls `each(i, hit, epoch)` for key `i` with its answer (a
-    /// reference, valid during the call: nothing is cloned) and its invalidation
-    /// epoch. `each` runs under the read lock: it should be short.
+    /// Looks up `keys`, locking each shard once for its keys, and calls
+    /// `each(i, hit, epoch)` for key `i` (in shard order, not key order) with its
+    /// answer (a reference, valid during the call: nothing is cloned) and its
+    /// shard's invalidation epoch. `each` runs under the shard's lock: it should be
+    /// short.
     pub(crate) fn get_many(
         &self,
         keys: &[&[u8]],
         now: Instant,
         mut each: impl FnMut(usize, Option<Hit<&V>>, u64),
     ) {
-        let hashes: Vec<u64> = keys.iter().map(|k| self.hash(k)).collect();
-        for (c, chunk) in keys.chunks(GET_MANY_CHUNK).enumerate() {
-            let base = c * GET_MANY_CHUNK;
-            let t = self.table.read();
+        let mut by_shard: Vec<(usize, usize, u64)> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| {
+                let h = self.hash(k);
+                (Self::shard_of(h), i, h)
+            })
+            .collect();
+        by_shard.sort_unstable();
+        for group in by_shard.chunk_by(|a, b| a.0 == b.0) {
+            let shard = self.shards[group[0].0].lock();
             // First every key's entry and its age, loading its row's bytes, so that
             // the misses of the next keys start while earlier ones are still waited
             // for; then the answers, from what is now in the processor's cache.
-            let mut found = Vec::with_capacity(chunk.len());
-            for (j, key) in chunk.iter().enumerate() {
-                let hit = t.find(hashes[base + j], key).map(|e| {
-                    e.row.touch();
-                    self.hit(e, now)
-                });
-                found.push(hit);
-            }
-            for (j, hit) in found.into_iter().enumerate() {
-                let epoch = t.epoch[Self::shard_of(hashes[base + j])];
-                each(base + j, hit, epoch);
+            let found: Vec<_> = group
+                .iter()
+                .map(|&(_, i, h)| {
+                    shard.find(h, keys[i]).map(|e| {
+                        e.row.touch();
+                        self.hit(e, now)
+                    })
+                })
+                .collect();
+            for (&(_, i, _), hit) in group.iter().zip(found) {
+                each(i, hit, shard.epoch);
             }
         }
     }
 
-    /// The invalidation epoch of `key` alone (lookups take it with
+    /// The invalidation epoch of `key`'s shard alone (lookups take it with
     /// [`Cache::get_with_epoch`]).
     #[cfg(test)]
     pub(crate) fn epoch(&self, key: &[u8]) -> u64 {
-        self.table.read().epoch[Self::shard_of(self.hash(key))]
+        self.shards[Self::shard_of(self.hash(key))].lock().epoch
     }
 
-    /// Caches what a read returned, unless a write invalidated the key's shard since
+    /// Caches what a read returned, unless a write invalidated the shard since
     /// `epoch` was taken (the read may predate it).
     pub(crate) fn insert(&self, key: &[u8], row: V, epoch: u64, now: Instant) {
         self.insert_many([(key, row, epoch)], now);
     }
 
-    /// [`Cache::insert`] of several reads under one hold of the lock.
+    /// [`Cache::insert`] of several reads, locking each shard once.
     pub(crate) fn insert_many<'k>(
         &self,
         rows: impl IntoIterator<Item = (&'k [u8], V, u64)>,
@@ -324,23 +328,31 @@ impl<V: Weigh> Cache<V> {
         if !self.enabled() {
             return;
         }
-        let rows: Vec<_> = rows
+        let mut rows: Vec<_> = rows
             .into_iter()
-            .map(|(k, row, epoch)| (self.hash(k), k, row, epoch))
+            .map(|(k, row, epoch)| {
+                let h = self.hash(k);
+                (Self::shard_of(h), h, k, row, epoch)
+            })
             .collect();
-        let mut t = self.table.write();
-        let before = t.bytes;
-        for (hash, key, row, epoch) in rows {
-            self.insert_locked(&mut t, hash, key, row, epoch, now);
+        rows.sort_unstable_by_key(|r| r.0);
+        let mut rows = rows.into_iter().peekable();
+        while let Some(first) = rows.peek() {
+            let s = first.0;
+            let mut guard = self.shards[s].lock();
+            let before = guard.bytes;
+            while let Some((_, hash, key, row, epoch)) = rows.next_if(|r| r.0 == s) {
+                self.insert_locked(&mut guard, hash, key, row, epoch, now);
+            }
+            let after = guard.bytes;
+            drop(guard);
+            self.account(before, after);
         }
-        let after = t.bytes;
-        drop(t);
-        self.account(before, after);
     }
 
     fn insert_locked(
         &self,
-        t: &mut Table<V>,
+        shard: &mut Shard<V>,
         hash: u64,
         key: &[u8],
         row: V,
@@ -348,15 +360,14 @@ impl<V: Weigh> Cache<V> {
         now: Instant,
     ) {
         let bytes = ENTRY_OVERHEAD + 2 * key.len() + row.weight();
-        let shard = Self::shard_of(hash);
-        if bytes > self.max_bytes || t.epoch[shard] != epoch || t.writing[shard] > 0 {
+        if bytes > self.max_bytes_per_shard || shard.epoch != epoch || shard.writing > 0 {
             return;
         }
-        t.seq += 1;
-        let seq = t.seq;
-        t.remove(hash, key);
+        shard.seq += 1;
+        let seq = shard.seq;
+        shard.remove(hash, key);
         let hasher = &self.hasher;
-        t.map.insert_unique(
+        shard.map.insert_unique(
             hash,
             Entry {
                 key: Key::new(key),
@@ -367,21 +378,21 @@ impl<V: Weigh> Cache<V> {
             },
             |e| hasher.hash_one(e.key.as_slice()),
         );
-        t.bytes += bytes;
-        t.order.push_back((Key::new(key), seq));
-        while t.bytes > self.max_bytes {
-            let Some((k, s)) = t.order.pop_front() else {
+        shard.bytes += bytes;
+        shard.order.push_back((Key::new(key), seq));
+        while shard.bytes > self.max_bytes_per_shard {
+            let Some((k, s)) = shard.order.pop_front() else {
                 break;
             };
             let h = self.hash(k.as_slice());
-            if t.find(h, k.as_slice()).is_some_and(|e| e.seq == s) {
-                t.remove(h, k.as_slice());
+            if shard.find(h, k.as_slice()).is_some_and(|e| e.seq == s) {
+                shard.remove(h, k.as_slice());
             }
         }
         // Re-inserted keys leave stale queue slots behind; drop them once they
         // outnumber the live ones (amortised: the queue at most doubles).
-        if t.order.len() > 2 * t.map.len() + 16 {
-            let Table { map, order, .. } = t;
+        if shard.order.len() > 2 * shard.map.len() + 16 {
+            let Shard { map, order, .. } = shard;
             order.retain(|(k, s)| {
                 let h = hasher.hash_one(k.as_slice());
                 map.find(h, |e| e.key.as_slice() == k.as_slice())
@@ -391,9 +402,8 @@ impl<V: Weigh> Cache<V> {
     }
 
     /// Marks a write of `keys` as under way, until the guard drops (also on an
-    /// error or a cancelled write): call it before the store is written. The lock
-    /// is taken once per invalidation shard of the keys, so a large write lets
-    /// lookups in between.
+    /// error or a cancelled write): call it before the store is written. Each
+    /// shard is locked once per write, not once per key.
     pub(crate) fn begin_write<K: AsRef<[u8]>>(&self, keys: Vec<K>) -> WriteGuard<'_, V, K> {
         let mut by_shard = Vec::new();
         if self.enabled() {
@@ -419,16 +429,15 @@ impl<V: Weigh> Cache<V> {
     /// drops its keys, bumps its epoch and moves its write count by `delta`.
     fn touch<K: AsRef<[u8]>>(&self, keys: &[K], by_shard: &[(usize, u64, usize)], delta: i32) {
         for group in by_shard.chunk_by(|a, b| a.0 == b.0) {
-            let shard = group[0].0;
-            let mut t = self.table.write();
-            t.epoch[shard] += 1;
-            t.writing[shard] = t.writing[shard].saturating_add_signed(delta);
-            let before = t.bytes;
+            let mut shard = self.shards[group[0].0].lock();
+            shard.epoch += 1;
+            shard.writing = shard.writing.saturating_add_signed(delta);
+            let before = shard.bytes;
             for &(_, hash, i) in group {
-                t.remove(hash, keys[i].as_ref());
+                shard.remove(hash, keys[i].as_ref());
             }
-            let after = t.bytes;
-            drop(t);
+            let after = shard.bytes;
+            drop(shard);
             self.account(before, after);
         }
     }
@@ -576,11 +585,11 @@ mod tests {
         );
         c.insert(b"k", row(2), c.epoch(b"k"), now);
         assert!(matches!(c.get(b"k", now), Some(Hit::Fresh(Some(r))) if r.event_time == 2));
-        assert_eq!(c.table.read().writing.iter().sum::<u32>(), 0);
+        assert_eq!(c.shards.iter().map(|s| s.lock().writing).sum::<u32>(), 0);
     }
 
     #[test]
-    fn a_write_of_many_keys_locks_each_shard_once_and_ends_clean() {
+    fn a_write_counts_each_shard_once_and_ends_clean() {
         let c = Cache::new(1 << 20, Duration::from_secs(60));
         let now = Instant::now();
         let key = |i: u64| i.to_be_bytes();
@@ -588,7 +597,7 @@ mod tests {
             c.insert(&key(i), row(i as i64), c.epoch(&key(i)), now);
         }
         let guard = c.begin_write((0..100).map(key).collect::<Vec<_>>());
-        let writing: u32 = c.table.read().writing.iter().sum();
+        let writing: u32 = c.shards.iter().map(|s| s.lock().writing).sum();
         let touched = (0..100)
             .map(|i| Cache::<Cached>::shard_of(c.hash(&key(i))))
             .collect::<std::collections::HashSet<_>>();
@@ -600,13 +609,13 @@ mod tests {
         c.insert(&k, row(0), c.epoch(&k), now);
         assert!(c.get(&k, now).is_none());
         drop(guard);
-        assert_eq!(c.table.read().writing.iter().sum::<u32>(), 0);
+        assert_eq!(c.shards.iter().map(|s| s.lock().writing).sum::<u32>(), 0);
         c.insert(&k, row(0), c.epoch(&k), now);
         assert!(c.get(&k, now).is_some());
         // A cache of 0 bytes keeps no write state at all.
         let off: Cache = Cache::new(0, Duration::from_secs(1));
         drop(off.begin_write(vec![k.to_vec()]));
-        assert_eq!(off.table.read().epoch.iter().sum::<u64>(), 0);
+        assert_eq!(off.shards.iter().map(|s| s.lock().epoch).sum::<u64>(), 0);
     }
 
     #[test]
@@ -648,7 +657,7 @@ mod tests {
                 "key {i}"
             );
         }
-        let queued = c.table.read().order.len();
-        assert!(queued <= 2 * 100 + 16, "{queued}");
+        let queued: usize = c.shards.iter().map(|s| s.lock().order.len()).sum();
+        assert!(queued <= 2 * 100 + 16 * SHARDS, "{queued}");
     }
 }

@@ -18,6 +18,7 @@ fn args(addr: &str, model: &str) -> BenchArgs {
         model: model.to_owned(),
         rate: None,
         concurrency: 4,
+        connections: 2,
         threads: 1,
         seconds: None,
         requests: Some(300),

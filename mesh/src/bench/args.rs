@@ -38,6 +38,10 @@ pub struct BenchArgs {
     /// many requests outstanding. 1 to 10,000.
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
+    /// HTTP/2 connections to the mesh, 1 to --concurrency; the callers (closed
+    /// loop) or requests (open loop) take them in turn.
+    #[arg(long, default_value_t = 1)]
+    pub connections: usize,
     /// Threads of the load generator's runtime, 1 to 64. One, as h2load and wrk
     /// drive a connection, costs the least: on a machine shared with the server each
     /// more takes CPU from it and adds wake-ups between the threads (2 cores, 15,000
@@ -100,6 +104,7 @@ impl BenchArgs {
             ("--concurrency", self.concurrency, MAX_CONCURRENCY),
             ("--threads", self.threads, MAX_THREADS),
             ("--keys", self.keys, MAX_KEYS),
+            ("--connections", self.connections, self.concurrency.max(1)),
         ] {
             if !(1..=max).contains(&value) {
                 bail!("{flag} {value}: must be 1 to {max}");
@@ -181,6 +186,7 @@ pub(super) mod tests {
             ("--concurrency", "10000", "10001"),
             ("--threads", "64", "65"),
             ("--keys", "4096", "4097"),
+            ("--connections", "8", "9"),
         ] {
             parse(&[flag, max]).check().unwrap();
             for bad in ["0", over] {

@@ -353,6 +353,21 @@ impl Clients {
     }
 }
 
+impl Clients {
+    /// Clients of the same targets over a connection of their own.
+    pub async fn another(
+        &self,
+        addr: &str,
+        tls_ca: Option<&std::path::Path>,
+    ) -> anyhow::Result<Self> {
+        Ok(Self {
+            shape: self.shape.clone(),
+            lookup: self.lookup.clone(),
+            ..Self::connect(addr, tls_ca).await?
+        })
+    }
+}
+
 /// `msg` as a request with what is left of `--deadline-ms` since `intended` as its
 /// grpc-timeout; `None` when nothing is left (the bench itself fell behind).
 fn with_deadline<T>(msg: T, args: &BenchArgs, intended: Instant) -> Option<tonic::Request<T>> {
@@ -441,7 +456,7 @@ async fn one(
 /// Closed loop: `--concurrency` callers, each sending as soon as its last answer
 /// arrived, until `end` or `max_requests` were sent.
 pub async fn closed_loop(
-    clients: &Clients,
+    clients: &[Clients],
     args: &Arc<BenchArgs>,
     tally: &Arc<Mutex<Tally>>,
     end: Instant,
@@ -450,8 +465,12 @@ pub async fn closed_loop(
     let sent = Arc::new(AtomicU64::new(0));
     let workers: Vec<_> = (0..args.concurrency.max(1))
         .map(|w| {
-            let (mut c, tally, args, sent) =
-                (clients.clone(), tally.clone(), args.clone(), sent.clone());
+            let (mut c, tally, args, sent) = (
+                clients[w % clients.len()].clone(),
+                tally.clone(),
+                args.clone(),
+                sent.clone(),
+            );
             tokio::spawn(async move {
                 let mut rng = rand::rngs::StdRng::seed_from_u64(w as u64);
                 while Instant::now() < end {
@@ -533,7 +552,7 @@ impl Pacer {
 /// thread per request. A request whose time has passed (the pacer fell behind, or
 /// the outstanding limit held it) starts at once, its lag counted.
 pub async fn open_loop(
-    clients: &Clients,
+    clients: &[Clients],
     args: &Arc<BenchArgs>,
     tally: &Arc<Mutex<Tally>>,
     (started, end): (Instant, Instant),
@@ -545,7 +564,7 @@ pub async fn open_loop(
     let limit = Arc::new(tokio::sync::Semaphore::new(permits));
     let pacer = Pacer::new().context("the load generator's timer (timerfd)")?;
     let (clients, args, tally, pacer_limit) =
-        (clients.clone(), args.clone(), tally.clone(), limit.clone());
+        (clients.to_vec(), args.clone(), tally.clone(), limit.clone());
     // The requests' tasks are detached: each frees its memory when it ends. Join
     // handles kept to the end held every finished task's memory for the whole run
     // (385 MB at 11,000/s for 8 s, against 47-55 MB now; a million tasks at
@@ -563,7 +582,8 @@ pub async fn open_loop(
                 .await
                 .context("the load generator's timer")?;
             let permit = pacer_limit.clone().acquire_owned().await?;
-            let (mut c, tally, args) = (clients.clone(), tally.clone(), args.clone());
+            let c = &clients[(i % clients.len() as u64) as usize];
+            let (mut c, tally, args) = (c.clone(), tally.clone(), args.clone());
             tokio::spawn(async move {
                 let mut rng = rand::rngs::StdRng::seed_from_u64(i);
                 one(&mut c, &args, i, &mut rng, due, &tally).await;

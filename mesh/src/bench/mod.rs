@@ -40,6 +40,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         clients.lookup = Arc::new(load::LookupShape::fetch(&clients, &args.view).await?);
     }
     let max_requests = args.requests.unwrap_or(u64::MAX);
+    // `--connections` channels, the callers spread over them.
+    let mut conns = vec![clients.clone()];
+    for _ in 1..args.connections {
+        conns.push(clients.another(&args.addr, args.tls_ca.as_deref()).await?);
+    }
     let server_before = ServerStats::fetch(&clients, &args).await;
     let started = Instant::now();
     let tally = Arc::new(Mutex::new(
@@ -49,9 +54,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     let end = started + Duration::from_secs_f64(load_s);
     let progress = spawn_progress(tally.clone(), started);
     match args.rate {
-        None => load::closed_loop(&clients, &args, &tally, end, max_requests).await,
+        None => load::closed_loop(&conns, &args, &tally, end, max_requests).await,
         Some(rate) => {
-            load::open_loop(&clients, &args, &tally, (started, end), rate, max_requests).await?
+            load::open_loop(&conns, &args, &tally, (started, end), rate, max_requests).await?
         }
     }
     progress.abort();
