@@ -3,8 +3,10 @@
 #   1. the prediction log on vs off, Decide at 50 % of saturation   (bench/plog_bench.sh)
 #   2. overload at 1x, 2x, 4x of saturation with a 50 ms deadline   (bench/overload_bench.sh)
 #   3. OIP gRPC and REST against do-nothing servers                  (bench/oip_compare.sh)
-#   4. feature lookups in process and over gRPC, with a writer       (feature-store/benches/lookup.rs)
-#      against Redis MGET of the same shape                          (bench/redis_mget.sh)
+#   4. feature lookups in process, with a writer                     (feature-store/benches/lookup.rs)
+#      and over gRPC from another process (mesh serve --role features,
+#      mesh bench --target lookup) against Redis MGET of the same shape
+#      (redis-benchmark)                                             (bench/features_compare.sh)
 # plus the `mesh bench --html` report of a Decide run (the tails, per second).
 #
 #   bench/compare.sh                 (builds the release binaries it needs)
@@ -38,10 +40,10 @@ for p in $ONLY; do
             part "OIP transport: mesh against do-nothing servers"
             OUT=$OUT/oip bench/oip_compare.sh ;;
         features)
-            part "Feature store lookups (1M entities x 16 f32, a writer at 1,000 rows/s)"
-            cargo bench -q -p mesh-feature-store --bench lookup -- --seconds "${SECS:-4}" 2>/dev/null
-            echo "baseline in the same run (the grpc c=8 lines above):"
-            bench/redis_mget.sh ;;
+            part "Feature store lookups in process (1M entities x 16 f32, a writer at 1,000 rows/s)"
+            cargo bench -q -p mesh-feature-store --bench lookup -- --seconds "${SECS:-4}" --skip-grpc 2>/dev/null
+            part "Feature store lookups over gRPC against Redis MGET (1M entities x 16 f32)"
+            bench/features_compare.sh "$MESH_BIN" ;;
         *) echo "bench/compare.sh: unknown part '$p' (plog overload oip features)" >&2; exit 2 ;;
     esac
 done
