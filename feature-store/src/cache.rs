@@ -619,6 +619,48 @@ mod tests {
     }
 
     #[test]
+    fn get_many_answers_each_key_once_with_its_shards_epoch() {
+        let c: Cache<CachedBytes> = Cache::new(1 << 20, Duration::MAX);
+        let now = Instant::now();
+        let key = |i: u64| i.to_be_bytes();
+        // Even keys cached (odd ones stored as "not stored"), multiples of 3 never.
+        for i in (0..300u64).filter(|i| i % 3 != 0) {
+            let row = (i % 2 == 0).then(|| sled::IVec::from(&[i as u8; 40][..]));
+            c.insert(&key(i), row, c.epoch(&key(i)), now);
+        }
+        // A write under way on key 4's shard: its epoch is what a miss must carry.
+        let writing = c.begin_write(vec![key(4).to_vec()]);
+        let keys: Vec<[u8; 8]> = (0..300u64).rev().map(key).collect();
+        let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+        // Key 4's shard has been written (epoch 1), the others not (epoch 0).
+        let epochs: Vec<u64> = keys.iter().map(|k| c.epoch(k)).collect();
+        assert!(epochs.contains(&0) && epochs.contains(&1), "{epochs:?}");
+        let mut seen = vec![0; keys.len()];
+        c.get_many(&refs, now, |i, hit, epoch| {
+            seen[i] += 1;
+            let k = u64::from_be_bytes(keys[i]);
+            assert_eq!(epoch, epochs[i], "key {k}");
+            match hit {
+                None => assert!(k.is_multiple_of(3) || k == 4, "key {k} was cached"),
+                Some(Hit::Fresh(Some(b))) => {
+                    assert!(k.is_multiple_of(2) && !k.is_multiple_of(3), "key {k}");
+                    assert_eq!(b[..], [k as u8; 40], "key {k}");
+                }
+                Some(Hit::Fresh(None)) => assert!(k % 2 == 1 && !k.is_multiple_of(3), "key {k}"),
+                Some(Hit::Old(_)) => panic!("key {k}: nothing ages with an unbounded max_age"),
+            }
+        });
+        assert!(seen.iter().all(|n| *n == 1), "{seen:?}");
+        // The miss of key 4 came with the epoch of a write under way: refused.
+        let (None, epoch) = c.get_with_epoch(&key(4), now) else {
+            panic!("key 4 is being written")
+        };
+        c.insert(&key(4), None, epoch, now);
+        assert!(c.get(&key(4), now).is_none());
+        drop(writing);
+    }
+
+    #[test]
     fn size_bound_evicts_the_oldest() {
         let per_entry = ENTRY_OVERHEAD + 2 * 8 + row(0).unwrap().bytes();
         // Room for about 4 entries per shard.
