@@ -35,6 +35,8 @@ use crate::types::{Micros, Value};
 /// several in each shard it locks (their memory loads overlap under one hold),
 /// enough that a writer and two serving threads rarely meet on one.
 const SHARDS: usize = 16;
+/// Most keys [`Cache::get_many`] answers under one hold of a shard's lock.
+const GET_MANY_HOLD: usize = 64;
 /// Bookkeeping per entry (map slot, queue slot, Arc header), bytes.
 const ENTRY_OVERHEAD: usize = 96;
 /// An entry's estimate for a row of a few numeric features, bytes: the map and
@@ -266,7 +268,8 @@ impl<V: Weigh> Cache<V> {
         (hit, shard.epoch)
     }
 
-    /// Looks up `keys`, locking each shard once for its keys, and calls
+    /// Looks up `keys`, locking each shard once for its keys (once per
+    /// [`GET_MANY_HOLD`] of them, so that a writer waits for no more), and calls
     /// `each(i, hit, epoch)` for key `i` (in shard order, not key order) with its
     /// answer (a reference, valid during the call: nothing is cloned) and its
     /// shard's invalidation epoch. `each` runs under the shard's lock: it should be
@@ -286,7 +289,10 @@ impl<V: Weigh> Cache<V> {
             })
             .collect();
         by_shard.sort_unstable();
-        for group in by_shard.chunk_by(|a, b| a.0 == b.0) {
+        let groups = by_shard
+            .chunk_by(|a, b| a.0 == b.0)
+            .flat_map(|g| g.chunks(GET_MANY_HOLD));
+        for group in groups {
             let shard = self.shards[group[0].0].lock();
             // First every key's entry and its age, loading its row's bytes, so that
             // the misses of the next keys start while earlier ones are still waited
@@ -620,17 +626,19 @@ mod tests {
 
     #[test]
     fn get_many_answers_each_key_once_with_its_shards_epoch() {
-        let c: Cache<CachedBytes> = Cache::new(1 << 20, Duration::MAX);
+        let c: Cache<CachedBytes> = Cache::new(16 << 20, Duration::MAX);
         let now = Instant::now();
         let key = |i: u64| i.to_be_bytes();
+        // About 190 keys a shard: answered in several holds of its lock.
+        const N: u64 = 3_000;
         // Even keys cached (odd ones stored as "not stored"), multiples of 3 never.
-        for i in (0..300u64).filter(|i| i % 3 != 0) {
+        for i in (0..N).filter(|i| i % 3 != 0) {
             let row = (i % 2 == 0).then(|| sled::IVec::from(&[i as u8; 40][..]));
             c.insert(&key(i), row, c.epoch(&key(i)), now);
         }
         // A write under way on key 4's shard: its epoch is what a miss must carry.
         let writing = c.begin_write(vec![key(4).to_vec()]);
-        let keys: Vec<[u8; 8]> = (0..300u64).rev().map(key).collect();
+        let keys: Vec<[u8; 8]> = (0..N).rev().map(key).collect();
         let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
         // Key 4's shard has been written (epoch 1), the others not (epoch 0).
         let epochs: Vec<u64> = keys.iter().map(|k| c.epoch(k)).collect();

@@ -623,6 +623,8 @@ fn read_misses(inner: &Inner, plan: &Plan, p: &mut Pending, now: Micros) -> Resu
     let keybuf = &p.keybuf;
     p.misses
         .sort_unstable_by(|a, b| keybuf[a.key.clone()].cmp(&keybuf[b.key.clone()]));
+    // An entry's age counts from before the read, as the row it holds may.
+    let filled = Instant::now();
     let mut read = Vec::with_capacity(if caching { p.misses.len() } else { 0 });
     for miss in &p.misses {
         let key = &keybuf[miss.key.clone()];
@@ -637,7 +639,7 @@ fn read_misses(inner: &Inner, plan: &Plan, p: &mut Pending, now: Micros) -> Resu
     }
     if caching {
         // Under one hold of the cache's lock.
-        sled.cache.insert_many(read, Instant::now());
+        sled.cache.insert_many(read, filled);
         m::record_cache(p.hits, p.misses.len() as u64);
         m::record_cache_bytes(sled.cache.bytes());
     }
