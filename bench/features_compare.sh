@@ -18,6 +18,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MESH_BIN=${1:-${MESH_BIN:-${CARGO_TARGET_DIR:-target}/release/mesh}}
 [ -x "$MESH_BIN" ] || { echo "features_compare.sh: no mesh binary at $MESH_BIN (cargo build --release -p mesh)" >&2; exit 1; }
+# The baseline's tools, checked before the minute of loading and lookups.
+for tool in redis-server redis-benchmark redis-cli python3; do
+    command -v $tool >/dev/null || { echo "features_compare.sh: $tool missing (apt-get install redis-server)" >&2; exit 1; }
+done
 ENTITIES=${ENTITIES:-1000000}
 SECS=${SECS:-5}
 CONNS=${CONNS:-8}
