@@ -16,7 +16,10 @@
 //!    With `--cache-ab`, only this: 100 keys in process and over gRPC with a row
 //!    cache of a quarter of the entities, then with none, twice, alternating.
 //! 3. Over gRPC (server and clients in this process, on 127.0.0.1): 8 concurrent
-//!    callers, 10 and 100 keys per call, same writer; throughput and p50/p99. With
+//!    callers, 10 and 100 keys per call, same writer; throughput and p50/p99. The
+//!    callers' decoding shares the server's runtime and cores here: for the
+//!    comparison with Redis, `bench/features_compare.sh` drives `mesh serve --role
+//!    features` from another process (`mesh bench --target lookup`). With
 //!    every entity cached, 100 keys also with `event_times_per_view` (each view's
 //!    event times once instead of in each of the 16 columns).
 use std::num::NonZeroUsize;
