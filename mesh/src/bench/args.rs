@@ -60,7 +60,8 @@ pub struct BenchArgs {
     /// answers: model answers that arrived within it.
     #[arg(long, value_name = "MS")]
     pub deadline_ms: Option<u64>,
-    /// Entity key range for Decide (card_id 1..=N, merchant m000001..).
+    /// Entity key range for Decide and Lookup (int64 keys, e.g. card_id, 1..=N;
+    /// merchants m000001..=--merchants).
     #[arg(long, default_value_t = 10_000)]
     pub cards: i64,
     #[arg(long, default_value_t = 1_000)]
