@@ -5,7 +5,7 @@
 #   mesh serve --role features   <- mesh bench --target lookup   (1 thread, 8 callers)
 #   redis-server                 <- redis-benchmark MGET          (1 thread, 8 connections)
 #
-# Both hold 1M entities of 16 f32 (64 bytes); each call names 100 (then 10) random
+# Both hold 1M entities of 16 f32 (64 packed bytes a key in Redis); each call names 100 (then 10) random
 # keys. The mesh runs twice: sled alone (the default), and with a row cache sized for
 # every entity (`[features] cache_max_bytes`), as Redis holds every key in memory.
 # Unlike feature-store/benches/lookup.rs (server and callers in one process, a
@@ -13,7 +13,8 @@
 #
 #   bench/features_compare.sh [MESH_BIN]     (needs redis-server and redis-tools)
 #
-# ENTITIES (1000000), SECS per figure (5), CONNS (8).
+# ENTITIES (1000000; bench/redis_mget.sh always loads 1M keys, so keep it for the
+# comparison), SECS per figure (5), CONNS (8).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MESH_BIN=${1:-${MESH_BIN:-${CARGO_TARGET_DIR:-target}/release/mesh}}
@@ -90,6 +91,8 @@ EOF
     "$MESH_BIN" serve --role features --config "$DIR/mesh.toml" >"$DIR/serve.log" 2>&1 &
     spid=$!
     for _ in $(seq 150); do (exec 3<>/dev/tcp/127.0.0.1/"$gport") 2>/dev/null && break; sleep 0.2; done
+    (exec 3<>/dev/tcp/127.0.0.1/"$gport") 2>/dev/null ||
+        { echo "features_compare.sh: mesh serve did not start:" >&2; tail -5 "$DIR/serve.log" >&2; exit 1; }
     if [ "$cache" = 0 ]; then
         label="sled, no row cache"
         # Warm sled's page cache as the Redis run has its keys in memory.
