@@ -55,29 +55,49 @@ pub(crate) async fn lookup(
     let mut keys: Vec<Vec<u8>> = Vec::new();
     let mut misses: Vec<Miss> = Vec::new();
     let mut hits = 0u64;
+    // Every key first, then the cache's answers for all of them at once (each
+    // shard locked once: see `Cache::get_many`).
+    let mut all: Vec<(usize, usize, Vec<u8>)> = Vec::with_capacity(n * plan.groups.len());
     for (gi, g) in plan.groups.iter().enumerate() {
         let v = &inner.views[g.view];
         let col = &req.entities[g.key_column].1;
         for i in 0..n {
             let mut k = Vec::with_capacity(24);
             entity_key(prefix, v.id, col.key_ref(i), &mut k);
-            match r.cache.get_with_epoch(&k, started) {
-                (Some(Hit::Fresh(cached)), _) => {
-                    hits += 1;
-                    if let Some(row) = cached {
-                        fill_decoded(v, g, &mut cols, i, &row, now, false)?;
+            all.push((gi, i, k));
+        }
+    }
+    let refs: Vec<&[u8]> = all.iter().map(|(_, _, k)| &k[..]).collect();
+    let mut failed = None;
+    let mut missed = Vec::new();
+    r.cache.get_many(&refs, started, |j, hit, epoch| {
+        let (gi, i, _) = &all[j];
+        match hit {
+            Some(Hit::Fresh(cached)) => {
+                hits += 1;
+                if let Some(row) = cached {
+                    let g = &plan.groups[*gi];
+                    let v = &inner.views[g.view];
+                    if let Err(e) = fill_decoded(v, g, &mut cols, *i, row, now, false) {
+                        failed.get_or_insert(e);
                     }
                 }
-                (_, epoch) => {
-                    misses.push(Miss {
-                        group: gi,
-                        row: i,
-                        epoch,
-                    });
-                    keys.push(k);
-                }
             }
+            // An old entry answers only when Redis fails: ask Redis.
+            _ => missed.push((j, epoch)),
         }
+    });
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    for (j, epoch) in missed {
+        let (group, row, key) = &mut all[j];
+        misses.push(Miss {
+            group: *group,
+            row: *row,
+            epoch,
+        });
+        keys.push(std::mem::take(key));
     }
     m::record_cache(hits, misses.len() as u64);
 
