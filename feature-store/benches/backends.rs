@@ -206,6 +206,10 @@ async fn main() -> Result<()> {
         o.lookup_budget = Duration::from_secs(1);
         if cache {
             o.cache_max_age = Duration::from_secs(3600);
+            // Room for every entity (a decoded row of 16 f32 is estimated at about
+            // 650 bytes): the default 64 MiB held about half of 200k, and the
+            // line said "all hits" of a cache that sent half of its keys to Redis.
+            o.cache_max_bytes = n as usize * 1024;
         } else {
             o.cache_max_bytes = 0;
         }
