@@ -6,7 +6,7 @@ mod common;
 use common::record;
 use mesh_prediction_log::{
     parquet_files, read_all, read_parquet, recover, wal_files, FeatureLogging, LogConfig,
-    PredictionLog, ReadOptions, Role, Tailer,
+    PredictionLog, PredictionLogHandle, ReadOptions, Role, Tailer,
 };
 use std::collections::HashSet;
 use std::time::Duration;
@@ -15,6 +15,15 @@ fn cfg(dir: &std::path::Path) -> LogConfig {
     let mut c = LogConfig::new(dir);
     c.flush_interval = Duration::from_millis(20);
     c
+}
+
+/// Records `ids` as primary predictions of version 1, each waited for.
+async fn record_primary(log: &PredictionLogHandle, ids: std::ops::Range<u64>) {
+    for i in ids {
+        log.record_wait(record(i, "1", Role::Primary))
+            .await
+            .unwrap();
+    }
 }
 
 #[tokio::test]
@@ -203,11 +212,7 @@ async fn feature_logging_modes() {
         let mut c = cfg(dir.path());
         c.features = mode;
         let (log, writer) = PredictionLog::start(c).unwrap();
-        for i in 0..100 {
-            log.record_wait(record(i, "1", Role::Primary))
-                .await
-                .unwrap();
-        }
+        record_primary(&log, 0..100).await;
         log.shutdown().await.unwrap();
         writer.join().unwrap();
         let back = read_all(dir.path(), ReadOptions::default()).unwrap();
@@ -284,11 +289,7 @@ async fn tail_follows_across_rolls_without_gaps_or_duplicates() {
     let mut c = cfg(dir.path());
     c.segment_max_bytes = 8_000;
     let (log, writer) = PredictionLog::start(c).unwrap();
-    for i in 0..50 {
-        log.record_wait(record(i, "1", Role::Primary))
-            .await
-            .unwrap();
-    }
+    record_primary(&log, 0..50).await;
     log.flush().await.unwrap();
     let (mut tailer, backlog) = Tailer::start(dir.path(), 5).unwrap();
     let ids: Vec<&str> = backlog.iter().map(|r| r.request_id.as_str()).collect();
@@ -442,11 +443,7 @@ async fn threads_of_a_log(
 ) -> Vec<(String, Vec<i64>)> {
     let dir = c.dir.clone();
     let (log, writer) = PredictionLog::start(c).unwrap();
-    for i in 0..100 {
-        log.record_wait(record(i, "1", Role::Primary))
-            .await
-            .unwrap();
-    }
+    record_primary(&log, 0..100).await;
     log.flush().await.unwrap();
     let found = log_threads(&[NICE, POLICY], want).await;
     log.shutdown().await.unwrap();
@@ -529,11 +526,7 @@ async fn an_encoder_kept_behind_loses_no_record() {
     c.segment_max_bytes = 64 << 10;
     let (log, writer) = PredictionLog::start(c).unwrap();
     let n = 5_000u64;
-    for i in 0..n {
-        log.record_wait(record(i, "1", Role::Primary))
-            .await
-            .unwrap();
-    }
+    record_primary(&log, 0..n).await;
     let stats = log.shutdown().await.unwrap();
     writer.join().unwrap();
     assert_eq!(stats.written, n);
