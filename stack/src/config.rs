@@ -18,7 +18,7 @@
 //! max_attempts = 3              # first try included; 1..=3
 //! retry_model_faults = false
 //! max_in_flight = 1024          # more concurrent model calls are shed
-//! buffer_capacity = 0           # 0 = max_in_flight
+//! buffer_capacity = 0           # calls waiting for a ready replica; 0 = max_in_flight
 //! load_default_rtt = "5ms"      # p2c: assumed latency of a replica not yet measured
 //! load_decay = "10s"            # p2c: how fast a latency peak is forgotten
 //!
@@ -62,7 +62,8 @@ pub struct StackConfig {
     /// Model calls allowed in flight through this stack; the next one is shed
     /// with `Overloaded`. Default 1024.
     pub max_in_flight: usize,
-    /// Requests that may wait for a ready replica in front of the balancer.
+    /// Requests that may wait for a ready replica in front of the balancer;
+    /// the next one is refused at once with `Overloaded`.
     /// Defaults to `max_in_flight` (0 means "same as max_in_flight").
     pub buffer_capacity: usize,
     /// Latency assumed for a replica before any answer was seen (p2c load
@@ -100,7 +101,7 @@ impl Default for StackConfig {
 }
 
 impl StackConfig {
-    /// Buffer capacity with the `0 = max_in_flight` rule applied.
+    /// `buffer_capacity` with the `0 = max_in_flight` rule applied.
     pub fn effective_buffer_capacity(&self) -> usize {
         if self.buffer_capacity == 0 {
             self.max_in_flight.max(1)

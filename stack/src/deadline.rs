@@ -4,7 +4,7 @@
 //! `min(arrival + grpc-timeout, arrival + [decisions] deadline)`.
 //!
 //! tower's `Timeout` times only the response future, not `poll_ready`. Here
-//! the wait for readiness of everything below (buffer slot, a ready replica)
+//! the wait for readiness of everything below (a ready replica)
 //! happens *inside* the timed future (`Oneshot` of a clone of the inner
 //! service), so `poll_ready` of this layer is always ready and the deadline
 //! covers the whole call. The deadline is checked before the inner future is

@@ -1,7 +1,7 @@
 //! The one error type of the model-call stack and its classification.
 //!
 //! Every layer of the stack fails with a [`StackError`]. Layers that tower
-//! boxes (the p2c balancer, the buffer) box a `StackError`, and
+//! boxes (the p2c balancer, the retry layer) box a `StackError`, and
 //! [`StackError::from_boxed`] gets it back out again.
 //!
 //! The router maps [`ErrorKind`] to a gRPC status in one place:
@@ -25,11 +25,14 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 #[derive(Debug, thiserror::Error)]
 pub enum StackError {
     /// The stack itself shed the request: `max_in_flight` calls were already
-    /// running. Never retried (retrying overload only adds to it).
-    #[error("overloaded: {in_flight} model calls already in flight")]
+    /// running, or `buffer_capacity` calls were already waiting for a ready
+    /// replica. Never retried (retrying overload only adds to it).
+    #[error("overloaded: {in_flight} model calls already {what}")]
     Overloaded {
         /// The configured limit that was reached.
         in_flight: usize,
+        /// Which limit: "in flight" or "waiting for a ready replica".
+        what: &'static str,
     },
 
     /// The request's overall deadline passed (or had passed on arrival).
@@ -66,7 +69,7 @@ pub enum StackError {
     #[error("model fault: {0}")]
     ModelFault(#[source] BoxError),
 
-    /// A bug or broken invariant inside the stack (e.g. the buffer worker died).
+    /// A bug or broken invariant inside the stack.
     #[error("internal stack error: {0}")]
     Internal(String),
 
@@ -141,20 +144,11 @@ impl StackError {
     }
 
     /// Gets a `StackError` back from a boxed error; anything else (which no
-    /// layer of this crate produces) becomes [`StackError::Internal`], except
-    /// the buffer's "worker closed" errors, which mean the balancer is gone.
+    /// layer of this crate produces) becomes [`StackError::Internal`].
     pub fn from_boxed(err: BoxError) -> StackError {
         match err.downcast::<StackError>() {
             Ok(e) => *e,
-            Err(other) => {
-                if other.is::<tower::buffer::error::Closed>()
-                    || other.is::<tower::buffer::error::ServiceError>()
-                {
-                    StackError::NoReplica("balancer stopped")
-                } else {
-                    StackError::Internal(other.to_string())
-                }
-            }
+            Err(other) => StackError::Internal(other.to_string()),
         }
     }
 
@@ -195,7 +189,11 @@ mod tests {
     fn kinds_map_to_the_documented_codes() {
         let boxed = || -> BoxError { "x".into() };
         assert_eq!(
-            StackError::Overloaded { in_flight: 1 }.kind(),
+            StackError::Overloaded {
+                in_flight: 1,
+                what: "in flight"
+            }
+            .kind(),
             ErrorKind::Overloaded
         );
         assert_eq!(

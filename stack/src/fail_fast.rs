@@ -1,7 +1,7 @@
 //! Fail fast when no replica can take a request.
 //!
 //! The p2c balancer returns `Pending` from `poll_ready` while no replica is
-//! ready, and requests would wait in the buffer until their deadline. That is
+//! ready, and requests would wait for it until their deadline. That is
 //! right when replicas are merely busy, wrong when every replica's breaker is
 //! open (or there is no replica): then this gate becomes ready and fails the
 //! call at once with [`StackError::NoReplica`] (UNAVAILABLE), so the router
@@ -9,9 +9,8 @@
 //! transition wakes it, so it stops failing as soon as a breaker lets a probe
 //! through.
 //!
-//! It never returns an error from `poll_ready` (tower's `Buffer`, above it,
-//! would fail for good): an error from the balancer is turned into a failed
-//! call instead.
+//! It never returns an error from `poll_ready`: an error from the balancer is
+//! turned into a failed call instead, with the stack's own error type.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -19,6 +19,7 @@ pub mod fail_fast;
 pub mod load;
 pub mod metrics;
 pub mod retry;
+pub mod shared;
 pub mod shed;
 mod stack;
 pub mod timeout;

@@ -14,8 +14,9 @@
 //! The retry is sent at once, back through the p2c balancer, which usually
 //! picks another replica (the failed one is loaded or its breaker is open).
 //! The layer sits under the deadline layer, so a retry can never outlive the
-//! request's deadline, and over the balancer, which is shared through a
-//! `Buffer` because tower's `Retry` needs a `Clone` inner service.
+//! request's deadline, and over the balancer, which is shared through
+//! [`crate::shared::Shared`] because tower's `Retry` needs a `Clone` inner
+//! service.
 
 use std::sync::Arc;
 
@@ -159,7 +160,14 @@ mod tests {
         let mut p = policy(1.0, 100);
         let now = Instant::now();
         let later = now + Duration::from_secs(1);
-        assert!(!p.should_retry(&StackError::Overloaded { in_flight: 1 }, later, now));
+        assert!(!p.should_retry(
+            &StackError::Overloaded {
+                in_flight: 1,
+                what: "in flight"
+            },
+            later,
+            now
+        ));
         assert!(!p.should_retry(&StackError::DeadlineExceeded, later, now));
         assert!(!p.should_retry(&StackError::NoReplica("x"), later, now));
         assert!(!p.should_retry(&StackError::ModelFault("nan".into()), later, now));

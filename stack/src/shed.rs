@@ -140,6 +140,7 @@ where
             Some(f) => f.poll(cx).map_err(Into::into),
             None => Poll::Ready(Err(StackError::Overloaded {
                 in_flight: *this.limit,
+                what: "in flight",
             })),
         }
     }

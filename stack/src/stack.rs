@@ -4,7 +4,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tokio::time::Instant;
-use tower::buffer::Buffer;
 use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceBuilder};
 
@@ -15,6 +14,7 @@ use crate::config::StackConfig;
 use crate::deadline::HasDeadline;
 use crate::discover::{replica_set, EndpointBuilder, ReplicaUpdates};
 use crate::error::StackError;
+use crate::shared::Shared;
 use crate::{balance, deadline, fail_fast, retry, shed, ReplicaId};
 
 /// The composed stack: a cheap-to-clone, `Send + Sync` service.
@@ -81,7 +81,7 @@ pub type StackWithUpdates<S, Req> = (
 
 /// Builds the stack over the replicas of one model version.
 ///
-/// Must be called inside a tokio runtime (the balancer runs in a buffer task).
+/// Must be called inside a tokio runtime (the breakers' timers are tokio's).
 /// The request type carries its deadline and is cloned for retries (make it
 /// cheap to clone, e.g. tensors behind an `Arc`). Replica errors convert into
 /// [`StackError`], which is where the router says what kind of failure a
@@ -125,30 +125,31 @@ where
 
     // The balanced half, outside in:
     //   fail-fast gate -> p2c balance over the replicas
-    // behind a Buffer, because retry needs a Clone inner service and p2c is
-    // not Clone. Nothing under the Buffer returns an error from poll_ready
-    // (Buffer would then fail every later request).
+    // shared by every clone of the stack (`shared::Shared`: a mutex, no task
+    // of its own), because retry needs a Clone inner service and p2c is not
+    // Clone. The fail-fast gate turns "no replica can take it" into a failed
+    // call instead of a wait until the deadline.
     let balanced = ServiceBuilder::new()
         .layer(fail_fast::layer(registry.clone()))
         .layer(balance::layer::<Req>(cfg.balance_seed))
         .service(replicas);
-    let buffered = Buffer::new(balanced, cfg.effective_buffer_capacity());
+    let shared = Shared::new(balanced, cfg.effective_buffer_capacity());
 
     // The whole stack, outside in:
     //   shed      - at most max_in_flight calls, else Overloaded at once; never
     //               retried, costs nothing
     //   deadline  - nothing is answered after the request's deadline; it also
-    //               bounds the wait for a buffer slot / ready replica, which
-    //               tower's Timeout would not
+    //               bounds the wait for a ready replica, which tower's
+    //               Timeout would not
     //   retry     - retryable errors only, at most 3 attempts, only before the
     //               deadline, only within the retry budget; each retry goes
     //               back through p2c, so usually to another replica
-    //   [buffer -> fail-fast -> p2c -> breaker -> per-try timeout -> replica]
+    //   [shared -> fail-fast -> p2c -> breaker -> per-try timeout -> replica]
     let svc = ServiceBuilder::new()
         .layer(shed::layer(cfg.max_in_flight))
         .layer(deadline::layer())
         .layer(retry::layer(budget.clone(), cfg))
-        .service(buffered);
+        .service(shared);
 
     Ok((
         ModelCallStack {

@@ -354,7 +354,7 @@ async fn sheds_with_overloaded_when_saturated() {
         .await
         .unwrap_err();
     assert!(
-        matches!(err, StackError::Overloaded { in_flight: 2 }),
+        matches!(err, StackError::Overloaded { in_flight: 2, .. }),
         "{err}"
     );
     assert_eq!(err.kind(), ErrorKind::Overloaded);
