@@ -9,7 +9,9 @@
 #
 #   bench/plog_bench.sh [MESH_BIN]       (default $MESH_BIN, else $CARGO_TARGET_DIR/release/mesh)
 #
-# Settings (environment): SECS=10 seconds per run, ROUNDS=2, PCT=50 (% of saturation),
+# Settings (environment): SECS=10 seconds per run, ROUNDS=2, WARMUP=2 (seconds of the
+# same open loop, in the same bench process, before each measured run: `mesh bench
+# --warmup`), PCT=50 (% of saturation),
 # RATE (skip the saturation run and use this rate), CONCURRENCY=32 (most outstanding
 # requests of the open loop; callers of the saturation run), PORT=18731 (gRPC; HTTP is
 # PORT-1; both must be free), OUT (directory for the raw output; default a new temp
@@ -25,6 +27,7 @@ OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
 SECS=${SECS:-10}
 ROUNDS=${ROUNDS:-2}
+WARMUP=${WARMUP:-2}
 PCT=${PCT:-50}
 CONCURRENCY=${CONCURRENCY:-32}
 PORT=${PORT:-18731}
@@ -109,7 +112,7 @@ for r in $(seq "$ROUNDS"); do
         serve "$name" "$mode"
         bench "$name-warmup" 2 --concurrency 8
         read -r cpu0 log0 < <(cpu)
-        bench "$name" "$SECS" --rate "$RATE" --concurrency "$CONCURRENCY"
+        bench "$name" "$SECS" --rate "$RATE" --concurrency "$CONCURRENCY" --warmup "$WARMUP"
         read -r cpu1 log1 < <(cpu)
         sleep 0.5 # one flush tick, so the written count is current
         printf '{"mode": "%s", "dropped": %s, "written": %s, "cpu_s": %s, "log_cpu_s": %s}\n' "$mode" \

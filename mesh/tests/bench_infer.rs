@@ -1,10 +1,11 @@
 //! `mesh bench --target infer` against a real mesh serving the example models: the
 //! rows it sends follow each model's metadata (34 values with integer codes in the
 //! categorical columns for the XGBoost model, 32 for the MLP), so every request
-//! answers OK; an unknown model is named before any load is sent.
+//! answers OK, sent by the bench's own client and by tonic's; an unknown model is
+//! named before any load is sent.
 #![allow(clippy::unwrap_used)]
 
-use mesh::bench::{BenchArgs, Target};
+use mesh::bench::{BenchArgs, GrpcClient, Target};
 use mesh_router::config::ServerConfig;
 
 mod common;
@@ -19,8 +20,11 @@ fn args(addr: &str, model: &str) -> BenchArgs {
         rate: None,
         concurrency: 4,
         connections: 2,
+        grpc_client: GrpcClient::Lean,
         threads: 1,
         seconds: None,
+        warmup: 0.0,
+        warming_up: false,
         requests: Some(300),
         cards: 10,
         merchants: 10,
@@ -32,6 +36,24 @@ fn args(addr: &str, model: &str) -> BenchArgs {
         event_times_per_view: false,
         decode_values: false,
     }
+}
+
+/// Rows the server has answered for fraud_mlp (OIP ModelStatistics).
+async fn inferences(addr: &str) -> u64 {
+    use mesh_proto::inference as oip;
+    let mut c =
+        oip::grpc_inference_service_client::GrpcInferenceServiceClient::connect(addr.to_owned())
+            .await
+            .unwrap();
+    let stats = c
+        .model_statistics(oip::ModelStatisticsRequest {
+            name: "fraud_mlp".into(),
+            version: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    stats.model_stats.iter().map(|m| m.inference_count).sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -46,15 +68,22 @@ async fn infer_rows_are_sized_from_the_models_metadata() {
     let server = mesh_router::server::start(&cfg).await.unwrap();
     let addr = format!("http://{}", server.grpc_addr);
     for model in ["fraud_xgb", "fraud_lgbm", "fraud_mlp"] {
-        let report = mesh::bench::run(args(&addr, model)).await.unwrap();
-        assert_eq!(report.requests, 300, "{model}");
-        assert_eq!(
-            report.codes.into_iter().collect::<Vec<_>>(),
-            [("OK".to_string(), 300)],
-            "{model}"
-        );
-        // The server computed them: its statistics are in the report.
-        assert!(report.stages_us.contains_key("compute_infer"), "{model}");
+        for grpc_client in [GrpcClient::Lean, GrpcClient::Tonic] {
+            let report = mesh::bench::run(BenchArgs {
+                grpc_client,
+                ..args(&addr, model)
+            })
+            .await
+            .unwrap();
+            assert_eq!(report.requests, 300, "{model} {grpc_client:?}");
+            assert_eq!(
+                report.codes.into_iter().collect::<Vec<_>>(),
+                [("OK".to_string(), 300)],
+                "{model} {grpc_client:?}"
+            );
+            // The server computed them: its statistics are in the report.
+            assert!(report.stages_us.contains_key("compute_infer"), "{model}");
+        }
     }
     // The open loop, paced on a timerfd: every request sent and answered, on
     // schedule (a pacer that sent them all at once would end well before 0.2 s).
@@ -67,6 +96,20 @@ async fn infer_rows_are_sized_from_the_models_metadata() {
     assert_eq!(report.requests, 400);
     assert_eq!(report.codes.get("OK"), Some(&400), "{:?}", report.codes);
     assert!(report.seconds >= 0.199, "{}", report.seconds);
+    // A warm-up sends the same load first and leaves it out of the report: the
+    // server answered about 500 more than the 400 reported.
+    let before = inferences(&addr).await;
+    let warmed = BenchArgs {
+        rate: Some(2_000.0),
+        requests: Some(400),
+        warmup: 0.25,
+        ..args(&addr, "fraud_mlp")
+    };
+    let report = mesh::bench::run(warmed).await.unwrap();
+    assert_eq!(report.requests, 400);
+    assert_eq!(report.codes.get("OK"), Some(&400), "{:?}", report.codes);
+    let served = inferences(&addr).await - before;
+    assert!((850..=950).contains(&served), "{served}");
     let e = mesh::bench::run(args(&addr, "nope")).await.unwrap_err();
     assert!(e.to_string().contains("ModelMetadata of 'nope'"), "{e:#}");
     server.shutdown().await;

@@ -11,8 +11,14 @@ use mesh_proto::mesh::v1 as pb;
 use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
 
-use super::args::{BenchArgs, Target};
+use super::args::{BenchArgs, GrpcClient, Target};
 use super::tally::Tally;
+use super::unary;
+
+/// The methods the bench calls.
+const DECIDE: &str = "/mesh.v1.Decisions/Decide";
+const INFER: &str = "/inference.GRPCInferenceService/ModelInfer";
+const LOOKUP: &str = "/mesh.v1.FeatureStore/GetOnlineFeatures";
 
 fn decide_request(rng: &mut impl Rng, i: u64, args: &BenchArgs) -> pb::DecideRequest {
     let card = rng.random_range(1..=args.cards.max(1));
@@ -22,7 +28,11 @@ fn decide_request(rng: &mut impl Rng, i: u64, args: &BenchArgs) -> pb::DecideReq
         .collect();
     features.insert("amount".into(), rng.random::<f64>() * 500.0);
     pb::DecideRequest {
-        request_id: format!("bench-{i}"),
+        request_id: if args.warming_up {
+            format!("bench-warmup-{i}")
+        } else {
+            format!("bench-{i}")
+        },
         model: args.model.clone(),
         entities: [
             (
@@ -281,7 +291,7 @@ async fn lookup_statuses(
     grpc.ready()
         .await
         .map_err(|e| tonic::Status::unavailable(format!("connection not ready: {e}")))?;
-    let path = http::uri::PathAndQuery::from_static("/mesh.v1.FeatureStore/GetOnlineFeatures");
+    let path = http::uri::PathAndQuery::from_static(LOOKUP);
     let codec = tonic_prost::ProstCodec::<pb::GetOnlineFeaturesRequest, LookupStatuses>::default();
     Ok(grpc.unary(req, path, codec).await?.into_inner())
 }
@@ -318,6 +328,9 @@ pub struct Clients {
     features: pb::feature_store_client::FeatureStoreClient<tonic::transport::Channel>,
     /// The same channel, for calls whose answer the bench reads its own way.
     grpc: tonic::client::Grpc<tonic::transport::Channel>,
+    /// The same channel, for calls sent as one HEADERS and one DATA frame
+    /// (`--grpc-client lean`, [`super::unary`]).
+    channel: tonic::transport::Channel,
     /// The Infer target's rows (read from the model before the load starts).
     pub shape: Arc<InferShape>,
     /// The Lookup target's request (read from the view before the load starts).
@@ -346,7 +359,8 @@ impl Clients {
                 channel.clone(),
             ),
             features: pb::feature_store_client::FeatureStoreClient::new(channel.clone()),
-            grpc: tonic::client::Grpc::new(channel),
+            grpc: tonic::client::Grpc::new(channel.clone()),
+            channel,
             shape: Arc::default(),
             lookup: Arc::default(),
         })
@@ -400,24 +414,38 @@ async fn one(
     // Taken before the request is built and sent; recorded with the answer, under
     // the one lock of the tally per request.
     let lag_us = intended.elapsed().as_micros() as u64;
+    let lean = args.grpc_client == GrpcClient::Lean;
     let (code, source, timings) = match args.target {
         Target::Decide => match with_deadline(decide_request(rng, i, args), args, intended) {
             None => not_sent(),
-            Some(req) => match c.decide.decide(req).await {
-                Ok(r) => {
-                    let r = r.into_inner();
-                    ("OK".to_owned(), Some(source_name(r.source)), r.timings)
+            Some(req) => {
+                let answer = if lean {
+                    unary::call::<_, pb::DecideResponse>(&c.channel, DECIDE, req).await
+                } else {
+                    c.decide.decide(req).await.map(tonic::Response::into_inner)
+                };
+                match answer {
+                    Ok(r) => ("OK".to_owned(), Some(source_name(r.source)), r.timings),
+                    Err(s) => (format!("{:?}", s.code()), None, None),
                 }
-                Err(s) => (format!("{:?}", s.code()), None, None),
-            },
+            }
         },
         Target::Infer => {
             match with_deadline(infer_request(rng, &args.model, &c.shape), args, intended) {
                 None => not_sent(),
-                Some(req) => match c.infer.model_infer(req).await {
-                    Ok(_) => ("OK".to_owned(), None, None),
-                    Err(s) => (format!("{:?}", s.code()), None, None),
-                },
+                Some(req) => {
+                    let answer = if lean {
+                        unary::call::<_, oip::ModelInferResponse>(&c.channel, INFER, req)
+                            .await
+                            .map(drop)
+                    } else {
+                        c.infer.model_infer(req).await.map(drop)
+                    };
+                    match answer {
+                        Ok(()) => ("OK".to_owned(), None, None),
+                        Err(s) => (format!("{:?}", s.code()), None, None),
+                    }
+                }
             }
         }
         Target::Lookup => {
@@ -425,7 +453,15 @@ async fn one(
             match with_deadline(lookup_request(rng, &shape, args), args, intended) {
                 None => not_sent(),
                 Some(req) => {
-                    let answered = if args.decode_values {
+                    let answered = if lean && args.decode_values {
+                        unary::call::<_, pb::GetOnlineFeaturesResponse>(&c.channel, LOOKUP, req)
+                            .await
+                            .map(|r| lookup_answered(&r, &shape, args.keys))
+                    } else if lean {
+                        unary::call::<_, LookupStatuses>(&c.channel, LOOKUP, req)
+                            .await
+                            .map(|r| statuses_answered(&r, &shape, args.keys))
+                    } else if args.decode_values {
                         c.features
                             .get_online_features(req)
                             .await

@@ -21,8 +21,9 @@ pub mod html;
 mod load;
 pub mod report;
 mod tally;
+mod unary;
 
-pub use args::{BenchArgs, Target};
+pub use args::{BenchArgs, GrpcClient, Target};
 pub use report::{Bucket, Report, Window};
 
 use load::{Clients, ServerStats};
@@ -45,20 +46,27 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     for _ in 1..args.connections {
         conns.push(clients.another(&args.addr, args.tls_ca.as_deref()).await?);
     }
+    if args.warmup > 0.0 {
+        let warmup = Arc::new(BenchArgs {
+            warming_up: true,
+            ..args.clone()
+        });
+        let started = Instant::now();
+        let tally = Arc::new(Mutex::new(
+            Tally::new(started, args.warmup)?.with_deadline(args.deadline()),
+        ));
+        eprint!("warm-up, {} s, not counted ... ", args.warmup);
+        load(&conns, &warmup, &tally, (started, args.warmup), u64::MAX).await?;
+        eprintln!("done");
+    }
     let server_before = ServerStats::fetch(&clients, &args).await;
     let started = Instant::now();
     let tally = Arc::new(Mutex::new(
         Tally::new(started, load_s)?.with_deadline(args.deadline()),
     ));
     let args = Arc::new(args);
-    let end = started + Duration::from_secs_f64(load_s);
     let progress = spawn_progress(tally.clone(), started);
-    match args.rate {
-        None => load::closed_loop(&conns, &args, &tally, end, max_requests).await,
-        Some(rate) => {
-            load::open_loop(&conns, &args, &tally, (started, end), rate, max_requests).await?
-        }
-    }
+    load(&conns, &args, &tally, (started, load_s), max_requests).await?;
     progress.abort();
     eprintln!();
     let secs = started.elapsed().as_secs_f64();
@@ -73,6 +81,24 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         write_html(path, &report)?;
     }
     Ok(report)
+}
+
+/// The load of `args` from `started` for `secs` seconds (or `max_requests`).
+async fn load(
+    conns: &[Clients],
+    args: &Arc<BenchArgs>,
+    tally: &Arc<Mutex<Tally>>,
+    (started, secs): (Instant, f64),
+    max_requests: u64,
+) -> anyhow::Result<()> {
+    let end = started + Duration::from_secs_f64(secs);
+    match args.rate {
+        None => load::closed_loop(conns, args, tally, end, max_requests).await,
+        Some(rate) => {
+            load::open_loop(conns, args, tally, (started, end), rate, max_requests).await?
+        }
+    }
+    Ok(())
 }
 
 /// Once a second, how far the load is (on stderr, one line rewritten).
