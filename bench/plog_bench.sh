@@ -19,6 +19,7 @@
 # (run the server and the load at this nice value, e.g. -10 as root, to keep other work
 # on a shared machine out of the figures; the log's writer_nice stays relative to it).
 # MODELS: the model repository to serve (an absolute path; default examples/models).
+# WORKERS: the servers' `[server] worker_threads` (default: the config's, one per core).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-${MESH_BIN:-${CARGO_TARGET_DIR:-target}/release/mesh}}
@@ -51,6 +52,7 @@ serve() { # name on|off
         -e "s#^views = .*#views = \"$PWD/examples/features/views.toml\"#" \
         -e "s#^path = .*#path = \"$DATA/features\"#" -e "s#^dir = .*#dir = \"$DATA/predictions-$1\"#" \
         -e "s#grpc_port = 8001#grpc_port = $PORT#" -e "s#http_port = 8000#http_port = $HTTP_PORT#" examples/mesh.toml >"$cfg"
+    if [ -n "${WORKERS:-}" ]; then sed -i "/^\[server\]/a worker_threads = $WORKERS" "$cfg"; fi
     if [ "$2" = off ]; then
         sed -i '/^\[prediction_log\]/,/^$/d' "$cfg"
     elif [ -n "${LOG_CONFIG:-}" ]; then

@@ -32,10 +32,20 @@ fn run() -> anyhow::Result<()> {
                 b.check()?;
                 runtime.worker_threads(b.threads);
             }
-            runtime
-                .enable_all()
-                .build()?
-                .block_on(mesh::cli::run(command, prepared))
+            // `mesh serve`: `[server] worker_threads` (0: tokio's one per core).
+            if let Some(n) = prepared.config.as_ref().map(|c| c.server.worker_threads) {
+                if n > 0 {
+                    runtime.worker_threads(n);
+                }
+            }
+            let runtime = runtime.enable_all().build()?;
+            if prepared.config.is_some() {
+                tracing::info!(
+                    worker_threads = runtime.metrics().num_workers(),
+                    "serving runtime"
+                );
+            }
+            runtime.block_on(mesh::cli::run(command, prepared))
         }
     }
 }

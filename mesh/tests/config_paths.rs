@@ -160,3 +160,46 @@ fn serve_help_shows_the_defaults() {
         assert!(help.contains(want), "{want}: {help}");
     }
 }
+
+/// `[server] worker_threads` sizes the runtime that serves requests (the start
+/// says how many it has); 0, the default, is one per CPU core.
+#[test]
+fn serve_runs_on_the_configured_worker_threads() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let models = root().join("examples/models");
+    for (workers, want) in [
+        (3, 3),
+        (0, std::thread::available_parallelism().unwrap().get()),
+    ] {
+        let cfg = dir.path().join("mesh.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[server]\ngrpc_port = 0\nhttp_port = 0\nmodels = {:?}\nworker_threads = {workers}\n",
+                models.display().to_string()
+            ),
+        )
+        .unwrap();
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mesh"))
+            .args(["serve", "--config"])
+            .arg(&cfg)
+            .env("NO_COLOR", "1")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        let line = stderr
+            .lines()
+            .map(Result::unwrap)
+            .find(|l| l.contains("serving runtime"));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let line = line.expect("the start names its runtime");
+        assert!(
+            line.contains(&format!("worker_threads={want}")),
+            "{workers}: {line}"
+        );
+    }
+}

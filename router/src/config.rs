@@ -18,6 +18,7 @@
 //! max_message_bytes = 16777216
 //! max_timeout = "30s"           # cap on any OIP request's deadline (was max_timeout_ms)
 //! compute_threads = 1           # threads of one forward pass
+//! worker_threads = 0            # threads serving requests; 0 = one per CPU core
 //! role = "all"                  # all | router | model | features
 //!
 //! [log]
@@ -463,6 +464,9 @@ pub struct ServerConfig {
     /// Threads each forward pass may use (candle's matmul pool). 1 keeps a
     /// small-batch pass in a few µs; more helps only large batches.
     pub compute_threads: usize,
+    /// Threads of the runtime that serves requests (tokio's workers): 0 (the
+    /// default) is one per CPU core; at most [`MAX_WORKER_THREADS`].
+    pub worker_threads: usize,
     pub role: Role,
     /// `[server.connections]`: connection lifetimes and the shutdown grace period.
     pub connections: crate::listen::ConnectionConfig,
@@ -481,12 +485,16 @@ impl Default for ServerConfig {
             max_message_bytes: 16 << 20,
             max_timeout: Duration::from_secs(30),
             compute_threads: 1,
+            worker_threads: 0,
             role: Role::All,
             connections: Default::default(),
             max_inflight_bytes: 512 << 20,
         }
     }
 }
+
+/// The most `[server] worker_threads`.
+pub const MAX_WORKER_THREADS: usize = 1024;
 
 impl ServerConfig {
     pub fn max_timeout(&self) -> Duration {
@@ -507,6 +515,7 @@ struct ServerFile {
     max_timeout: Option<Duration>,
     max_timeout_ms: Option<u64>,
     compute_threads: usize,
+    worker_threads: usize,
     role: Role,
     connections: crate::listen::ConnectionConfig,
     max_inflight_bytes: usize,
@@ -524,6 +533,7 @@ impl Default for ServerFile {
             max_timeout: None,
             max_timeout_ms: None,
             compute_threads: d.compute_threads,
+            worker_threads: d.worker_threads,
             role: d.role,
             connections: d.connections,
             max_inflight_bytes: d.max_inflight_bytes,
@@ -540,6 +550,12 @@ impl TryFrom<ServerFile> for ServerConfig {
             &[("[server] max_timeout_ms", millis(f.max_timeout_ms))],
         )?;
         f.connections.validate()?;
+        if f.worker_threads > MAX_WORKER_THREADS {
+            return Err(format!(
+                "[server] worker_threads = {}: must be 0 (one per CPU core) to {MAX_WORKER_THREADS}",
+                f.worker_threads
+            ));
+        }
         Ok(Self {
             host: f.host,
             grpc_port: f.grpc_port,
@@ -548,6 +564,7 @@ impl TryFrom<ServerFile> for ServerConfig {
             max_message_bytes: f.max_message_bytes,
             max_timeout: max_timeout.unwrap_or(ServerConfig::default().max_timeout),
             compute_threads: f.compute_threads,
+            worker_threads: f.worker_threads,
             role: f.role,
             connections: f.connections,
             max_inflight_bytes: f.max_inflight_bytes,

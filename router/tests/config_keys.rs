@@ -333,3 +333,18 @@ fn the_redis_backend_keys_parse_and_refuse_what_cannot_work() {
         assert!(e.contains(says), "{text}: {e}");
     }
 }
+
+#[test]
+fn worker_threads_default_to_one_per_core_and_are_bounded() {
+    assert_eq!(MeshConfig::from_toml("").unwrap().server.worker_threads, 0);
+    let c = MeshConfig::from_toml("[server]\nworker_threads = 1\n").unwrap();
+    assert_eq!(c.server.worker_threads, 1);
+    let max = mesh_router::config::MAX_WORKER_THREADS;
+    MeshConfig::from_toml(&format!("[server]\nworker_threads = {max}\n")).unwrap();
+    let e =
+        MeshConfig::from_toml(&format!("[server]\nworker_threads = {}\n", max + 1)).unwrap_err();
+    assert!(
+        e.contains("[server] worker_threads = 1025: must be 0 (one per CPU core) to 1024"),
+        "{e}"
+    );
+}
