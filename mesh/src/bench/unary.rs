@@ -41,11 +41,14 @@ where
         .body(tonic::body::Body::new(Full::new(body.freeze())))
         .map_err(|e| tonic::Status::internal(format!("building the request: {e}")))?;
     request.headers_mut().extend(metadata.into_headers());
+    // Transport errors as tonic's client reports them: its own expired
+    // grpc-timeout is CANCELLED, a refused connection UNAVAILABLE, an HTTP/2
+    // reset by its code.
     let answer = channel
         .clone()
         .oneshot(request)
         .await
-        .map_err(|e| tonic::Status::unavailable(format!("sending the request: {e}")))?;
+        .map_err(|e| tonic::Status::from_error(Box::new(e)))?;
     let (parts, body) = answer.into_parts();
     if parts.status != http::StatusCode::OK {
         return Err(tonic::Status::unknown(format!(
@@ -62,7 +65,7 @@ where
     let collected = body
         .collect()
         .await
-        .map_err(|e| tonic::Status::unavailable(format!("reading the answer: {e}")))?;
+        .map_err(|e| tonic::Status::from_error(e.into()))?;
     let trailers = collected.trailers().cloned();
     let status = trailers
         .as_ref()
