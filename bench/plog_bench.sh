@@ -131,6 +131,7 @@ out, rate, runs = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
 print(f"\nDecide, open loop at {rate:.0f} req/s, prediction log on vs off (latency in µs from the intended send time)")
 print(f"{'run':<12}{'req/s':>8}{'p50':>7}{'p99':>8}{'p99.9':>8}{'max':>8}{'1s p99 med':>11}{'1s p99 max':>11}{'errors':>8}{'dropped':>9}{'written':>9}{'cpu %':>7}{'log cpu %':>10}")
 p99 = {"on": [], "off": []}
+sec_med = {"on": [], "off": []}
 for n in runs:
     r = json.load(open(f"{out}/{n}.json"))
     s = json.load(open(f"{out}/{n}.server.json"))
@@ -142,11 +143,16 @@ for n in runs:
     # The p99 of each second of the run: its median says how the run went most of
     # the time, its max whether the run's p99 came from a few bad seconds.
     secs = sorted(w["p99_us"] for w in r.get("windows", [])) or [0]
+    sec_med[mode].append(statistics.median(secs))
     print(f"{n:<12}{r['throughput']:>8.0f}{r['p50_us']:>7}{r['p99_us']:>8}{r['p999_us']:>8}{r['max_us']:>8}"
           f"{statistics.median(secs):>11.0f}{secs[-1]:>11}{errors:>8}"
           f"{dropped:>9}{written:>9}{100 * s['cpu_s'] / r['seconds']:>7.0f}{100 * s['log_cpu_s'] / r['seconds']:>10.1f}")
 if p99["on"] and p99["off"]:
     on, off = statistics.median(p99["on"]), statistics.median(p99["off"])
     print(f"median p99: log on {on:.0f} µs, log off {off:.0f} µs, on/off {on / off:.3f}")
+    # Less moved by one stalled second (this machine stalls whole processes now and
+    # then): the median over the runs of each run's median per-second p99.
+    on, off = statistics.median(sec_med["on"]), statistics.median(sec_med["off"])
+    print(f"median of the per-second p99 medians: log on {on:.0f} µs, log off {off:.0f} µs, on/off {on / off:.3f}")
 print(f"raw output in {out}")
 PY
