@@ -20,6 +20,8 @@
 # on a shared machine out of the figures; the log's writer_nice stays relative to it).
 # MODELS: the model repository to serve (an absolute path; default examples/models).
 # WORKERS: the servers' `[server] worker_threads` (default: the config's, one per core).
+# SERVER_CPUS, BENCH_CPUS: run the server and the load generator on these CPUs
+# (`taskset -c` lists, e.g. SERVER_CPUS=1 BENCH_CPUS=0: each on a core of its own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-${MESH_BIN:-${CARGO_TARGET_DIR:-target}/release/mesh}}
@@ -61,7 +63,7 @@ serve() { # name on|off
     for p in "$PORT" "$HTTP_PORT"; do
         if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "port $p is already in use: set PORT" >&2; exit 1; fi
     done
-    "${RUN[@]}" "$BIN" serve --config "$cfg" >"$OUT/serve-$1.log" 2>&1 &
+    "${RUN[@]}" ${SERVER_CPUS:+taskset -c "$SERVER_CPUS"} "$BIN" serve --config "$cfg" >"$OUT/serve-$1.log" 2>&1 &
     pid=$!
     wait_port "$PORT"
     kill -0 "$pid" 2>/dev/null || { echo "mesh serve exited: $OUT/serve-$1.log" >&2; exit 1; }
@@ -69,7 +71,7 @@ serve() { # name on|off
 stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=; }
 bench() { # name seconds args...
     local name=$1 secs=$2; shift 2
-    "${RUN[@]}" "$BIN" bench --addr "http://127.0.0.1:$PORT" --target decide --seconds "$secs" --json "$@" >"$OUT/$name.json" 2>"$OUT/$name.err"
+    "${RUN[@]}" ${BENCH_CPUS:+taskset -c "$BENCH_CPUS"} "$BIN" bench --addr "http://127.0.0.1:$PORT" --target decide --seconds "$secs" --json "$@" >"$OUT/$name.json" 2>"$OUT/$name.err"
 }
 # CPU seconds (user + system) of the server, and of its threads named plog-*.
 cpu() {
@@ -125,9 +127,9 @@ for r in $(seq "$ROUNDS"); do
     done
 done
 
-python3 - "$OUT" "$RATE" "${runs[@]}" <<'PY'
+python3 - "$OUT" "$RATE" "$WARMUP" "${runs[@]}" <<'PY'
 import json, statistics, sys
-out, rate, runs = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
+out, rate, warmup, runs = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4:]
 print(f"\nDecide, open loop at {rate:.0f} req/s, prediction log on vs off (latency in µs from the intended send time)")
 print(f"{'run':<12}{'req/s':>8}{'p50':>7}{'p99':>8}{'p99.9':>8}{'max':>8}{'1s p99 med':>11}{'1s p99 max':>11}{'errors':>8}{'dropped':>9}{'written':>9}{'cpu %':>7}{'log cpu %':>10}")
 p99 = {"on": [], "off": []}
@@ -142,11 +144,13 @@ for n in runs:
     written = "-" if mode == "off" else f"{s['written']:.0f}"
     # The p99 of each second of the run: its median says how the run went most of
     # the time, its max whether the run's p99 came from a few bad seconds.
+    # The CPU was read around the bench command, whose warm-up ran at the same rate.
+    busy = r["seconds"] + warmup
     secs = sorted(w["p99_us"] for w in r.get("windows", [])) or [0]
     sec_med[mode].append(statistics.median(secs))
     print(f"{n:<12}{r['throughput']:>8.0f}{r['p50_us']:>7}{r['p99_us']:>8}{r['p999_us']:>8}{r['max_us']:>8}"
           f"{statistics.median(secs):>11.0f}{secs[-1]:>11}{errors:>8}"
-          f"{dropped:>9}{written:>9}{100 * s['cpu_s'] / r['seconds']:>7.0f}{100 * s['log_cpu_s'] / r['seconds']:>10.1f}")
+          f"{dropped:>9}{written:>9}{100 * s['cpu_s'] / busy:>7.0f}{100 * s['log_cpu_s'] / busy:>10.1f}")
 if p99["on"] and p99["off"]:
     on, off = statistics.median(p99["on"]), statistics.median(p99["off"])
     print(f"median p99: log on {on:.0f} µs, log off {off:.0f} µs, on/off {on / off:.3f}")
