@@ -292,6 +292,9 @@ pub struct ServeArgs {
     /// Threads one forward pass may use [default: 1].
     #[arg(long, env = "MESH_COMPUTE_THREADS")]
     pub compute_threads: Option<usize>,
+    /// Threads serving requests, 0 = one per CPU core, at most 1024 [default: 0].
+    #[arg(long, env = "MESH_WORKER_THREADS")]
+    pub worker_threads: Option<usize>,
     /// What this process serves: all, router, model or features [default: all].
     #[arg(long, env = "MESH_ROLE")]
     pub role: Option<Role>,
@@ -332,6 +335,13 @@ impl ServeArgs {
         }
         if let Some(v) = self.compute_threads {
             s.compute_threads = v.max(1);
+        }
+        if let Some(v) = self.worker_threads {
+            let max = mesh_router::config::MAX_WORKER_THREADS;
+            if v > max {
+                anyhow::bail!("--worker-threads {v}: must be 0 (one per CPU core) to {max}");
+            }
+            s.worker_threads = v;
         }
         if let Some(v) = self.role {
             s.role = v;

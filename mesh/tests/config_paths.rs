@@ -168,9 +168,11 @@ fn serve_runs_on_the_configured_worker_threads() {
     use std::io::{BufRead, BufReader};
     let dir = tempfile::tempdir().unwrap();
     let models = root().join("examples/models");
-    for (workers, want) in [
-        (3, 3),
-        (0, std::thread::available_parallelism().unwrap().get()),
+    for (workers, flag, want) in [
+        (3, None, 3),
+        (0, None, std::thread::available_parallelism().unwrap().get()),
+        // The flag (or MESH_WORKER_THREADS) over the file.
+        (3, Some("2"), 2),
     ] {
         let cfg = dir.path().join("mesh.toml");
         std::fs::write(
@@ -184,6 +186,7 @@ fn serve_runs_on_the_configured_worker_threads() {
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mesh"))
             .args(["serve", "--config"])
             .arg(&cfg)
+            .args(flag.map(|f| ["--worker-threads", f]).into_iter().flatten())
             .env("NO_COLOR", "1")
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
@@ -199,7 +202,18 @@ fn serve_runs_on_the_configured_worker_threads() {
         let line = line.expect("the start names its runtime");
         assert!(
             line.contains(&format!("worker_threads={want}")),
-            "{workers}: {line}"
+            "{workers} {flag:?}: {line}"
         );
     }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mesh"))
+        .args(["serve", "--worker-threads", "1025", "--models"])
+        .arg(&models)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--worker-threads 1025: must be 0 (one per CPU core) to 1024"),
+        "{err}"
+    );
 }
