@@ -182,6 +182,27 @@ mod tests {
     use super::*;
 
     type Mock = mock::Mock<u32, u32>;
+    type Handle = mock::Handle<u32, u32>;
+    type Call = tokio::task::JoinHandle<Result<u32, BoxError>>;
+
+    /// A shared mock that is not ready, and `calls` callers sent to it (0, 1, ...).
+    fn not_ready(capacity: usize, calls: u32) -> (Shared<Mock>, Handle, Vec<Call>) {
+        let (svc, mut handle) = mock::pair::<u32, u32>();
+        handle.allow(0);
+        let shared = Shared::new(svc, capacity);
+        let calls = (0..calls)
+            .map(|i| tokio::spawn(shared.clone().oneshot(i)))
+            .collect();
+        (shared, handle, calls)
+    }
+
+    /// Answers the next `n` requests that reach the mock with `f(request)`.
+    async fn answer(handle: &mut Handle, n: u32, f: impl Fn(u32) -> u32) {
+        for _ in 0..n {
+            let (req, send) = handle.next_request().await.expect("a request");
+            send.send_response(f(req));
+        }
+    }
 
     async fn until(what: impl Fn() -> bool) {
         for _ in 0..2000 {
@@ -195,12 +216,7 @@ mod tests {
 
     #[tokio::test]
     async fn callers_wait_for_a_ready_service_and_are_each_answered() {
-        let (svc, mut handle) = mock::pair::<u32, u32>();
-        handle.allow(0);
-        let shared: Shared<Mock> = Shared::new(svc, 8);
-        let calls: Vec<_> = (0..3)
-            .map(|i| tokio::spawn(shared.clone().oneshot(i)))
-            .collect();
+        let (shared, mut handle, calls) = not_ready(8, 3);
         until(|| shared.waiting() == 3).await;
         assert!(
             tokio::time::timeout(Duration::from_millis(20), handle.next_request())
@@ -209,10 +225,7 @@ mod tests {
             "nothing is dispatched to a service that is not ready"
         );
         handle.allow(3);
-        for _ in 0..3 {
-            let (req, send) = handle.next_request().await.expect("a request");
-            send.send_response(req * 10);
-        }
+        answer(&mut handle, 3, |req| req * 10).await;
         let mut answers = Vec::new();
         for c in calls {
             answers.push(c.await.unwrap().expect("answered"));
@@ -224,12 +237,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_caller_past_the_capacity_is_refused_at_once() {
-        let (svc, mut handle) = mock::pair::<u32, u32>();
-        handle.allow(0);
-        let shared: Shared<Mock> = Shared::new(svc, 2);
-        let waiting: Vec<_> = (0..2)
-            .map(|i| tokio::spawn(shared.clone().oneshot(i)))
-            .collect();
+        let (shared, mut handle, waiting) = not_ready(2, 2);
         until(|| shared.waiting() == 2).await;
         let refused = shared.clone().oneshot(9).await.expect_err("refused");
         let refused = StackError::from_boxed(refused);
@@ -247,10 +255,7 @@ mod tests {
         let third = tokio::spawn(shared.clone().oneshot(3));
         until(|| shared.waiting() == 2).await;
         handle.allow(2);
-        for _ in 0..2 {
-            let (req, send) = handle.next_request().await.expect("a request");
-            send.send_response(req);
-        }
+        answer(&mut handle, 2, |req| req).await;
         assert_eq!(
             waiting.into_iter().nth(1).unwrap().await.unwrap().unwrap(),
             1
@@ -267,8 +272,7 @@ mod tests {
         assert!(err.to_string().contains("replica gone"), "{err}");
         handle.allow(1);
         let call = tokio::spawn(shared.clone().oneshot(2));
-        let (req, send) = handle.next_request().await.expect("a request");
-        send.send_response(req + 1);
+        answer(&mut handle, 1, |req| req + 1).await;
         assert_eq!(call.await.unwrap().unwrap(), 3);
     }
 
@@ -278,17 +282,11 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn no_wake_is_lost_under_contention() {
         const CALLS: u32 = 400;
-        let (svc, mut handle) = mock::pair::<u32, u32>();
-        handle.allow(0);
-        let shared: Shared<Mock> = Shared::new(svc, CALLS as usize);
-        let calls: Vec<_> = (0..CALLS)
-            .map(|i| tokio::spawn(shared.clone().oneshot(i)))
-            .collect();
+        let (_shared, mut handle, calls) = not_ready(CALLS as usize, CALLS);
         let server = tokio::spawn(async move {
             for _ in 0..CALLS {
                 handle.allow(1);
-                let (req, send) = handle.next_request().await.expect("a request");
-                send.send_response(req);
+                answer(&mut handle, 1, |req| req).await;
                 tokio::task::yield_now().await;
             }
         });
