@@ -285,9 +285,10 @@ fn statuses_answered(r: &LookupStatuses, shape: &LookupShape, keys: usize) -> bo
 
 /// GetOnlineFeatures with the answer read as [`LookupStatuses`].
 async fn lookup_statuses(
-    grpc: &mut tonic::client::Grpc<tonic::transport::Channel>,
+    channel: &tonic::transport::Channel,
     req: tonic::Request<pb::GetOnlineFeaturesRequest>,
 ) -> Result<LookupStatuses, tonic::Status> {
+    let mut grpc = tonic::client::Grpc::new(channel.clone());
     grpc.ready()
         .await
         .map_err(|e| tonic::Status::unavailable(format!("connection not ready: {e}")))?;
@@ -326,10 +327,9 @@ pub struct Clients {
     infer:
         oip::grpc_inference_service_client::GrpcInferenceServiceClient<tonic::transport::Channel>,
     features: pb::feature_store_client::FeatureStoreClient<tonic::transport::Channel>,
-    /// The same channel, for calls whose answer the bench reads its own way.
-    grpc: tonic::client::Grpc<tonic::transport::Channel>,
-    /// The same channel, for calls sent as one HEADERS and one DATA frame
-    /// (`--grpc-client lean`, [`super::unary`]).
+    /// The same channel, for calls whose answer the bench reads its own way, and
+    /// for calls sent as one HEADERS and one DATA frame (`--grpc-client lean`,
+    /// [`super::unary`]).
     channel: tonic::transport::Channel,
     /// The Infer target's rows (read from the model before the load starts).
     pub shape: Arc<InferShape>,
@@ -359,7 +359,6 @@ impl Clients {
                 channel.clone(),
             ),
             features: pb::feature_store_client::FeatureStoreClient::new(channel.clone()),
-            grpc: tonic::client::Grpc::new(channel.clone()),
             channel,
             shape: Arc::default(),
             lookup: Arc::default(),
@@ -467,7 +466,7 @@ async fn one(
                             .await
                             .map(|r| lookup_answered(r.get_ref(), &shape, args.keys))
                     } else {
-                        lookup_statuses(&mut c.grpc, req)
+                        lookup_statuses(&c.channel, req)
                             .await
                             .map(|r| statuses_answered(&r, &shape, args.keys))
                     };

@@ -66,9 +66,8 @@ where
         .collect()
         .await
         .map_err(|e| tonic::Status::from_error(e.into()))?;
-    let trailers = collected.trailers().cloned();
-    let status = trailers
-        .as_ref()
+    let status = collected
+        .trailers()
         .and_then(tonic::Status::from_header_map)
         .ok_or_else(|| tonic::Status::unknown("the answer has no grpc-status"))?;
     if status.code() != tonic::Code::Ok {
