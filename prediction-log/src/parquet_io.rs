@@ -22,7 +22,7 @@ use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
-use parquet::file::properties::WriterProperties;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -308,6 +308,19 @@ impl FeaturesBuilder {
     }
 }
 
+/// The leaf columns of the `features` list, as named in [`feature_fields`].
+const FEATURE_LEAVES: [&str; 4] = ["name", "value", "status", "event_time"];
+
+/// The Parquet path of one leaf of the `features` list (Arrow's list layout:
+/// `features.list.item.<leaf>`).
+fn feature_column(leaf: &str) -> ColumnPath {
+    ColumnPath::new(
+        ["features", "list", "item", leaf]
+            .map(String::from)
+            .to_vec(),
+    )
+}
+
 /// Rows per row group: large enough for good compression, small enough that readers can
 /// stream a big segment, and that the open segment's writer holds (and writes out) one
 /// row group of a few MB at a time rather than the whole segment when it closes.
@@ -344,7 +357,17 @@ impl OpenParquet {
             // it, 100,000 records of 33 features wrote 5% smaller files, 2% faster
             // (`benches/writer.rs` with 33 features). The other strings repeat (names,
             // statuses, versions) and keep theirs: plain, the files grew 1.6-2.8x.
-            .set_column_dictionary_enabled(ColumnPath::from("request_id"), false)
+            .set_column_dictionary_enabled(ColumnPath::from("request_id"), false);
+        // The feature list's columns carry no statistics. A row group's min and max of
+        // every feature's name, value, status or time, all features mixed, prune
+        // nothing, and computing them was a fifth of the encoding: 100,000 records of
+        // 40 features took 3.0 against 3.7 µs a record to write (eight alternating
+        // rounds), for files 0.1% smaller. `ts` and the other columns keep theirs.
+        let props = FEATURE_LEAVES
+            .iter()
+            .fold(props, |p, leaf| {
+                p.set_column_statistics_enabled(feature_column(leaf), EnabledStatistics::None)
+            })
             .build();
         let writer = ArrowWriter::try_new(file, schema(), Some(props))
             .map_err(|e| LogError::parquet(path, e))?;
@@ -718,6 +741,44 @@ mod tests {
         };
         assert_eq!(chunk("request_id").dictionary_page_offset(), None);
         assert!(chunk("model").dictionary_page_offset().is_some());
+        assert_eq!(read_parquet(&path).unwrap(), recs);
+    }
+
+    /// The feature list's columns are written without statistics; `ts` and the other
+    /// scalar columns keep theirs (readers prune row groups by time).
+    #[test]
+    fn only_the_feature_list_goes_without_statistics() {
+        use parquet::file::reader::{FileReader, SerializedFileReader};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.parquet");
+        let recs: Vec<_> = (0..100)
+            .map(|i| {
+                let mut r = PredictionRecord::new(format!("req-{i}"), "fraud", "1", Role::Primary);
+                r.entity_keys = vec![("card_id".into(), format!("card-{i}"))];
+                r.features = Some(vec![FeatureUsed {
+                    name: "amount".into(),
+                    value: Some(f64::from(i)),
+                    status: "PRESENT".into(),
+                    event_time_us: Some(r.ts_us),
+                }]);
+                r
+            })
+            .collect();
+        write_parquet(&path, &recs).unwrap();
+        let file = SerializedFileReader::new(File::open(&path).unwrap()).unwrap();
+        let rg = file.metadata().row_group(0);
+        let mut without = Vec::new();
+        for c in (0..rg.num_columns()).map(|c| rg.column(c)) {
+            let name = c.column_path().string();
+            if c.statistics().is_none() {
+                without.push(name);
+            }
+        }
+        let expected: Vec<String> = FEATURE_LEAVES
+            .iter()
+            .map(|l| feature_column(l).string())
+            .collect();
+        assert_eq!(without, expected);
         assert_eq!(read_parquet(&path).unwrap(), recs);
     }
 
