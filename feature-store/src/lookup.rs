@@ -332,7 +332,7 @@ fn finish(
     elapsed: std::time::Duration,
     keys: usize,
 ) {
-    m::record_lookup(elapsed, keys);
+    inner.meters.record_lookup(elapsed, keys);
     for g in &plan.groups {
         let mut counts = [0u64; 5];
         for &c in &g.columns {
@@ -340,7 +340,9 @@ fn finish(
                 counts[s.index()] += 1;
             }
         }
-        m::record_values(&inner.views[g.view].name, &counts);
+        inner
+            .meters
+            .record_values(g.view, &inner.views[g.view].name, &counts);
     }
 }
 

@@ -4,7 +4,10 @@
 //!
 //! The facade has no buckets; the exporter (in the `mesh` binary) sets them. The
 //! buckets for this crate's histograms are chosen here, in one place:
+use std::sync::OnceLock;
 use std::time::Duration;
+
+use metrics::{Counter, Histogram};
 
 use crate::types::{Durability, FeatureStatus};
 
@@ -57,17 +60,52 @@ pub fn histogram_buckets() -> [(&'static str, &'static [f64]); 3] {
     ]
 }
 
-pub(crate) fn record_lookup(elapsed: Duration, keys: usize) {
-    metrics::histogram!(LOOKUP_SECONDS).record(elapsed.as_secs_f64());
-    metrics::histogram!(KEYS_PER_LOOKUP).record(keys as f64);
+/// The handles every lookup records into, registered on first use and kept: a
+/// `counter!`/`histogram!` call builds, hashes and looks up its key in the registry
+/// each time (and copies the view's name into it), where a kept handle is one atomic
+/// add. Each handle is registered when first needed, so a status a view never
+/// answered still has no series. Handles belong to the recorder that was current when
+/// they were registered: the process's global one when serving.
+pub(crate) struct LookupMeters {
+    seconds: OnceLock<Histogram>,
+    keys: OnceLock<Histogram>,
+    /// By view index, then [`FeatureStatus::index`].
+    values: Vec<[OnceLock<Counter>; 5]>,
 }
 
-pub(crate) fn record_values(view: &str, counts: &[u64; 5]) {
-    for status in FeatureStatus::ALL {
-        let n = counts[status.index()];
-        if n > 0 {
-            metrics::counter!(VALUES_TOTAL, "view" => view.to_owned(), "status" => status.as_str())
-                .increment(n);
+impl LookupMeters {
+    /// Handles for the store's views (none registered yet).
+    pub(crate) fn new(views: usize) -> Self {
+        Self {
+            seconds: OnceLock::new(),
+            keys: OnceLock::new(),
+            values: (0..views).map(|_| Default::default()).collect(),
+        }
+    }
+
+    pub(crate) fn record_lookup(&self, elapsed: Duration, keys: usize) {
+        self.seconds
+            .get_or_init(|| metrics::histogram!(LOOKUP_SECONDS))
+            .record(elapsed.as_secs_f64());
+        self.keys
+            .get_or_init(|| metrics::histogram!(KEYS_PER_LOOKUP))
+            .record(keys as f64);
+    }
+
+    /// Adds one lookup's values of view `index` (named `view`) by status.
+    pub(crate) fn record_values(&self, index: usize, view: &str, counts: &[u64; 5]) {
+        let Some(counters) = self.values.get(index) else {
+            return;
+        };
+        for status in FeatureStatus::ALL {
+            let n = counts[status.index()];
+            if n > 0 {
+                counters[status.index()]
+                    .get_or_init(|| {
+                        metrics::counter!(VALUES_TOTAL, "view" => view.to_owned(), "status" => status.as_str())
+                    })
+                    .increment(n);
+            }
         }
     }
 }
@@ -119,5 +157,104 @@ pub(crate) fn record_fallback_rows(view: &str, served: &'static str, n: u64) {
     if n > 0 {
         metrics::counter!(FALLBACK_ROWS_TOTAL, "view" => view.to_owned(), "served" => served)
             .increment(n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// Handles registered, and each counter's total by its label values.
+    type Seen = (usize, Vec<(String, u64)>);
+
+    #[derive(Default, Clone)]
+    struct Recorder(Arc<Mutex<Seen>>);
+
+    struct Handle(Recorder, String);
+
+    impl metrics::CounterFn for Handle {
+        fn increment(&self, value: u64) {
+            let mut g = (self.0).0.lock().unwrap();
+            match g.1.iter_mut().find(|(k, _)| *k == self.1) {
+                Some((_, v)) => *v += value,
+                None => g.1.push((self.1.clone(), value)),
+            }
+        }
+        fn absolute(&self, _: u64) {}
+    }
+
+    impl metrics::HistogramFn for Handle {
+        fn record(&self, _: f64) {}
+    }
+
+    impl Recorder {
+        fn handle(&self, key: &metrics::Key) -> Arc<Handle> {
+            self.0.lock().unwrap().0 += 1;
+            let labels: Vec<String> = key.labels().map(|l| l.value().to_owned()).collect();
+            Arc::new(Handle(self.clone(), labels.join(",")))
+        }
+    }
+
+    impl metrics::Recorder for Recorder {
+        fn describe_counter(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_gauge(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_histogram(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> Counter {
+            Counter::from_arc(self.handle(key))
+        }
+        fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+            metrics::Gauge::noop()
+        }
+        fn register_histogram(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> Histogram {
+            Histogram::from_arc(self.handle(key))
+        }
+    }
+
+    /// Every handle is registered at its first use only, a status never seen has no
+    /// series, and each lookup's counts add up in the kept handles.
+    #[test]
+    fn lookup_handles_are_registered_once_and_add_up() {
+        let rec = Recorder::default();
+        let meters = LookupMeters::new(2);
+        let registered = || rec.0.lock().unwrap().0;
+        metrics::with_local_recorder(&rec, || {
+            meters.record_lookup(Duration::from_micros(40), 3);
+            meters.record_values(0, "card", &[2, 1, 0, 0, 0]);
+            assert_eq!(registered(), 4, "two histograms, two statuses of card");
+            meters.record_lookup(Duration::from_micros(40), 3);
+            meters.record_values(0, "card", &[3, 0, 0, 0, 0]);
+            assert_eq!(registered(), 4, "nothing new");
+            meters.record_values(1, "merchant", &[0, 0, 0, 5, 0]);
+            meters.record_values(7, "no such view", &[1, 0, 0, 0, 0]);
+            assert_eq!(registered(), 5);
+        });
+        let mut totals = rec.0.lock().unwrap().1.clone();
+        totals.sort();
+        let want = [
+            ("card,not_found", 1),
+            ("card,present", 5),
+            ("merchant,outside_max_age", 5),
+        ]
+        .map(|(k, v)| (k.to_string(), v));
+        assert_eq!(totals, want);
     }
 }

@@ -172,6 +172,8 @@ pub(crate) struct Inner {
     pub(crate) views: Vec<ViewInfo>,
     by_name: HashMap<String, usize>,
     pub(crate) options: StoreOptions,
+    /// The lookup metrics' handles.
+    pub(crate) meters: crate::metrics::LookupMeters,
 }
 
 impl std::fmt::Debug for FeatureStore {
@@ -232,6 +234,7 @@ impl FeatureStore {
         let store = FeatureStore {
             inner: Arc::new(Inner {
                 backend,
+                meters: crate::metrics::LookupMeters::new(views.len()),
                 views,
                 by_name,
                 options,

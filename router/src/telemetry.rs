@@ -149,17 +149,25 @@ pub type OkMeters = (metrics::Counter, metrics::Histogram);
 pub fn ok_meters(model: &str, version: Option<u64>, protocol: &'static str) -> OkMeters {
     use std::collections::HashMap;
     use std::sync::OnceLock;
-    type Key = (String, Option<u64>, &'static str);
-    static CACHE: OnceLock<parking_lot::RwLock<HashMap<Key, OkMeters>>> = OnceLock::new();
+    // By model first, so that a lookup borrows the model's name (no copy per request).
+    type ByModel = HashMap<String, HashMap<(Option<u64>, &'static str), OkMeters>>;
+    static CACHE: OnceLock<parking_lot::RwLock<ByModel>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
-    let key = (model.to_owned(), version, protocol);
-    if let Some(m) = cache.read().get(&key) {
+    if let Some(m) = cache
+        .read()
+        .get(model)
+        .and_then(|m| m.get(&(version, protocol)))
+    {
         return m.clone();
     }
     let m = (
         metrics::counter!(names::REQUESTS, "model" => model.to_owned(), "version" => version.map(|v| v.to_string()).unwrap_or_default(), "protocol" => protocol, "code" => "ok"),
         metrics::histogram!(names::REQUEST_DURATION, "model" => model.to_owned(), "protocol" => protocol),
     );
-    cache.write().insert(key, m.clone());
+    cache
+        .write()
+        .entry(model.to_owned())
+        .or_default()
+        .insert((version, protocol), m.clone());
     m
 }

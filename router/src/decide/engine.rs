@@ -23,6 +23,7 @@ use super::discovery::{self, Discovery, ReplicaMaker, Resolve, Target};
 use super::fallback;
 use super::feature_source::FeatureSource;
 use super::features::FeatureUsed;
+use super::meters::DecisionMeters;
 use super::outcome::entities;
 pub use super::outcome::{AnswerSource, Outcome, OutcomeSink, Timings};
 use super::replica::{Fault, LocalReplica, ModelAnswer, ModelCall, RemoteReplica};
@@ -62,6 +63,8 @@ pub struct Engine {
     /// [`Engine::start_discovery`], or when a stack first needs one.
     discoveries: Mutex<HashMap<(String, u16), Discovery>>,
     sink: Option<Arc<dyn OutcomeSink>>,
+    /// The decisions counters and stage histograms, kept from the first decision on.
+    meters: DecisionMeters,
     /// Itself, for the shadow tasks that outlive a request.
     me: std::sync::Weak<Engine>,
 }
@@ -207,6 +210,7 @@ impl Engine {
             resolver,
             discoveries: Mutex::new(HashMap::new()),
             sink,
+            meters: DecisionMeters::default(),
             me: me.clone(),
         });
         Ok(engine)
@@ -456,7 +460,7 @@ impl Engine {
                 let mut o = Outcome::new(it.req, model, Role::Primary, self.cfg.default_decision);
                 o.timings.total = us(arrival.elapsed());
                 stages::mark_late(&mut o, &late);
-                stages::log(&o, self.sink.as_deref());
+                stages::log(&o, self.sink.as_deref(), &self.meters);
             }
             return Err(late);
         }
@@ -504,7 +508,7 @@ impl Engine {
             if let Err(late) = &in_time {
                 stages::mark_late(o, late);
             }
-            stages::log(o, self.sink.as_deref());
+            stages::log(o, self.sink.as_deref(), &self.meters);
         }
         in_time?;
         Ok(outcomes)
@@ -751,7 +755,7 @@ impl Engine {
                 .and_then(|m| me.spec(&m.config).ok())
                 .map(|s| s.thresholds);
             let o = shadow.outcome(res, thresholds, me.cfg.default_decision, t.elapsed());
-            counter!(names::DECISIONS, "model" => o.model.clone(), "source" => o.source.as_str(), "decision" => o.decision.as_str(), "role" => o.role.as_str()).increment(1);
+            me.meters.count(&o);
             if let Some(sink) = &me.sink {
                 sink.record(&o);
             }

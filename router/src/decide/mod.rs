@@ -17,6 +17,7 @@ pub mod engine;
 pub mod fallback;
 pub mod feature_source;
 pub mod features;
+pub mod meters;
 pub mod outcome;
 pub mod remote_features;
 pub mod replica;

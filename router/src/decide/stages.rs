@@ -8,12 +8,13 @@ use std::time::Instant;
 
 use mesh_feature_store::{KeyColumn, KeyType, LookupRequest, LookupResponse};
 use mesh_proto::mesh::v1 as pb;
-use metrics::{counter, histogram};
+use metrics::counter;
 
 use super::config::Rule;
 use super::feature_source::FeatureSource;
 use super::features::{build_row, FeatureUsed, RequestFeatures};
-use super::outcome::{stages, AnswerSource, Outcome, OutcomeSink};
+use super::meters::DecisionMeters;
+use super::outcome::{AnswerSource, Outcome, OutcomeSink};
 use super::replica::ModelAnswer;
 use super::spec::{DecisionSpec, Thresholds};
 use crate::error::RouterError;
@@ -307,20 +308,16 @@ pub fn mark_late(o: &mut Outcome, why: &crate::error::RouterError) {
     o.source = AnswerSource::Deadline;
 }
 
-pub fn log(o: &Outcome, sink: Option<&dyn OutcomeSink>) {
+pub fn log(o: &Outcome, sink: Option<&dyn OutcomeSink>, meters: &DecisionMeters) {
     if o.source == AnswerSource::Model {
         tracing::debug!(request_id = %o.request_id, version = ?o.version, score = ?o.score, decision = o.decision.as_str(), "decided");
     } else {
         tracing::debug!(request_id = %o.request_id, source = o.source.as_str(), decision = o.decision.as_str(), reasons = ?o.reasons, "answered by a fallback");
     }
-    counter!(names::DECISIONS, "model" => o.model.clone(), "source" => o.source.as_str(), "decision" => o.decision.as_str(), "role" => o.role.as_str())
-        .increment(1);
+    meters.record(o);
     if !matches!(o.source, AnswerSource::Model | AnswerSource::Deadline) {
         counter!(names::FALLBACKS, "model" => o.model.clone(), "source" => o.source.as_str())
             .increment(1);
-    }
-    for (stage, us) in stages(&o.timings) {
-        histogram!(names::STAGE, "stage" => stage).record(us as f64 / 1e6);
     }
     if let Some(s) = sink {
         s.record(o);
@@ -615,7 +612,8 @@ mod tests {
         o.role = Role::Canary;
         o.source = AnswerSource::BatchScore;
         o.timings.compute = 1500;
-        metrics::with_local_recorder(&rec, || log(&o, Some(&sink)));
+        let meters = DecisionMeters::default();
+        metrics::with_local_recorder(&rec, || log(&o, Some(&sink), &meters));
         assert_eq!(
             sink.0.into_inner().unwrap(),
             vec![("r".to_string(), Role::Canary, AnswerSource::BatchScore)]

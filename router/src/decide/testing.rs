@@ -165,9 +165,12 @@ pub struct Seen {
 }
 
 /// A metrics recorder for `metrics::with_local_recorder`: every counter increment
-/// and histogram sample, in order.
+/// and histogram sample, in order, and how many handles were registered.
 #[derive(Default, Clone)]
-pub struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<Seen>>>);
+pub struct Recorder(
+    std::sync::Arc<std::sync::Mutex<Vec<Seen>>>,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+);
 
 struct Handle(Recorder, metrics::Key);
 
@@ -185,7 +188,12 @@ impl Recorder {
             value,
         });
     }
+    /// Counters and histograms registered so far.
+    pub fn registered(&self) -> usize {
+        self.1.load(std::sync::atomic::Ordering::Relaxed)
+    }
     fn handle(&self, key: &metrics::Key) -> std::sync::Arc<Handle> {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         std::sync::Arc::new(Handle(self.clone(), key.clone()))
     }
 }
