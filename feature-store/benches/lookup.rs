@@ -200,7 +200,7 @@ async fn in_process(
             let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram");
             while Instant::now() < deadline {
                 let req = LookupRequest {
-                    features: features(),
+                    features: features().into(),
                     entities: vec![("entity_id".into(), random_keys(keys, entities))],
                 };
                 let t = Instant::now();
@@ -358,7 +358,7 @@ fn fill_row_cache(store: &FeatureStore, entities: i64) -> Result<()> {
     while start < entities {
         let end = (start + 1_000).min(entities);
         let req = LookupRequest {
-            features: features(),
+            features: features().into(),
             entities: vec![("entity_id".into(), KeyColumn::Int64((start..end).collect()))],
         };
         store.get_online_features_blocking(&req, now_micros())?;
@@ -374,7 +374,7 @@ fn quiet(store: &FeatureStore, keys: usize, a: &Args) -> Result<()> {
     tokio::task::block_in_place(|| {
         while Instant::now() < deadline {
             let req = LookupRequest {
-                features: features(),
+                features: features().into(),
                 entities: vec![("entity_id".into(), random_keys(keys, a.entities))],
             };
             let t = Instant::now();

@@ -5,6 +5,7 @@
 //! time is older than its view's `max_age` is reported as `OutsideMaxAge` (with its
 //! values, for diagnosis), never as `Present`. The Redis path (cache, budget,
 //! fallback) is in `redis_store/lookup.rs`; it shares the plan and the filling.
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::cache::Hit;
@@ -62,8 +63,10 @@ impl KeyColumn {
 /// A lookup: feature references and the entity rows to answer them for.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct LookupRequest {
-    /// `"view:feature"`, or `"view:*"` for all live features of a view.
-    pub features: Vec<String>,
+    /// `"view:feature"`, or `"view:*"` for all live features of a view. Shared, so a
+    /// caller that asks for the same features every time (the router, per model)
+    /// hands over its list without copying it.
+    pub features: Arc<[String]>,
     /// `(join key, keys)`: one column per join key the requested views need, all of
     /// the same length (the number of rows). Columns no view needs are ignored.
     pub entities: Vec<(String, KeyColumn)>,
@@ -71,8 +74,13 @@ pub struct LookupRequest {
 
 impl LookupRequest {
     pub fn new(features: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        Self::shared(features.into_iter().map(Into::into).collect())
+    }
+
+    /// A lookup of a list the caller keeps (no copy of its names).
+    pub fn shared(features: Arc<[String]>) -> Self {
         LookupRequest {
-            features: features.into_iter().map(Into::into).collect(),
+            features,
             entities: Vec::new(),
         }
     }
@@ -152,8 +160,8 @@ impl ColumnValues {
 /// The answer for one requested feature, aligned to the request's rows.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FeatureColumn {
-    /// `"view:feature"`
-    pub name: String,
+    /// `"view:feature"` (shared with every answer of the same store).
+    pub name: Arc<str>,
     pub dtype: FeatureType,
     pub statuses: Vec<FeatureStatus>,
     /// Event time of the stored row (Unix µs); 0 where `NotFound`.
@@ -183,14 +191,14 @@ pub struct Degraded {
 
 impl LookupResponse {
     pub fn column(&self, name: &str) -> Option<&FeatureColumn> {
-        self.columns.iter().find(|c| c.name == name)
+        self.columns.iter().find(|c| &*c.name == name)
     }
 }
 
 /// The validated form of a request: which reads answer which columns.
 pub(crate) struct Plan {
     pub(crate) rows: usize,
-    pub(crate) columns: Vec<(String, FeatureType)>,
+    pub(crate) columns: Columns,
     pub(crate) groups: Vec<Group>,
 }
 
@@ -359,7 +367,7 @@ fn plan(inner: &Inner, req: &LookupRequest, limits: &Limits) -> Result<Plan> {
 }
 
 /// A lookup's output columns: qualified name and type.
-type Columns = Vec<(String, FeatureType)>;
+type Columns = Vec<(Arc<str>, FeatureType)>;
 
 /// The output columns of a lookup and, per view, which stored features fill them.
 fn plan_columns(inner: &Inner, req: &LookupRequest) -> Result<(Columns, Vec<Group>)> {
@@ -367,9 +375,9 @@ fn plan_columns(inner: &Inner, req: &LookupRequest) -> Result<(Columns, Vec<Grou
     if req.features.is_empty() {
         return invalid("lookup names no features".into());
     }
-    let mut columns: Vec<(String, FeatureType)> = Vec::new();
+    let mut columns: Columns = Vec::new();
     let mut groups: Vec<Group> = Vec::new();
-    for r in &req.features {
+    for r in req.features.iter() {
         let Some((view, feature)) = r.split_once(':') else {
             return invalid(format!("feature reference {r:?} is not \"view:feature\""));
         };
@@ -395,31 +403,30 @@ fn plan_columns(inner: &Inner, req: &LookupRequest) -> Result<(Columns, Vec<Grou
                 groups.len() - 1
             }
         };
-        let mut add = |f: &crate::registry::FeatureInfo,
-                       columns: &mut Vec<(String, FeatureType)>| {
-            let g = &mut groups[gi];
+        let names = &inner.qualified[vi];
+        let mut add = |i: usize, columns: &mut Columns| {
+            let (f, g) = (&v.features[i], &mut groups[gi]);
             // A feature asked for twice is answered once per ask; the later column
             // is filled from the same read.
             let c = columns.len();
-            columns.push((format!("{}:{}", v.name, f.name), f.dtype));
+            columns.push((names[i].clone(), f.dtype));
             if g.column_by_id[f.id as usize].is_none() {
                 g.column_by_id[f.id as usize] = Some(c);
             }
             g.columns.push(c);
         };
         if feature == "*" {
-            for f in &v.features {
-                add(f, &mut columns);
+            for i in 0..v.features.len() {
+                add(i, &mut columns);
             }
         } else {
-            let f = v
+            let i = v
                 .feature_index(feature)
-                .map(|i| &v.features[i])
                 .ok_or_else(|| FeatureStoreError::UnknownFeature {
                     view: view.to_owned(),
                     feature: feature.to_owned(),
                 })?;
-            add(f, &mut columns);
+            add(i, &mut columns);
         }
     }
     Ok((columns, groups))
@@ -783,7 +790,7 @@ fn fill_row(
     Ok(())
 }
 
-fn first_column_for(g: &Group, columns: &[(String, FeatureType)], c: usize) -> Option<usize> {
+fn first_column_for(g: &Group, columns: &[(Arc<str>, FeatureType)], c: usize) -> Option<usize> {
     g.column_by_id
         .iter()
         .flatten()

@@ -65,7 +65,7 @@ pub(crate) fn lookup_from_proto(
         entities.push((col.join_key, keys));
     }
     Ok(LookupRequest {
-        features: req.features,
+        features: req.features.into(),
         entities,
     })
 }
@@ -115,7 +115,7 @@ pub(crate) fn lookup_to_proto(
                 event_times = Vec::new();
             }
             let mut out = pb::FeatureColumn {
-                name: c.name,
+                name: c.name.to_string(),
                 r#type: type_to_proto(c.dtype) as i32,
                 statuses: c.statuses.into_iter().map(status_to_proto).collect(),
                 event_time_unix_micros: event_times,

@@ -174,6 +174,9 @@ pub(crate) struct Inner {
     pub(crate) options: StoreOptions,
     /// The lookup metrics' handles.
     pub(crate) meters: crate::metrics::LookupMeters,
+    /// Each feature's `"view:feature"` name, by view and then feature position: the
+    /// name of a lookup's column, shared by every answer instead of formatted in each.
+    pub(crate) qualified: Vec<Vec<Arc<str>>>,
 }
 
 impl std::fmt::Debug for FeatureStore {
@@ -235,6 +238,15 @@ impl FeatureStore {
             inner: Arc::new(Inner {
                 backend,
                 meters: crate::metrics::LookupMeters::new(views.len()),
+                qualified: views
+                    .iter()
+                    .map(|v| {
+                        v.features
+                            .iter()
+                            .map(|f| Arc::from(format!("{}:{}", v.name, f.name)))
+                            .collect()
+                    })
+                    .collect(),
                 views,
                 by_name,
                 options,

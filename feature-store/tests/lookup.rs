@@ -110,7 +110,7 @@ both_backends!(async fn all_types_two_views_and_wildcard(env) {
             KeyColumn::String(vec!["m2".into(), "m1".into()]),
         );
     let resp = store.get_online_features(req).await.unwrap();
-    let names: Vec<&str> = resp.columns.iter().map(|c| c.name.as_str()).collect();
+    let names: Vec<&str> = resp.columns.iter().map(|c| &*c.name).collect();
     assert_eq!(
         names,
         [
@@ -151,6 +151,18 @@ both_backends!(async fn all_types_two_views_and_wildcard(env) {
         col("merchant:rate").values,
         ColumnValues::F32(vec![0.5, 0.25])
     );
+    // The column names are the store's, shared by every answer (not formatted in
+    // each), and a request's list of features can be shared the same way.
+    let features: std::sync::Arc<[String]> = vec!["merchant:rate".to_string()].into();
+    let again = store
+        .get_online_features(
+            LookupRequest::shared(features.clone())
+                .with_keys("merchant_id", KeyColumn::String(vec!["m1".into()])),
+        )
+        .await
+        .unwrap();
+    assert!(std::sync::Arc::ptr_eq(&again.columns[0].name, &col("merchant:rate").name));
+    assert_eq!(again.columns[0].values, ColumnValues::F32(vec![0.25]));
 });
 
 both_backends!(async fn parallel_fetch_matches_key_order_fetch(env) {

@@ -30,13 +30,13 @@ impl Arms {
     pub fn lookup_spec(&self, primary: &DecisionSpec) -> Option<DecisionSpec> {
         let mut merged: Option<DecisionSpec> = None;
         for s in self.specs() {
-            for f in &s.store_features {
+            for f in s.store_features.iter() {
                 let have = merged.as_ref().unwrap_or(primary);
                 if !have.store_features.contains(f) {
-                    merged
-                        .get_or_insert_with(|| primary.clone())
-                        .store_features
-                        .push(f.clone());
+                    let m = merged.get_or_insert_with(|| primary.clone());
+                    let mut features = m.store_features.to_vec();
+                    features.push(f.clone());
+                    m.store_features = features.into();
                 }
             }
             for v in &s.views {
@@ -89,14 +89,14 @@ mod tests {
         };
         assert!(same.lookup_spec(&primary).is_none());
         let mut other = testing::spec();
-        other.store_features = vec!["merchant:risk".into(), "card:f31".into()];
+        other.store_features = vec!["merchant:risk".into(), "card:f31".into()].into();
         other.views.insert("merchant".into());
         let arms = Arms {
             canary: None,
             shadow: Some((arm("y", 1.0), Arc::new(other))),
         };
         let merged = arms.lookup_spec(&primary).unwrap();
-        assert_eq!(merged.store_features, ["card:f31", "merchant:risk"]);
+        assert_eq!(&*merged.store_features, ["card:f31", "merchant:risk"]);
         assert_eq!(
             merged.views.iter().map(String::as_str).collect::<Vec<_>>(),
             ["card", "merchant"]

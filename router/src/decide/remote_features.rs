@@ -202,7 +202,7 @@ pub fn lookup_to_proto(req: LookupRequest) -> pb::GetOnlineFeaturesRequest {
         })
         .collect();
     pb::GetOnlineFeaturesRequest {
-        features: req.features,
+        features: req.features.to_vec(),
         entities,
         // A decision asks for a few features per view: one event time per column
         // costs little, and every column is then checked on its own.
@@ -262,7 +262,7 @@ pub fn lookup_from_proto(
             ));
         }
         columns.push(FeatureColumn {
-            name: c.name,
+            name: c.name.into(),
             dtype,
             statuses,
             event_times: c.event_time_unix_micros,

@@ -230,8 +230,9 @@ impl Thresholds {
 pub struct DecisionSpec {
     pub entries: Vec<Entry>,
     pub thresholds: Thresholds,
-    /// Feature-store references (`view:feature`) the spec reads, for one lookup.
-    pub store_features: Vec<String>,
+    /// Feature-store references (`view:feature`) the spec reads, for one lookup
+    /// (shared with each lookup's request, not copied into it).
+    pub store_features: std::sync::Arc<[String]>,
     /// Views the spec reads.
     pub views: BTreeSet<String>,
     /// What each position of the row may hold (the model's `[trees] missing` and
@@ -345,7 +346,7 @@ impl DecisionSpec {
         Ok(Some(Self {
             entries,
             thresholds,
-            store_features,
+            store_features: store_features.into(),
             views,
             columns: config.columns.clone(),
         }))
@@ -579,7 +580,7 @@ mod tests {
         );
         let s = DecisionSpec::from_model(&c).unwrap().unwrap();
         assert_eq!(s.entries.len(), 3);
-        assert_eq!(s.store_features, vec!["card:txn_count".to_string()]);
+        assert_eq!(&*s.store_features, ["card:txn_count".to_string()]);
         assert_eq!(s.entries[1].on_missing, OnMissing::Refuse);
         // log1p(e - 1) = 1 -> (1 - 1) / 2 = 0
         assert!((s.entries[0].transform(std::f64::consts::E - 1.0)).abs() < 1e-12);

@@ -162,7 +162,7 @@ pub async fn lookup(
     if spec.store_features.is_empty() {
         return Ok(None);
     }
-    let mut req = LookupRequest::new(spec.store_features.iter().cloned());
+    let mut req = LookupRequest::shared(spec.store_features.clone());
     for (join_key, key_type, views) in join_keys(store, spec)? {
         let col = key_column(items, &join_key, key_type, &views)?;
         req = req.with_keys(join_key, col);
@@ -433,7 +433,7 @@ mod tests {
             .unwrap()
             .is_none());
         let mut request_only = testing::spec();
-        request_only.store_features.clear();
+        request_only.store_features = Vec::new().into();
         assert!(
             lookup(Some(&store), &request_only, &items, testing::later())
                 .await

@@ -120,7 +120,7 @@ pub fn spec() -> DecisionSpec {
             review_at: 0.5,
             decline_at: 0.9,
         },
-        store_features: vec!["card:f31".into()],
+        store_features: vec!["card:f31".into()].into(),
         views: BTreeSet::from(["card".to_owned()]),
         columns: Default::default(),
     }
