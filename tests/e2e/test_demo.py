@@ -78,10 +78,17 @@ def test_demo_runs_the_xgboost_model(tmp_path):
     s = json.loads((data / "summary.json").read_text())
     report = out.stdout
     assert s["model"] == "fraud_xgb", report
-    assert s["decisions"] > 0 and not s["errors"], report
-    # Most answers are the model's (a loaded machine lets a few miss the 50 ms deadline).
+    assert s["decisions"] > 0, report
+    # As in the demo above: a decision not ready by its 50 ms deadline is
+    # DEADLINE_EXCEEDED, never an answer; a loaded machine lets a few happen (6 of
+    # 11,909 in one CI run of this debug build), nothing else may.
+    late = s["errors"].get("DeadlineExceeded", 0)
+    assert set(s["errors"]) <= {"DeadlineExceeded"}, report
+    assert late <= (s["decisions"] + late) * 0.01, report
+    # Most answers are the model's.
     assert s["sources"].get("MODEL", 0) > 0.9 * s["decisions"], report
-    assert s["log_records"] == s["decisions"], report
+    # Every decision is logged, the late ones too (as source DEADLINE).
+    assert s["log_records"] == s["decisions"] + late, report
     assert "cards scored with fraud_xgb v1" in report, report
     v = [v for v in s["versions"] if v["version"] == "1" and v["role"] == "primary"]
     assert v and v[0]["predictions"] >= s["sources"]["MODEL"], report
