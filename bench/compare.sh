@@ -22,6 +22,29 @@ export MESH_VENV=${MESH_VENV:-$ROOT/.venv}
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
 ONLY=${ONLY:-plog overload oip features}
+# What each part needs, checked before the first part runs: a missing tool or venv
+# would otherwise stop the run only when its part comes, minutes in.
+missing=()
+for p in $ONLY; do
+    case $p in
+        plog|overload) tools=(python3 curl) ;;
+        oip) tools=(h2load wrk)
+             if ! "$MESH_VENV/bin/python" -c 'import numpy, tritonclient.grpc' 2>/dev/null; then
+                 missing+=("the test venv at $MESH_VENV with tritonclient (scripts/test makes it; or set MESH_VENV)")
+             fi ;;
+        features) tools=(redis-server redis-benchmark redis-cli python3) ;;
+        *) echo "bench/compare.sh: unknown part '$p' (plog overload oip features)" >&2; exit 2 ;;
+    esac
+    for t in "${tools[@]}"; do
+        command -v "$t" >/dev/null || missing+=("$t (for the $p part)")
+    done
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "bench/compare.sh: missing, nothing run:" >&2
+    printf '  %s\n' "${missing[@]}" >&2
+    echo "  (apt-get install nghttp2-client wrk redis-server redis-tools; ONLY=... runs a subset)" >&2
+    exit 1
+fi
 cargo build -q --release -p mesh --bin mesh --example null_oip --example null_rest
 export MESH_BIN=$TARGET/release/mesh
 PYTHON=${PYTHON:-$MESH_VENV/bin/python}

@@ -28,6 +28,10 @@ SECONDS_EACH=${SECONDS_EACH:-5}
 for tool in h2load wrk; do
     command -v $tool >/dev/null || { echo "oip_compare.sh: $tool missing (apt-get install nghttp2-client wrk)" >&2; exit 1; }
 done
+"$VENV/bin/python" -c 'import numpy, tritonclient.grpc' 2>/dev/null || {
+    echo "oip_compare.sh: no Python with tritonclient at $VENV (scripts/test makes the test venv there; or set MESH_VENV)" >&2
+    exit 1
+}
 if [ -z "${MESH_BIN:-}" ]; then
     cargo build -q --release -p mesh --bin mesh --example null_oip --example null_rest
     MESH_BIN=$TARGET/release/mesh
