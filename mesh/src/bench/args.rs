@@ -24,7 +24,8 @@ pub enum GrpcClient {
     /// One HEADERS and one DATA frame that ends the stream, as grpc-go, gRPC C++
     /// and h2load send a unary call.
     Lean,
-    /// tonic's generated client, which ends the stream with a second, empty DATA
+    /// tonic's client (`tonic::client::Grpc`, what its generated clients call),
+    /// which ends the stream with a second, empty DATA
     /// frame written on its own (one more write for the client, one more read and
     /// wake-up for the server, and a tonic server's handler waits for it).
     Tonic,

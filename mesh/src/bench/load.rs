@@ -283,18 +283,31 @@ fn statuses_answered(r: &LookupStatuses, shape: &LookupShape, keys: usize) -> bo
             .all(|c| c.statuses.len() == keys && c.statuses.iter().all(|s| *s < 0x80))
 }
 
-/// GetOnlineFeatures with the answer read as [`LookupStatuses`].
-async fn lookup_statuses(
+/// One unary call to `path`, sent as `--grpc-client` says: [`unary::call`] (one
+/// HEADERS and one DATA frame), or tonic's client (`tonic::client::Grpc`, what its
+/// generated clients call, with their answer to a channel that is not ready).
+async fn send<Req, Res>(
     channel: &tonic::transport::Channel,
-    req: tonic::Request<pb::GetOnlineFeaturesRequest>,
-) -> Result<LookupStatuses, tonic::Status> {
-    let mut grpc = tonic::client::Grpc::new(channel.clone());
-    grpc.ready()
-        .await
-        .map_err(|e| tonic::Status::unavailable(format!("connection not ready: {e}")))?;
-    let path = http::uri::PathAndQuery::from_static(LOOKUP);
-    let codec = tonic_prost::ProstCodec::<pb::GetOnlineFeaturesRequest, LookupStatuses>::default();
-    Ok(grpc.unary(req, path, codec).await?.into_inner())
+    client: GrpcClient,
+    path: &'static str,
+    req: tonic::Request<Req>,
+) -> Result<Res, tonic::Status>
+where
+    Req: prost::Message + Send + Sync + 'static,
+    Res: prost::Message + Default + Send + Sync + 'static,
+{
+    match client {
+        GrpcClient::Lean => unary::call(channel, path, req).await,
+        GrpcClient::Tonic => {
+            let mut grpc = tonic::client::Grpc::new(channel.clone());
+            grpc.ready()
+                .await
+                .map_err(|e| tonic::Status::unknown(format!("Service was not ready: {e}")))?;
+            let path = http::uri::PathAndQuery::from_static(path);
+            let codec = tonic_prost::ProstCodec::<Req, Res>::default();
+            Ok(grpc.unary(req, path, codec).await?.into_inner())
+        }
+    }
 }
 
 /// An answer source as the report names it: `MODEL`, `BATCH_SCORE`, ...
@@ -323,13 +336,10 @@ fn stages(tm: &pb::StageTimings) -> [(&'static str, u64); 7] {
 
 #[derive(Clone)]
 pub struct Clients {
-    decide: pb::decisions_client::DecisionsClient<tonic::transport::Channel>,
     infer:
         oip::grpc_inference_service_client::GrpcInferenceServiceClient<tonic::transport::Channel>,
     features: pb::feature_store_client::FeatureStoreClient<tonic::transport::Channel>,
-    /// The same channel, for calls whose answer the bench reads its own way, and
-    /// for calls sent as one HEADERS and one DATA frame (`--grpc-client lean`,
-    /// [`super::unary`]).
+    /// The same channel, for the load's calls ([`send`]).
     channel: tonic::transport::Channel,
     /// The Infer target's rows (read from the model before the load starts).
     pub shape: Arc<InferShape>,
@@ -354,7 +364,6 @@ impl Clients {
             .await
             .with_context(|| format!("connecting to {addr}"))?;
         Ok(Self {
-            decide: pb::decisions_client::DecisionsClient::new(channel.clone()),
             infer: oip::grpc_inference_service_client::GrpcInferenceServiceClient::new(
                 channel.clone(),
             ),
@@ -413,17 +422,12 @@ async fn one(
     // Taken before the request is built and sent; recorded with the answer, under
     // the one lock of the tally per request.
     let lag_us = intended.elapsed().as_micros() as u64;
-    let lean = args.grpc_client == GrpcClient::Lean;
+    let client = args.grpc_client;
     let (code, source, timings) = match args.target {
         Target::Decide => match with_deadline(decide_request(rng, i, args), args, intended) {
             None => not_sent(),
             Some(req) => {
-                let answer = if lean {
-                    unary::call::<_, pb::DecideResponse>(&c.channel, DECIDE, req).await
-                } else {
-                    c.decide.decide(req).await.map(tonic::Response::into_inner)
-                };
-                match answer {
+                match send::<_, pb::DecideResponse>(&c.channel, client, DECIDE, req).await {
                     Ok(r) => ("OK".to_owned(), Some(source_name(r.source)), r.timings),
                     Err(s) => (format!("{:?}", s.code()), None, None),
                 }
@@ -433,15 +437,8 @@ async fn one(
             match with_deadline(infer_request(rng, &args.model, &c.shape), args, intended) {
                 None => not_sent(),
                 Some(req) => {
-                    let answer = if lean {
-                        unary::call::<_, oip::ModelInferResponse>(&c.channel, INFER, req)
-                            .await
-                            .map(drop)
-                    } else {
-                        c.infer.model_infer(req).await.map(drop)
-                    };
-                    match answer {
-                        Ok(()) => ("OK".to_owned(), None, None),
+                    match send::<_, oip::ModelInferResponse>(&c.channel, client, INFER, req).await {
+                        Ok(_) => ("OK".to_owned(), None, None),
                         Err(s) => (format!("{:?}", s.code()), None, None),
                     }
                 }
@@ -452,21 +449,12 @@ async fn one(
             match with_deadline(lookup_request(rng, &shape, args), args, intended) {
                 None => not_sent(),
                 Some(req) => {
-                    let answered = if lean && args.decode_values {
-                        unary::call::<_, pb::GetOnlineFeaturesResponse>(&c.channel, LOOKUP, req)
+                    let answered = if args.decode_values {
+                        send::<_, pb::GetOnlineFeaturesResponse>(&c.channel, client, LOOKUP, req)
                             .await
                             .map(|r| lookup_answered(&r, &shape, args.keys))
-                    } else if lean {
-                        unary::call::<_, LookupStatuses>(&c.channel, LOOKUP, req)
-                            .await
-                            .map(|r| statuses_answered(&r, &shape, args.keys))
-                    } else if args.decode_values {
-                        c.features
-                            .get_online_features(req)
-                            .await
-                            .map(|r| lookup_answered(r.get_ref(), &shape, args.keys))
                     } else {
-                        lookup_statuses(&c.channel, req)
+                        send::<_, LookupStatuses>(&c.channel, client, LOOKUP, req)
                             .await
                             .map(|r| statuses_answered(&r, &shape, args.keys))
                     };
