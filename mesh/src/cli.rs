@@ -337,11 +337,8 @@ impl ServeArgs {
             s.compute_threads = v.max(1);
         }
         if let Some(v) = self.worker_threads {
-            let max = mesh_router::config::MAX_WORKER_THREADS;
-            if v > max {
-                anyhow::bail!("--worker-threads {v}: must be 0 (one per CPU core) to {max}");
-            }
-            s.worker_threads = v;
+            s.worker_threads = mesh_router::config::check_worker_threads("--worker-threads", v)
+                .map_err(anyhow::Error::msg)?;
         }
         if let Some(v) = self.role {
             s.role = v;

@@ -496,6 +496,17 @@ impl Default for ServerConfig {
 /// The most `[server] worker_threads`.
 pub const MAX_WORKER_THREADS: usize = 1024;
 
+/// `n` as `[server] worker_threads`, or why not; `setting` names where it came from
+/// (`[server] worker_threads =` in a file, `--worker-threads` on the command line).
+pub fn check_worker_threads(setting: &str, n: usize) -> Result<usize, String> {
+    if n > MAX_WORKER_THREADS {
+        return Err(format!(
+            "{setting} {n}: must be 0 (one per CPU core) to {MAX_WORKER_THREADS}"
+        ));
+    }
+    Ok(n)
+}
+
 impl ServerConfig {
     pub fn max_timeout(&self) -> Duration {
         self.max_timeout
@@ -550,12 +561,7 @@ impl TryFrom<ServerFile> for ServerConfig {
             &[("[server] max_timeout_ms", millis(f.max_timeout_ms))],
         )?;
         f.connections.validate()?;
-        if f.worker_threads > MAX_WORKER_THREADS {
-            return Err(format!(
-                "[server] worker_threads = {}: must be 0 (one per CPU core) to {MAX_WORKER_THREADS}",
-                f.worker_threads
-            ));
-        }
+        let worker_threads = check_worker_threads("[server] worker_threads =", f.worker_threads)?;
         Ok(Self {
             host: f.host,
             grpc_port: f.grpc_port,
@@ -564,7 +570,7 @@ impl TryFrom<ServerFile> for ServerConfig {
             max_message_bytes: f.max_message_bytes,
             max_timeout: max_timeout.unwrap_or(ServerConfig::default().max_timeout),
             compute_threads: f.compute_threads,
-            worker_threads: f.worker_threads,
+            worker_threads,
             role: f.role,
             connections: f.connections,
             max_inflight_bytes: f.max_inflight_bytes,
