@@ -67,7 +67,6 @@ for p in $ONLY; do
             cargo bench -q -p mesh-feature-store --bench lookup -- --seconds "${SECS:-4}" --skip-grpc 2>/dev/null
             part "Feature store lookups over gRPC against Redis MGET (1M entities x 16 f32)"
             bench/features_compare.sh "$MESH_BIN" ;;
-        *) echo "bench/compare.sh: unknown part '$p' (plog overload oip features)" >&2; exit 2 ;;
     esac
 done
 
