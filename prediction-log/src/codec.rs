@@ -23,7 +23,9 @@
 //! cheaper to write and read. A tag this build does not know (a newer layout) is an
 //! error that names it, never taken for a torn frame: recovery must not discard it.
 
-use crate::record::{status, FeatureUsed, PredictionRecord, Protocol, Role, StageMicros};
+use crate::record::{
+    status, LoggedFeature, PredictionRecord, Protocol, RecordRef, Role, StageMicros,
+};
 
 /// Tag of the layout above.
 pub(crate) const RECORD_V1: u8 = 1;
@@ -33,20 +35,23 @@ const HAS_TIME: u8 = 2;
 const OTHER_STATUS: u8 = 255;
 
 /// Appends the payload of `rec` (tag included) to `out`.
-pub(crate) fn encode(rec: &PredictionRecord, out: &mut Vec<u8>) {
+pub(crate) fn encode<K: AsRef<str>, F: LoggedFeature>(
+    rec: &RecordRef<'_, K, F>,
+    out: &mut Vec<u8>,
+) {
     out.push(RECORD_V1);
-    put_str(out, &rec.request_id);
+    put_str(out, rec.request_id);
     out.extend_from_slice(&rec.ts_us.to_le_bytes());
-    put_str(out, &rec.model);
-    put_str(out, &rec.version);
+    put_str(out, rec.model);
+    put_str(out, rec.version);
     out.push(role_code(rec.role));
     out.push(protocol_code(rec.protocol));
     put_var(out, rec.entity_keys.len() as u64);
-    for (k, v) in &rec.entity_keys {
-        put_str(out, k);
-        put_str(out, v);
+    for (k, v) in rec.entity_keys {
+        put_str(out, k.as_ref());
+        put_str(out, v.as_ref());
     }
-    match &rec.features {
+    match rec.features {
         None => out.push(0),
         Some(fs) => {
             out.push(1);
@@ -57,39 +62,47 @@ pub(crate) fn encode(rec: &PredictionRecord, out: &mut Vec<u8>) {
         }
     }
     put_opt_f64(out, rec.score);
-    match &rec.decision {
+    match rec.decision {
         None => out.push(0),
         Some(d) => {
             out.push(1);
             put_str(out, d);
         }
     }
-    put_str(out, &rec.source);
+    put_str(out, rec.source);
     for v in rec.stages.as_array() {
         put_var(out, v);
     }
 }
 
-fn put_feature(out: &mut Vec<u8>, f: &FeatureUsed) {
-    put_str(out, &f.name);
-    let flags = if f.value.is_some() { HAS_VALUE } else { 0 }
-        | if f.event_time_us.is_some() {
-            HAS_TIME
-        } else {
-            0
-        };
+/// The timestamp of a payload [`encode`] wrote, read without decoding the rest.
+pub(crate) fn ts_of(payload: &[u8]) -> Option<i64> {
+    let mut r = Reader { buf: payload };
+    if r.u8().ok()? != RECORD_V1 {
+        return None;
+    }
+    r.str().ok()?;
+    r.i64().ok()
+}
+
+fn put_feature(out: &mut Vec<u8>, f: &impl LoggedFeature) {
+    put_str(out, f.name());
+    let (value, time) = (f.value(), f.event_time_us());
+    let flags =
+        if value.is_some() { HAS_VALUE } else { 0 } | if time.is_some() { HAS_TIME } else { 0 };
     out.push(flags);
-    if let Some(v) = f.value {
+    if let Some(v) = value {
         out.extend_from_slice(&v.to_le_bytes());
     }
-    match status::ALL.iter().position(|s| *s == f.status) {
+    let st = f.status();
+    match status::ALL.iter().position(|s| *s == st) {
         Some(i) => out.push(i as u8),
         None => {
             out.push(OTHER_STATUS);
-            put_str(out, &f.status);
+            put_str(out, st);
         }
     }
-    if let Some(t) = f.event_time_us {
+    if let Some(t) = time {
         out.extend_from_slice(&t.to_le_bytes());
     }
 }
@@ -144,17 +157,55 @@ pub(crate) enum DecodeError {
     Malformed(&'static str),
 }
 
-/// Decodes one payload written by [`encode`].
-pub(crate) fn decode(payload: &[u8]) -> Result<PredictionRecord, DecodeError> {
+/// A feature of a decoded payload, borrowed from its bytes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct FeatureRef<'a> {
+    pub name: &'a str,
+    pub value: Option<f64>,
+    pub status: &'a str,
+    pub event_time_us: Option<i64>,
+}
+
+impl LoggedFeature for FeatureRef<'_> {
+    fn name(&self) -> &str {
+        self.name
+    }
+    fn value(&self) -> Option<f64> {
+        self.value
+    }
+    fn status(&self) -> &str {
+        self.status
+    }
+    fn event_time_us(&self) -> Option<i64> {
+        self.event_time_us
+    }
+}
+
+/// Where [`decode_ref`] puts a payload's lists; kept and reused across the payloads of
+/// one buffer, so decoding allocates nothing per record.
+#[derive(Default)]
+pub(crate) struct Lists<'a> {
+    keys: Vec<(&'a str, &'a str)>,
+    features: Vec<FeatureRef<'a>>,
+}
+
+/// A decoded payload, borrowed from its bytes.
+pub(crate) type DecodedRef<'s, 'a> = RecordRef<'s, &'a str, FeatureRef<'a>>;
+
+/// Decodes one payload written by [`encode`] without copying its text.
+pub(crate) fn decode_ref<'s, 'a: 's>(
+    payload: &'a [u8],
+    lists: &'s mut Lists<'a>,
+) -> Result<DecodedRef<'s, 'a>, DecodeError> {
     let mut r = Reader { buf: payload };
     match r.u8()? {
         RECORD_V1 => {}
         t => return Err(DecodeError::UnknownTag(t)),
     }
-    let request_id = r.string()?;
+    let request_id = r.str()?;
     let ts_us = r.i64()?;
-    let model = r.string()?;
-    let version = r.string()?;
+    let model = r.str()?;
+    let version = r.str()?;
     let role = match r.u8()? {
         0 => Role::Primary,
         1 => Role::Canary,
@@ -171,29 +222,31 @@ pub(crate) fn decode(payload: &[u8]) -> Result<PredictionRecord, DecodeError> {
     // Each entity key takes at least 2 bytes, each feature at least 3: a count larger
     // than the bytes left could hold is corruption, and never sizes an allocation.
     let n = r.count(2)?;
-    let mut entity_keys = Vec::with_capacity(n);
+    lists.keys.clear();
+    lists.keys.reserve(n);
     for _ in 0..n {
-        entity_keys.push((r.string()?, r.string()?));
+        lists.keys.push((r.str()?, r.str()?));
     }
-    let features = match r.u8()? {
-        0 => None,
+    lists.features.clear();
+    let has_features = match r.u8()? {
+        0 => false,
         1 => {
             let n = r.count(3)?;
-            let mut fs = Vec::with_capacity(n);
+            lists.features.reserve(n);
             for _ in 0..n {
-                fs.push(r.feature()?);
+                lists.features.push(r.feature()?);
             }
-            Some(fs)
+            true
         }
         _ => return Err(DecodeError::Malformed("features flag")),
     };
     let score = r.opt_f64()?;
     let decision = match r.u8()? {
         0 => None,
-        1 => Some(r.string()?),
+        1 => Some(r.str()?),
         _ => return Err(DecodeError::Malformed("decision flag")),
     };
-    let source = r.string()?;
+    let source = r.str()?;
     let mut st = [0u64; 7];
     for s in &mut st {
         *s = r.var()?;
@@ -201,15 +254,15 @@ pub(crate) fn decode(payload: &[u8]) -> Result<PredictionRecord, DecodeError> {
     if !r.buf.is_empty() {
         return Err(DecodeError::Malformed("trailing bytes"));
     }
-    Ok(PredictionRecord {
+    Ok(RecordRef {
         request_id,
         ts_us,
         model,
         version,
         role,
         protocol,
-        entity_keys,
-        features,
+        entity_keys: &lists.keys,
+        features: has_features.then_some(&lists.features[..]),
         score,
         decision,
         source,
@@ -217,16 +270,23 @@ pub(crate) fn decode(payload: &[u8]) -> Result<PredictionRecord, DecodeError> {
     })
 }
 
+/// Decodes one payload written by [`encode`] into an owned record.
+pub(crate) fn decode(payload: &[u8]) -> Result<PredictionRecord, DecodeError> {
+    let mut lists = Lists::default();
+    decode_ref(payload, &mut lists).map(|r| r.to_record())
+}
+
 struct Reader<'a> {
     buf: &'a [u8],
 }
 
-impl Reader<'_> {
-    fn take(&mut self, n: usize) -> Result<&[u8], DecodeError> {
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         if self.buf.len() < n {
             return Err(DecodeError::Malformed("short payload"));
         }
-        let (head, rest) = self.buf.split_at(n);
+        let buf: &'a [u8] = self.buf;
+        let (head, rest) = buf.split_at(n);
         self.buf = rest;
         Ok(head)
     }
@@ -278,14 +338,14 @@ impl Reader<'_> {
         }
     }
 
-    fn string(&mut self) -> Result<String, DecodeError> {
+    fn str(&mut self) -> Result<&'a str, DecodeError> {
         let n = usize::try_from(self.var()?).map_err(|_| DecodeError::Malformed("length"))?;
         let bytes = self.take(n)?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| DecodeError::Malformed("utf-8"))
+        std::str::from_utf8(bytes).map_err(|_| DecodeError::Malformed("utf-8"))
     }
 
-    fn feature(&mut self) -> Result<FeatureUsed, DecodeError> {
-        let name = self.string()?;
+    fn feature(&mut self) -> Result<FeatureRef<'a>, DecodeError> {
+        let name = self.str()?;
         let flags = self.u8()?;
         if flags & !(HAS_VALUE | HAS_TIME) != 0 {
             return Err(DecodeError::Malformed("feature flags"));
@@ -296,19 +356,18 @@ impl Reader<'_> {
             None
         };
         let status = match self.u8()? {
-            OTHER_STATUS => self.string()?.into(),
-            i => (*status::ALL
+            OTHER_STATUS => self.str()?,
+            i => status::ALL
                 .get(usize::from(i))
-                .ok_or(DecodeError::Malformed("status"))?)
-            .into(),
+                .ok_or(DecodeError::Malformed("status"))?,
         };
         let event_time_us = if flags & HAS_TIME != 0 {
             Some(self.i64()?)
         } else {
             None
         };
-        Ok(FeatureUsed {
-            name: name.into(),
+        Ok(FeatureRef {
+            name,
             value,
             status,
             event_time_us,
@@ -319,7 +378,7 @@ impl Reader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::source;
+    use crate::record::{source, FeatureUsed};
 
     fn full() -> PredictionRecord {
         let mut r = PredictionRecord::new("req-ü-1", "fraud", "12", Role::Shadow);
@@ -357,7 +416,7 @@ mod tests {
     fn every_field_round_trips() {
         for rec in [full(), PredictionRecord::new("", "", "", Role::Primary)] {
             let mut buf = Vec::new();
-            encode(&rec, &mut buf);
+            encode(&rec.view(), &mut buf);
             assert_eq!(decode(&buf), Ok(rec));
         }
         let mut none = full();
@@ -365,14 +424,14 @@ mod tests {
         none.score = None;
         none.decision = None;
         let mut buf = Vec::new();
-        encode(&none, &mut buf);
+        encode(&none.view(), &mut buf);
         assert_eq!(decode(&buf), Ok(none));
     }
 
     #[test]
     fn damaged_payloads_are_refused_not_misread() {
         let mut buf = Vec::new();
-        encode(&full(), &mut buf);
+        encode(&full().view(), &mut buf);
         for cut in 0..buf.len() {
             assert!(decode(&buf[..cut]).is_err(), "cut at {cut}");
         }
@@ -389,7 +448,7 @@ mod tests {
         let mut r = PredictionRecord::new("r", "m", "1", Role::Primary);
         r.entity_keys.clear();
         let mut b = Vec::new();
-        encode(&r, &mut b);
+        encode(&r.view(), &mut b);
         // tag, "r", ts, "m", "1", role, protocol: the key count follows.
         let at = 1 + 2 + 8 + 2 + 2 + 2;
         assert_eq!(b[at], 0);
@@ -397,5 +456,28 @@ mod tests {
         put_var(&mut huge, u64::MAX / 2);
         huge.extend_from_slice(&b[at + 1..]);
         assert_eq!(decode(&huge), Err(DecodeError::Malformed("count")));
+    }
+
+    /// `ts_of` reads the timestamp without decoding; `decode_ref` borrows the text and
+    /// reuses its lists from one payload to the next.
+    #[test]
+    fn the_timestamp_and_a_borrowed_record_read_from_the_bytes() {
+        let a = full();
+        let mut b = PredictionRecord::new("other", "m", "", Role::Primary);
+        b.ts_us = 1_700_000_000_123_456;
+        let (mut pa, mut pb) = (Vec::new(), Vec::new());
+        encode(&a.view(), &mut pa);
+        encode(&b.view(), &mut pb);
+        assert_eq!(ts_of(&pa), Some(-5));
+        assert_eq!(ts_of(&pb), Some(b.ts_us));
+        assert_eq!(ts_of(&pa[..3]), None);
+        let mut lists = Lists::default();
+        let ra = decode_ref(&pa, &mut lists).unwrap();
+        assert_eq!(ra.features.map(<[_]>::len), Some(3));
+        assert_eq!(ra.features.unwrap()[2].status, "something_else");
+        assert_eq!(ra.to_record(), a);
+        let rb = decode_ref(&pb, &mut lists).unwrap();
+        assert_eq!(rb.to_record(), b);
+        assert!(rb.features.is_none() && rb.entity_keys.is_empty());
     }
 }

@@ -36,8 +36,8 @@ pub use join::{join, JoinOptions, JoinReport};
 pub use parquet_io::{read_parquet, schema, write_parquet};
 pub use reader::{read_all, scan, ReadOptions, Tailer};
 pub use record::{
-    date_of_us, now_us, source, status, FeatureLogging, FeatureUsed, PredictionRecord, Protocol,
-    Role, StageMicros,
+    date_of_us, now_us, source, status, FeatureLogging, FeatureUsed, LoggedFeature,
+    PredictionRecord, Protocol, RecordRef, Role, StageMicros, VersionText,
 };
 pub use segment::{parquet_files, recover, wal_files, RecoveryReport};
 pub use writer::{LogStats, PredictionLog, PredictionLogHandle, WriterTask};

@@ -7,7 +7,9 @@
 //! records carried one) reads as [`Protocol::Unknown`].
 
 use crate::error::{LogError, Result};
-use crate::record::{FeatureUsed, PredictionRecord, Protocol, Role, StageMicros};
+use crate::record::{
+    FeatureUsed, LoggedFeature, PredictionRecord, Protocol, RecordRef, Role, StageMicros,
+};
 use arrow_array::builder::{
     Float64Builder, Int64Builder, StringBuilder, TimestampMicrosecondBuilder,
 };
@@ -99,7 +101,7 @@ fn to_i64(v: u64) -> i64 {
 pub(crate) fn to_batch(records: &[PredictionRecord]) -> Result<RecordBatch> {
     let mut b = BatchBuilder::with_capacity(records.len());
     for r in records {
-        b.append(r);
+        b.append(&r.view());
     }
     b.finish()
 }
@@ -148,15 +150,15 @@ impl BatchBuilder {
     }
 
     /// Appends one record to every column.
-    pub(crate) fn append(&mut self, r: &PredictionRecord) {
-        self.request_id.append_value(&r.request_id);
+    pub(crate) fn append<K: AsRef<str>, F: LoggedFeature>(&mut self, r: &RecordRef<'_, K, F>) {
+        self.request_id.append_value(r.request_id);
         self.ts.append_value(r.ts_us);
-        self.model.append_value(&r.model);
-        self.version.append_value(&r.version);
+        self.model.append_value(r.model);
+        self.version.append_value(r.version);
         self.role.append_value(r.role.as_str());
         self.score.append_option(r.score);
-        self.decision.append_option(r.decision.as_deref());
-        self.source.append_value(&r.source);
+        self.decision.append_option(r.decision);
+        self.source.append_value(r.source);
         self.protocol.append_value(r.protocol.as_str());
         for (b, v) in self.stages.iter_mut().zip(r.stages.as_array()) {
             b.append_value(to_i64(v));
@@ -213,10 +215,10 @@ impl KeysBuilder {
     }
 
     /// Appends the entity keys of one record.
-    fn append(&mut self, r: &PredictionRecord) {
-        for (k, v) in &r.entity_keys {
-            self.key.append_value(k);
-            self.value.append_value(v);
+    fn append<K: AsRef<str>, F>(&mut self, r: &RecordRef<'_, K, F>) {
+        for (k, v) in r.entity_keys {
+            self.key.append_value(k.as_ref());
+            self.value.append_value(v.as_ref());
             self.count += 1;
         }
         self.offsets.push(self.count);
@@ -272,13 +274,13 @@ impl FeaturesBuilder {
     }
 
     /// Appends the features of one record.
-    fn append(&mut self, r: &PredictionRecord) {
+    fn append<K, F: LoggedFeature>(&mut self, r: &RecordRef<'_, K, F>) {
         self.valid.push(r.features.is_some());
-        for f in r.features.iter().flatten() {
-            self.name.append_value(&f.name);
-            self.value.append_option(f.value);
-            self.status.append_value(&f.status);
-            self.time.append_option(f.event_time_us);
+        for f in r.features.into_iter().flatten() {
+            self.name.append_value(f.name());
+            self.value.append_option(f.value());
+            self.status.append_value(f.status());
+            self.time.append_option(f.event_time_us());
             self.count += 1;
         }
         self.offsets.push(self.count);
@@ -383,7 +385,10 @@ impl OpenParquet {
     }
 
     /// Appends one record; every [`SLICE_ROWS`] records, encodes them into the file.
-    pub(crate) fn append(&mut self, r: &PredictionRecord) -> Result<()> {
+    pub(crate) fn append<K: AsRef<str>, F: LoggedFeature>(
+        &mut self,
+        r: &RecordRef<'_, K, F>,
+    ) -> Result<()> {
         self.builder.append(r);
         if self.builder.len() >= SLICE_ROWS {
             self.write_slice()?;
@@ -426,7 +431,7 @@ impl OpenParquet {
 pub fn write_parquet(path: &Path, records: &[PredictionRecord]) -> Result<()> {
     let mut out = OpenParquet::create(path)?;
     for r in records {
-        out.append(r)?;
+        out.append(&r.view())?;
     }
     out.finish()
 }

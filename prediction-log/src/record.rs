@@ -47,6 +47,14 @@ pub mod status {
         UNSEEN,
     ];
 
+    /// A status as a record keeps it: one of [`ALL`] borrowed, anything else owned as given.
+    pub(crate) fn normalize_owned(s: &str) -> std::borrow::Cow<'static, str> {
+        match ALL.iter().find(|a| **a == s) {
+            Some(a) => std::borrow::Cow::Borrowed(a),
+            None => std::borrow::Cow::Owned(s.to_owned()),
+        }
+    }
+
     /// The one spelling of a status: logs written before statuses were upper case
     /// (`not_found`) read as `NOT_FOUND`.
     pub fn normalize(s: &str) -> std::borrow::Cow<'static, str> {
@@ -277,6 +285,137 @@ impl PredictionRecord {
             source: source::MODEL.to_string(),
             stages: StageMicros::default(),
         }
+    }
+}
+
+impl PredictionRecord {
+    /// The record borrowed, as the log encodes it.
+    pub fn view(&self) -> RecordRef<'_> {
+        RecordRef {
+            request_id: &self.request_id,
+            ts_us: self.ts_us,
+            model: &self.model,
+            version: &self.version,
+            role: self.role,
+            protocol: self.protocol,
+            entity_keys: &self.entity_keys,
+            features: self.features.as_deref(),
+            score: self.score,
+            decision: self.decision.as_deref(),
+            source: &self.source,
+            stages: self.stages,
+        }
+    }
+}
+
+/// A feature as the log reads it. [`FeatureUsed`] is one; a caller that keeps its own
+/// type (the router's decision outcome) implements this and logs through
+/// [`RecordRef`] without building a [`PredictionRecord`].
+pub trait LoggedFeature {
+    fn name(&self) -> &str;
+    fn value(&self) -> Option<f64>;
+    /// One of [`status`] (any other text is kept as it is).
+    fn status(&self) -> &str;
+    fn event_time_us(&self) -> Option<i64>;
+}
+
+impl LoggedFeature for FeatureUsed {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn value(&self) -> Option<f64> {
+        self.value
+    }
+    fn status(&self) -> &str {
+        &self.status
+    }
+    fn event_time_us(&self) -> Option<i64> {
+        self.event_time_us
+    }
+}
+
+/// One prediction, borrowed: the fields of a [`PredictionRecord`] as references into
+/// what the caller already holds. [`PredictionLogHandle::record_ref`](crate::PredictionLogHandle::record_ref)
+/// encodes it straight into the log's queue, so logging a decision copies its bytes
+/// once and allocates nothing per feature. `K` is the text of the entity keys, `F` the
+/// features' type.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordRef<'a, K = String, F = FeatureUsed> {
+    pub request_id: &'a str,
+    /// Microseconds since the Unix epoch (UTC); [`now_us`] for a prediction made now.
+    pub ts_us: i64,
+    pub model: &'a str,
+    pub version: &'a str,
+    pub role: Role,
+    pub protocol: Protocol,
+    pub entity_keys: &'a [(K, K)],
+    pub features: Option<&'a [F]>,
+    pub score: Option<f64>,
+    pub decision: Option<&'a str>,
+    pub source: &'a str,
+    pub stages: StageMicros,
+}
+
+impl<K: AsRef<str>, F: LoggedFeature> RecordRef<'_, K, F> {
+    /// The owned record (for tests and tools; the log never needs one).
+    pub fn to_record(&self) -> PredictionRecord {
+        PredictionRecord {
+            request_id: self.request_id.to_owned(),
+            ts_us: self.ts_us,
+            model: self.model.to_owned(),
+            version: self.version.to_owned(),
+            role: self.role,
+            protocol: self.protocol,
+            entity_keys: self
+                .entity_keys
+                .iter()
+                .map(|(k, v)| (k.as_ref().to_owned(), v.as_ref().to_owned()))
+                .collect(),
+            features: self.features.map(|fs| {
+                fs.iter()
+                    .map(|f| FeatureUsed {
+                        name: f.name().into(),
+                        value: f.value(),
+                        status: status::normalize_owned(f.status()),
+                        event_time_us: f.event_time_us(),
+                    })
+                    .collect()
+            }),
+            score: self.score,
+            decision: self.decision.map(str::to_owned),
+            source: self.source.to_owned(),
+            stages: self.stages,
+        }
+    }
+}
+
+/// The decimal text of a version number without allocating: `VersionText::new(Some(12))`
+/// reads `"12"`, `None` reads `""` (as an unversioned record is written).
+pub struct VersionText {
+    buf: [u8; 20],
+    start: usize,
+}
+
+impl VersionText {
+    pub fn new(v: Option<u64>) -> Self {
+        let mut buf = [0u8; 20];
+        let mut start = buf.len();
+        if let Some(mut v) = v {
+            loop {
+                start -= 1;
+                buf[start] = b'0' + (v % 10) as u8;
+                v /= 10;
+                if v == 0 {
+                    break;
+                }
+            }
+        }
+        Self { buf, start }
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Only ASCII digits are ever written.
+        std::str::from_utf8(&self.buf[self.start..]).unwrap_or_default()
     }
 }
 

@@ -119,7 +119,7 @@ fn convert(dir: &Path, id: &str, wal: &Path, skip_existing: bool) -> Result<Conv
                 &mut open.insert((date, f)).1
             }
         };
-        file.append(&rec).map(|()| true)
+        file.append(&rec.view()).map(|()| true)
     });
     let scanned = match scanned {
         Ok(s) => s,

@@ -22,15 +22,61 @@ use std::path::{Path, PathBuf};
 pub(crate) const MAGIC: &[u8; 8] = b"MESHWAL2";
 /// The magic of files written before the binary frames: JSON frames.
 pub(crate) const MAGIC_JSON: &[u8; 8] = b"MESHWAL1";
-const FRAME_HEADER: usize = 8;
+pub(crate) const FRAME_HEADER: usize = 8;
 /// A frame larger than this is treated as corruption, not as a record.
 const MAX_FRAME: usize = 64 << 20;
+
+/// Starts a frame at the end of `buf`: room for its header, which [`seal_frame`] fills
+/// once the payload follows.
+pub(crate) fn start_frame(buf: &mut Vec<u8>) {
+    buf.extend_from_slice(&[0u8; FRAME_HEADER]);
+}
+
+/// Writes the payload length into the header of the frame that starts at `at` and runs
+/// to the end of `buf`. False (and the frame taken off `buf`) when the payload is larger
+/// than a reader accepts ([`MAX_FRAME`]).
+pub(crate) fn seal_frame(buf: &mut Vec<u8>, at: usize) -> bool {
+    let len = buf.len() - at - FRAME_HEADER;
+    match u32::try_from(len) {
+        Ok(l) if len <= MAX_FRAME => {
+            buf[at..at + 4].copy_from_slice(&l.to_le_bytes());
+            true
+        }
+        _ => {
+            buf.truncate(at);
+            false
+        }
+    }
+}
+
+/// The frames of `buf` (each sealed by [`seal_frame`]) in order: `(offset, payload)`.
+pub(crate) fn frames(buf: &[u8]) -> impl Iterator<Item = (usize, &[u8])> {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        let head = buf.get(at..at + FRAME_HEADER)?;
+        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        let start = at + FRAME_HEADER;
+        let payload = buf.get(start..start + len)?;
+        let item = (at, payload);
+        at = start + len;
+        Some(item)
+    })
+}
+
+/// Fills in the checksum of the frame at `at` (the writer does this, off the request
+/// path).
+pub(crate) fn checksum_frame(buf: &mut [u8], at: usize) {
+    let [l0, l1, l2, l3] = [buf[at], buf[at + 1], buf[at + 2], buf[at + 3]];
+    let len = u32::from_le_bytes([l0, l1, l2, l3]) as usize;
+    let start = at + FRAME_HEADER;
+    let crc = crc32fast::hash(&buf[start..start + len]);
+    buf[at + 4..at + 8].copy_from_slice(&crc.to_le_bytes());
+}
 
 /// Appends records to one wal file.
 pub(crate) struct WalWriter {
     path: PathBuf,
     out: BufWriter<File>,
-    buf: Vec<u8>,
     bytes: u64,
 }
 
@@ -46,25 +92,30 @@ impl WalWriter {
         Ok(Self {
             path: path.to_path_buf(),
             out,
-            buf: Vec::with_capacity(1024),
             bytes: MAGIC.len() as u64,
         })
     }
 
+    /// Appends one record as a frame (tools and tests; the writer appends whole runs of
+    /// frames with [`append_frames`](Self::append_frames)).
+    #[cfg(test)]
     pub(crate) fn append(&mut self, rec: &PredictionRecord) -> Result<()> {
-        self.buf.clear();
-        self.buf.extend_from_slice(&[0u8; FRAME_HEADER]);
-        codec::encode(rec, &mut self.buf);
-        let len = self.buf.len() - FRAME_HEADER;
-        let len32 = u32::try_from(len)
-            .map_err(|_| LogError::Config(format!("record of {len} bytes is too large")))?;
-        let crc = crc32fast::hash(&self.buf[FRAME_HEADER..]);
-        self.buf[0..4].copy_from_slice(&len32.to_le_bytes());
-        self.buf[4..8].copy_from_slice(&crc.to_le_bytes());
+        let mut buf = Vec::new();
+        start_frame(&mut buf);
+        codec::encode(&rec.view(), &mut buf);
+        if !seal_frame(&mut buf, 0) {
+            return Err(LogError::Config("record too large for a wal frame".into()));
+        }
+        checksum_frame(&mut buf, 0);
+        self.append_frames(&buf)
+    }
+
+    /// Appends frames that [`seal_frame`] finished, as they are.
+    pub(crate) fn append_frames(&mut self, frames: &[u8]) -> Result<()> {
         self.out
-            .write_all(&self.buf)
+            .write_all(frames)
             .map_err(|e| LogError::io(&self.path, e))?;
-        self.bytes += self.buf.len() as u64;
+        self.bytes += frames.len() as u64;
         Ok(())
     }
 

@@ -1,35 +1,46 @@
-//! The writer: a bounded channel in front of three threads.
+//! The writer: a bounded queue in front of three threads.
 //!
-//! - The writer thread appends each record to the wal of the open segment (a compact
-//!   binary frame, a few µs) and passes it on to the encoder. The wal is what keeps a
+//! - The request path encodes each record straight into the queue's buffer as a wal frame
+//!   ([`PredictionLogHandle::record_ref`]: the compact binary layout of `codec`, built
+//!   from references into what the caller holds; a thread-local scratch buffer, then one
+//!   copy under a short lock). Nothing is allocated per record, and no record object
+//!   crosses threads.
+//! - The writer thread takes the whole buffer every few milliseconds (swapping in an
+//!   empty one), fills in each frame's checksum, appends the frames to the wal of the open
+//!   segment as they are, and passes the buffer on to the encoder. The wal is what keeps a
 //!   record; this thread runs at [`LogConfig::writer_nice`].
-//! - The encoder thread fills the segment's Parquet file (column builders, encoded and
-//!   compressed a slice of rows at a time) and, when the segment rolls, finishes it
-//!   (footer, fsync, rename) and removes the wal. This is most of the log's CPU work, and
-//!   by default it runs under `SCHED_IDLE` ([`LogConfig::encoder_idle`]). When it falls
-//!   [`LogConfig::encoder_backlog`] records behind, the writer gives up that segment's
-//!   Parquet file and the closer converts the segment from its wal instead.
+//! - The encoder thread decodes the frames (borrowing their text) into the segment's
+//!   Parquet column builders, encodes and compresses a slice of rows at a time and, when
+//!   the segment rolls, finishes the file (footer, fsync, rename) and removes the wal.
+//!   This is most of the log's CPU work, and by default it runs under `SCHED_IDLE`
+//!   ([`LogConfig::encoder_idle`]). When it falls [`LogConfig::encoder_backlog`] records
+//!   behind, the writer gives up that segment's Parquet file and the closer converts the
+//!   segment from its wal instead.
 //! - The closer thread converts such segments (and those whose Parquet file could not be
 //!   written) from their wal, at `writer_nice`.
 //!
-//! The request path only ever calls [`PredictionLogHandle::record`], a `try_send`: when the
-//! channel is full the record is dropped and counted (`mesh_log_dropped_records_total`, and
-//! a warning with the count at the next flush tick). Nothing on the request path waits for
-//! the disk, and nothing wakes the writer: it takes what is queued every few milliseconds
+//! The request path never waits for the disk: when [`LogConfig::channel_capacity`]
+//! records wait in the queue, a record is dropped and counted
+//! (`mesh_log_dropped_records_total`, and a warning with the count at the next flush
+//! tick). Nothing wakes the writer: it takes what is queued every few milliseconds
 //! ([`DRAIN_INTERVAL`]), so records reach it in batches without a wake-up per record (the
-//! encoder takes its queue the same way). All three threads run below the serving threads:
-//! their work, spread thin, uses the CPU the serving threads leave.
+//! encoder takes its queue the same way). All three threads run below the serving
+//! threads: their work, spread thin, uses the CPU the serving threads leave.
 
+use crate::codec;
 use crate::config::LogConfig;
 use crate::error::{LogError, Result};
 use crate::parquet_io::OpenParquet;
-use crate::record::{date_of_us, now_us, FeatureLogging, PredictionRecord};
+use crate::record::{
+    date_of_us, now_us, FeatureLogging, LoggedFeature, PredictionRecord, RecordRef,
+};
 use crate::segment::{self, RecoveryReport};
-use crate::wal::WalWriter;
+use crate::wal::{self, WalWriter};
+use std::cell::RefCell;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, watch};
@@ -39,18 +50,93 @@ use tokio::sync::{oneshot, watch};
 const DRAIN_INTERVAL: Duration = Duration::from_millis(5);
 /// How often it looks when nothing arrived in the last round (an idle server).
 const IDLE_INTERVAL: Duration = Duration::from_millis(25);
-/// Records taken in one round before the writer looks at its clock again.
+/// Records the encoder takes in one round before it looks at its clock again.
 const ROUND_RECORDS: usize = 4096;
+/// A buffer that grew past this in a burst is not kept for reuse once it is done.
+const KEEP_BUFFER_BYTES: usize = 8 << 20;
+/// Microseconds in a day: segments hold the records of one UTC date.
+const DAY_US: i64 = 86_400_000_000;
 
+/// What the handles ask of the writer besides records (those go through [`Queue`]).
 enum Msg {
-    Record(Box<PredictionRecord>),
     Flush(oneshot::Sender<u64>),
     Shutdown,
 }
 
-/// Counters shared by the handles and the writer thread.
-#[derive(Default)]
+/// Why the queue refused a frame.
+enum Refused {
+    Full,
+    Closed,
+}
+
+/// The frames waiting for the writer, in the order they were accepted.
+struct Pending {
+    frames: Vec<u8>,
+    records: usize,
+    /// Set when the writer has stopped: nothing more is taken.
+    closed: bool,
+}
+
+/// The queue between the request path and the writer: one buffer of sealed wal frames
+/// (checksums still empty) behind a lock held only to copy a frame in, or to swap the
+/// buffer out. At most `capacity` records wait.
+struct Queue {
+    pending: Mutex<Pending>,
+    capacity: usize,
+}
+
+impl Queue {
+    fn new(capacity: usize) -> Self {
+        Self {
+            pending: Mutex::new(Pending {
+                frames: Vec::new(),
+                records: 0,
+                closed: false,
+            }),
+            capacity,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
+        // Nothing can panic while the lock is held (a copy, a swap), and the state is
+        // whole at every step, so a poisoned lock is still good.
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn push(&self, frame: &[u8]) -> Result<(), Refused> {
+        let mut p = self.lock();
+        if p.closed {
+            return Err(Refused::Closed);
+        }
+        if p.records >= self.capacity {
+            return Err(Refused::Full);
+        }
+        p.frames.extend_from_slice(frame);
+        p.records += 1;
+        Ok(())
+    }
+
+    /// Takes every waiting frame, leaving `empty` (cleared) in their place; with `close`,
+    /// refuses whatever comes after.
+    fn take(&self, mut empty: Vec<u8>, close: bool) -> (Vec<u8>, usize) {
+        empty.clear();
+        let mut p = self.lock();
+        p.closed |= close;
+        let n = std::mem::take(&mut p.records);
+        (std::mem::replace(&mut p.frames, empty), n)
+    }
+}
+
+thread_local! {
+    /// Where a serving thread encodes a record before copying it into the queue.
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The queue and the counters shared by the handles and the writer's threads.
 struct Shared {
+    queue: Queue,
+    /// Records passed to the encoder and not yet in its column builders.
+    enc_queued: AtomicUsize,
     accepted: AtomicU64,
     dropped: AtomicU64,
     written: AtomicU64,
@@ -63,9 +149,10 @@ struct Shared {
 /// A snapshot of the writer's counters (since this process started the log).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct LogStats {
-    /// Records accepted into the channel.
+    /// Records accepted into the queue.
     pub accepted: u64,
-    /// Records dropped because the channel was full (or the writer had stopped).
+    /// Records dropped because the queue was full (or the writer had stopped, or the
+    /// record was larger than a wal frame may be).
     pub dropped: u64,
     /// Records appended to a wal.
     pub written: u64,
@@ -81,6 +168,20 @@ pub struct LogStats {
 }
 
 impl Shared {
+    fn new(capacity: usize) -> Self {
+        Self {
+            queue: Queue::new(capacity),
+            enc_queued: AtomicUsize::new(0),
+            accepted: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+            written: AtomicU64::new(0),
+            flushed: AtomicU64::new(0),
+            lost: AtomicU64::new(0),
+            segments: AtomicU64::new(0),
+            encoder_behind: AtomicU64::new(0),
+        }
+    }
+
     fn stats(&self) -> LogStats {
         LogStats {
             accepted: self.accepted.load(Ordering::Relaxed),
@@ -150,9 +251,9 @@ impl PredictionLog {
         metrics::counter!("mesh_log_dropped_records_total").increment(0);
         metrics::counter!("mesh_log_lost_records_total").increment(0);
         metrics::counter!("mesh_log_encoder_behind_segments_total").increment(0);
-        let (tx, rx) = mpsc::sync_channel(config.channel_capacity);
+        let (tx, rx) = mpsc::sync_channel(16);
         let (done_tx, done_rx) = watch::channel(false);
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared::new(config.channel_capacity));
         let features = config.features;
         let thread = {
             let shared = shared.clone();
@@ -179,43 +280,87 @@ impl PredictionLog {
 }
 
 impl PredictionLogHandle {
-    /// Queues a record without waiting. Returns false (and counts the drop) when the channel
+    /// Queues a record without waiting. Returns false (and counts the drop) when the queue
     /// is full or the writer has stopped. Applies the feature logging mode.
-    pub fn record(&self, mut rec: PredictionRecord) -> bool {
-        if rec.features.is_some() && !self.features.keeps(&rec.request_id) {
-            rec.features = None;
-        }
-        match self.tx.try_send(Msg::Record(Box::new(rec))) {
-            Ok(()) => {
-                self.shared.accepted.fetch_add(1, Ordering::Relaxed);
-                true
-            }
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                self.shared.dropped.fetch_add(1, Ordering::Relaxed);
-                metrics::counter!("mesh_log_dropped_records_total").increment(1);
-                false
-            }
-        }
+    pub fn record(&self, rec: PredictionRecord) -> bool {
+        self.record_ref(&rec.view())
     }
 
-    /// Queues a record, waiting for room in the channel. For tools and tests (back-fills,
-    /// load generators); the request path uses [`record`](Self::record).
-    pub async fn record_wait(&self, mut rec: PredictionRecord) -> Result<()> {
-        if rec.features.is_some() && !self.features.keeps(&rec.request_id) {
-            rec.features = None;
+    /// [`record`](Self::record) from references: encodes the record straight into the
+    /// queue, so a caller that holds the data in its own types logs it without building a
+    /// [`PredictionRecord`]. The request path's way to log.
+    pub fn record_ref<K: AsRef<str>, F: LoggedFeature>(&self, rec: &RecordRef<'_, K, F>) -> bool {
+        let pushed = SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+            Ok(mut buf) => {
+                let pushed = self.encode(rec, &mut buf) && self.push(&buf);
+                if buf.capacity() > KEEP_BUFFER_BYTES {
+                    *buf = Vec::new();
+                }
+                pushed
+            }
+            // Not reentrant; were it ever, a buffer of its own.
+            Err(_) => {
+                let mut buf = Vec::new();
+                self.encode(rec, &mut buf) && self.push(&buf)
+            }
+        });
+        if !pushed {
+            self.shared.dropped.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("mesh_log_dropped_records_total").increment(1);
         }
-        let mut msg = Msg::Record(Box::new(rec));
+        pushed
+    }
+
+    /// Encodes `rec` as one sealed wal frame into `buf` (cleared first), dropping its
+    /// features when the logging mode does not keep them. False when the record is too
+    /// large for a frame.
+    fn encode<K: AsRef<str>, F: LoggedFeature>(
+        &self,
+        rec: &RecordRef<'_, K, F>,
+        buf: &mut Vec<u8>,
+    ) -> bool {
+        buf.clear();
+        wal::start_frame(buf);
+        if rec.features.is_some() && !self.features.keeps(rec.request_id) {
+            codec::encode(
+                &RecordRef {
+                    features: None,
+                    ..*rec
+                },
+                buf,
+            );
+        } else {
+            codec::encode(rec, buf);
+        }
+        wal::seal_frame(buf, 0)
+    }
+
+    fn push(&self, frame: &[u8]) -> bool {
+        let ok = self.shared.queue.push(frame).is_ok();
+        if ok {
+            self.shared.accepted.fetch_add(1, Ordering::Relaxed);
+        }
+        ok
+    }
+
+    /// Queues a record, waiting for room in the queue. For tools and tests (back-fills,
+    /// load generators); the request path uses [`record_ref`](Self::record_ref).
+    pub async fn record_wait(&self, rec: PredictionRecord) -> Result<()> {
+        let mut buf = Vec::new();
+        if !self.encode(&rec.view(), &mut buf) {
+            return Err(LogError::Config(format!(
+                "record {:?} is too large for a wal frame",
+                rec.request_id
+            )));
+        }
         loop {
-            match self.tx.try_send(msg) {
+            match self.shared.queue.push(&buf) {
                 Ok(()) => {
                     self.shared.accepted.fetch_add(1, Ordering::Relaxed);
                     return Ok(());
                 }
-                Err(TrySendError::Full(m)) => {
-                    msg = m;
-                    tokio::time::sleep(Duration::from_micros(200)).await;
-                }
-                Err(TrySendError::Disconnected(_)) => return Err(LogError::Closed),
+                Err(Refused::Full) => tokio::time::sleep(Duration::from_micros(200)).await,
+                Err(Refused::Closed) => return Err(LogError::Closed),
             }
         }
     }
@@ -287,7 +432,8 @@ impl PredictionLogHandle {
 
 struct OpenSegment {
     id: String,
-    date: String,
+    /// The UTC day of its records (days since the epoch).
+    day: i64,
     wal: WalWriter,
     /// While the encoder builds this segment's Parquet file: the flag either side sets
     /// when that is given up (the encoder fell behind, or the file could not be written).
@@ -304,13 +450,13 @@ enum EncMsg {
         date: String,
         gave_up: Arc<AtomicBool>,
     },
-    Record(Box<PredictionRecord>),
+    /// Sealed, checksummed wal frames of the segment: `records` of them. The encoder
+    /// hands the buffer back (`recycle`) when it is done with it.
+    Frames { buf: Vec<u8>, records: usize },
     /// The segment rolled: finish its Parquet file, put it into place, remove the wal.
     /// From here the encoder owns the segment (it hands it to the closer if the file
     /// fails).
-    Finish {
-        wal: PathBuf,
-    },
+    Finish { wal: PathBuf },
 }
 
 /// A rolled segment for the closer thread, to be converted from its wal.
@@ -328,6 +474,10 @@ struct Writer<'a> {
     enc_tx: Option<SyncSender<EncMsg>>,
     close_tx: Option<SyncSender<CloseJob>>,
     error_reported: bool,
+    /// The empty buffer the next take leaves in the queue.
+    spare: Vec<u8>,
+    /// Buffers the encoder is done with.
+    recycled: Option<Receiver<Vec<u8>>>,
 }
 
 /// Tells the encoder to drop the Parquet file of a segment it was building.
@@ -344,56 +494,171 @@ impl Writer<'_> {
         metrics::counter!("mesh_log_encoder_behind_segments_total").increment(1);
     }
 
-    fn append(&mut self, rec: Box<PredictionRecord>) {
-        let date = date_of_us(rec.ts_us);
-        if self.open.as_ref().is_some_and(|s| s.date != date) {
-            self.roll();
-        }
-        if self.open.is_none() {
-            if let Err(e) = self.open_segment(date) {
-                return self.lose(1, &e);
-            }
-        }
-        let Some(seg) = self.open.as_mut() else {
-            return;
+    /// Takes what waits in the queue and writes it; with `close`, the queue refuses
+    /// records from here on. Returns how many records were taken.
+    fn take(&mut self, close: bool) -> usize {
+        let empty = std::mem::take(&mut self.spare);
+        let (frames, n) = self.shared.queue.take(empty, close);
+        let spare = if n == 0 {
+            frames
+        } else {
+            self.append_frames(frames)
         };
-        if let Err(e) = seg.wal.append(&rec) {
-            // The wal keeps what it had; recovery at the next start converts it.
-            give_up(self.open.take().and_then(|s| s.encoding));
-            return self.lose(1, &e);
-        }
-        let mut behind = false;
-        if let Some(flag) = &seg.encoding {
-            let sent = !flag.load(Ordering::Acquire)
-                && match self
-                    .enc_tx
-                    .as_ref()
-                    .map(|tx| tx.try_send(EncMsg::Record(rec)))
-                {
-                    Some(Ok(())) => true,
-                    Some(Err(TrySendError::Full(_))) => {
-                        behind = true;
-                        false
-                    }
-                    _ => false,
-                };
-            if !sent {
-                give_up(seg.encoding.take());
+        self.spare = if spare.capacity() > KEEP_BUFFER_BYTES {
+            Vec::new()
+        } else {
+            spare
+        };
+        n
+    }
+
+    /// Writes the frames of `buf` (as the queue holds them) to the wal of the segment
+    /// of their date, rolling by date and by size between frames, and passes each run
+    /// of frames of one segment on to its encoder. Returns an empty buffer to reuse.
+    fn append_frames(&mut self, mut buf: Vec<u8>) -> Vec<u8> {
+        let mut run = 0; // where the frames not yet written start
+        let mut count = 0; // how many frames that is
+        let mut at = 0;
+        loop {
+            // Frames are encoded by this crate; a timestamp that does not read cannot
+            // happen, and would file the record under the epoch rather than lose it.
+            let next = wal::frames(&buf[at..]).next().map(|(_, payload)| {
+                let day = codec::ts_of(payload).unwrap_or(0).div_euclid(DAY_US);
+                (at + wal::FRAME_HEADER + payload.len(), day)
+            });
+            let Some((end, day)) = next else { break };
+            wal::checksum_frame(&mut buf, at);
+            if self.open.as_ref().is_some_and(|s| s.day != day) {
+                self.write_run(&buf[run..at], count, false);
+                (run, count) = (at, 0);
+                self.roll();
+            }
+            if self.open.is_none() {
+                if let Err(e) = self.open_segment(day) {
+                    // This frame cannot be kept; the next one tries again.
+                    self.lose(1, &e);
+                    (run, at) = (end, end);
+                    continue;
+                }
+            }
+            count += 1;
+            at = end;
+            let size = self.open.as_ref().map_or(0, |s| s.wal.bytes()) + (at - run) as u64;
+            if size >= self.cfg.segment_max_bytes {
+                self.write_run(&buf[run..at], count, false);
+                (run, count) = (at, 0);
+                self.roll();
             }
         }
-        let full = seg.wal.bytes() >= self.cfg.segment_max_bytes;
-        self.written += 1;
-        self.shared.written.store(self.written, Ordering::Relaxed);
-        if behind {
-            self.encoder_behind();
+        if count == 0 {
+            buf.clear();
+            return buf;
         }
-        if full {
-            self.roll();
+        if run == 0 {
+            // The usual case: the whole buffer is one run, passed on as it is.
+            return self.write_run_owned(buf, count);
+        }
+        self.write_run(&buf[run..], count, false);
+        buf.clear();
+        buf
+    }
+
+    /// [`write_run`](Self::write_run) of a whole buffer, handed to the encoder without
+    /// a copy; returns a buffer for the next take.
+    fn write_run_owned(&mut self, buf: Vec<u8>, count: usize) -> Vec<u8> {
+        if !self.write_run(&buf, count, true) {
+            let mut buf = buf;
+            buf.clear();
+            return buf;
+        }
+        let records = count;
+        let sent = self
+            .enc_tx
+            .as_ref()
+            .map(|tx| tx.try_send(EncMsg::Frames { buf, records }));
+        match sent {
+            Some(Ok(())) => self.recycled_buffer(),
+            Some(Err(TrySendError::Full(EncMsg::Frames { mut buf, .. })))
+            | Some(Err(TrySendError::Disconnected(EncMsg::Frames { mut buf, .. }))) => {
+                self.shared.enc_queued.fetch_sub(records, Ordering::Relaxed);
+                self.encoder_behind();
+                give_up(self.open.as_mut().and_then(|s| s.encoding.take()));
+                buf.clear();
+                buf
+            }
+            _ => Vec::new(),
         }
     }
 
-    /// Opens a new segment for records of `date`: its wal and its Parquet file.
-    fn open_segment(&mut self, date: String) -> Result<()> {
+    /// A buffer the encoder is done with, or a new one.
+    fn recycled_buffer(&mut self) -> Vec<u8> {
+        let mut buf = self
+            .recycled
+            .as_ref()
+            .and_then(|r| r.try_recv().ok())
+            .unwrap_or_default();
+        buf.clear();
+        buf
+    }
+
+    /// Appends `count` frames to the open segment's wal. Unless the caller sends the
+    /// buffer itself (`send_later`), passes a copy on to the encoder. Returns whether the
+    /// frames should go to the encoder: the wal took them and the segment's Parquet file
+    /// is still being built, with room in the encoder's backlog (which this reserves).
+    fn write_run(&mut self, frames: &[u8], count: usize, send_later: bool) -> bool {
+        if count == 0 {
+            return false;
+        }
+        let Some(seg) = self.open.as_mut() else {
+            return false;
+        };
+        if let Err(e) = seg.wal.append_frames(frames) {
+            // The wal keeps what it had; recovery at the next start converts it.
+            give_up(self.open.take().and_then(|s| s.encoding));
+            self.lose(count as u64, &e);
+            return false;
+        }
+        self.written += count as u64;
+        self.shared.written.store(self.written, Ordering::Relaxed);
+        let Some(flag) = &seg.encoding else {
+            return false;
+        };
+        let backlog = self.shared.enc_queued.load(Ordering::Relaxed);
+        if flag.load(Ordering::Acquire) || self.enc_tx.is_none() {
+            give_up(seg.encoding.take());
+            return false;
+        }
+        if backlog + count > self.cfg.encoder_backlog {
+            give_up(seg.encoding.take());
+            self.encoder_behind();
+            return false;
+        }
+        self.shared.enc_queued.fetch_add(count, Ordering::Relaxed);
+        if send_later {
+            return true;
+        }
+        let msg = EncMsg::Frames {
+            buf: frames.to_vec(),
+            records: count,
+        };
+        match self.enc_tx.as_ref().map(|tx| tx.try_send(msg)) {
+            Some(Ok(())) => {}
+            Some(Err(TrySendError::Full(_))) => {
+                self.shared.enc_queued.fetch_sub(count, Ordering::Relaxed);
+                give_up(self.open.as_mut().and_then(|s| s.encoding.take()));
+                self.encoder_behind();
+            }
+            _ => {
+                self.shared.enc_queued.fetch_sub(count, Ordering::Relaxed);
+                give_up(self.open.as_mut().and_then(|s| s.encoding.take()));
+            }
+        }
+        false
+    }
+
+    /// Opens a new segment for records of `day`: its wal and its Parquet file.
+    fn open_segment(&mut self, day: i64) -> Result<()> {
+        let date = date_of_us(day.saturating_mul(DAY_US));
         let id = segment::segment_id(now_us(), self.seq);
         self.seq += 1;
         let wal = WalWriter::create(&segment::wal_path(&self.cfg.dir, &id))?;
@@ -402,7 +667,7 @@ impl Writer<'_> {
             let flag = Arc::new(AtomicBool::new(false));
             let start = EncMsg::Start {
                 id: id.clone(),
-                date: date.clone(),
+                date,
                 gave_up: flag.clone(),
             };
             match tx.try_send(start) {
@@ -413,7 +678,7 @@ impl Writer<'_> {
         }
         self.open = Some(OpenSegment {
             id,
-            date,
+            day,
             wal,
             encoding,
             opened: Instant::now(),
@@ -521,6 +786,31 @@ impl Encoding {
         }
     }
 
+    /// Decodes `frames` (sealed wal frames) into the Parquet file's column builders.
+    fn append_frames(&mut self, frames: &[u8]) {
+        if self.gave_up.load(Ordering::Acquire) {
+            return self.drop_file();
+        }
+        let Some(f) = self.file.as_mut() else { return };
+        let mut lists = codec::Lists::default();
+        let mut failed = None;
+        for (_, payload) in wal::frames(frames) {
+            let appended = match codec::decode_ref(payload, &mut lists) {
+                Ok(r) => f.append(&r),
+                Err(e) => Err(LogError::Config(format!(
+                    "a queued wal frame did not decode ({e:?})"
+                ))),
+            };
+            if let Err(e) = appended {
+                failed = Some(e);
+                break;
+            }
+        }
+        if let Some(e) = failed {
+            self.failed(&e);
+        }
+    }
+
     /// A write to the Parquet file failed: give it up, the wal has every record.
     fn failed(&mut self, e: &LogError) {
         tracing::error!(error = %e, "prediction log Parquet write failed; the segment will be converted from its wal");
@@ -536,7 +826,7 @@ impl Encoding {
 fn encode_main(
     dir: PathBuf,
     rx: Receiver<EncMsg>,
-    close_tx: SyncSender<CloseJob>,
+    (close_tx, recycle): (SyncSender<CloseJob>, SyncSender<Vec<u8>>),
     shared: &Shared,
     (nice, idle): (i32, bool),
 ) {
@@ -556,7 +846,6 @@ fn encode_main(
                     return;
                 }
             };
-            taken += 1;
             match msg {
                 EncMsg::Start { id, date, gave_up } => {
                     if let Some(mut c) = current.take() {
@@ -577,14 +866,15 @@ fn encode_main(
                     }
                     current = Some(c);
                 }
-                EncMsg::Record(r) => {
-                    let Some(c) = current.as_mut() else { continue };
-                    if c.gave_up.load(Ordering::Acquire) {
-                        c.drop_file();
-                    } else if let Some(f) = c.file.as_mut() {
-                        if let Err(e) = f.append(&r) {
-                            c.failed(&e);
-                        }
+                EncMsg::Frames { mut buf, records } => {
+                    taken += records;
+                    if let Some(c) = current.as_mut() {
+                        c.append_frames(&buf);
+                    }
+                    shared.enc_queued.fetch_sub(records, Ordering::Relaxed);
+                    if buf.capacity() <= KEEP_BUFFER_BYTES {
+                        buf.clear();
+                        let _ = recycle.try_send(buf);
                     }
                 }
                 EncMsg::Finish { wal } => {
@@ -625,7 +915,10 @@ fn encode_main(
 
 fn writer_main(cfg: LogConfig, rx: Receiver<Msg>, shared: &Shared) {
     let (close_tx, close_rx) = mpsc::sync_channel::<CloseJob>(2);
-    let (enc_tx, enc_rx) = mpsc::sync_channel::<EncMsg>(cfg.encoder_backlog);
+    // The backlog is bounded in records (`Shared::enc_queued`); each message carries at
+    // least one, besides a segment's start and finish.
+    let (enc_tx, enc_rx) = mpsc::sync_channel::<EncMsg>(cfg.encoder_backlog.min(1024) + 2);
+    let (recycle_tx, recycle_rx) = mpsc::sync_channel::<Vec<u8>>(4);
     let dir = cfg.dir.clone();
     let (nice, idle) = (cfg.writer_nice, cfg.writer_idle);
     let encoder_idle = idle || cfg.encoder_idle;
@@ -646,7 +939,13 @@ fn writer_main(cfg: LogConfig, rx: Receiver<Msg>, shared: &Shared) {
             std::thread::Builder::new()
                 .name("plog-encoder".into())
                 .spawn_scoped(scope, move || {
-                    encode_main(dir, enc_rx, close_tx, shared, (nice, encoder_idle))
+                    encode_main(
+                        dir,
+                        enc_rx,
+                        (close_tx, recycle_tx),
+                        shared,
+                        (nice, encoder_idle),
+                    )
                 })
         };
         crate::priority::lower_for_log(nice, idle);
@@ -659,6 +958,8 @@ fn writer_main(cfg: LogConfig, rx: Receiver<Msg>, shared: &Shared) {
             enc_tx: Some(enc_tx),
             close_tx: Some(close_tx),
             error_reported: false,
+            spare: Vec::new(),
+            recycled: Some(recycle_rx),
         };
         if closer.is_err() {
             tracing::error!(
@@ -673,16 +974,13 @@ fn writer_main(cfg: LogConfig, rx: Receiver<Msg>, shared: &Shared) {
             w.enc_tx = None;
         }
         let mut reported = run(&mut w, &rx);
-        // Drain: everything accepted before the shutdown message is already processed (FIFO);
-        // records still queued behind it are written too rather than lost.
+        // Everything accepted before the shutdown is written, and whatever is still
+        // queued: the queue is closed as it is taken, so nothing is accepted after.
+        w.take(true);
         while let Ok(m) = rx.try_recv() {
-            match m {
-                Msg::Record(r) => w.append(r),
-                Msg::Flush(ack) => {
-                    w.flush();
-                    let _ = ack.send(w.written);
-                }
-                Msg::Shutdown => {}
+            if let Msg::Flush(ack) = m {
+                w.flush();
+                let _ = ack.send(w.written);
             }
         }
         w.roll();
@@ -711,14 +1009,12 @@ fn run(w: &mut Writer<'_>, rx: &Receiver<Msg>) -> MetricsReported {
     let mut reported = MetricsReported::default();
     let mut next_tick = Instant::now() + flush_interval;
     loop {
-        let mut taken = 0usize;
-        while taken < ROUND_RECORDS {
+        let taken = w.take(false);
+        loop {
             match rx.try_recv() {
-                Ok(Msg::Record(r)) => {
-                    w.append(r);
-                    taken += 1;
-                }
                 Ok(Msg::Flush(ack)) => {
+                    // What was accepted before the flush was asked for is in the queue.
+                    w.take(false);
                     w.flush();
                     let _ = ack.send(w.written);
                 }
@@ -739,14 +1035,12 @@ fn run(w: &mut Writer<'_>, rx: &Receiver<Msg>) -> MetricsReported {
             w.error_reported = false;
             next_tick = Instant::now() + flush_interval;
         }
-        if taken < ROUND_RECORDS {
-            let pause = if taken == 0 {
-                IDLE_INTERVAL
-            } else {
-                DRAIN_INTERVAL
-            };
-            std::thread::sleep(pause.min(next_tick.saturating_duration_since(Instant::now())));
-        }
+        let pause = if taken == 0 {
+            IDLE_INTERVAL
+        } else {
+            DRAIN_INTERVAL
+        };
+        std::thread::sleep(pause.min(next_tick.saturating_duration_since(Instant::now())));
     }
 }
 
@@ -789,18 +1083,20 @@ mod tests {
         numbered(n, Role::Primary)
     }
 
-    /// A writer whose encoder queue holds `backlog` messages and whose closer queue the
-    /// test reads, with nobody taking either.
+    /// A writer whose encoder takes a backlog of `backlog` records and whose closer
+    /// queue the test reads, with nobody taking either.
     fn writer<'a>(
         dir: &std::path::Path,
         shared: &'a Shared,
         backlog: usize,
     ) -> (Writer<'a>, Receiver<EncMsg>, Receiver<CloseJob>) {
         std::fs::create_dir_all(segment::wal_dir(dir)).unwrap();
-        let (enc_tx, enc_rx) = mpsc::sync_channel(backlog);
+        let (enc_tx, enc_rx) = mpsc::sync_channel(backlog + 2);
         let (close_tx, close_rx) = mpsc::sync_channel(2);
+        let mut cfg = LogConfig::new(dir);
+        cfg.encoder_backlog = backlog;
         let w = Writer {
-            cfg: LogConfig::new(dir),
+            cfg,
             shared,
             open: None,
             seq: 0,
@@ -808,8 +1104,41 @@ mod tests {
             enc_tx: Some(enc_tx),
             close_tx: Some(close_tx),
             error_reported: false,
+            spare: Vec::new(),
+            recycled: None,
         };
         (w, enc_rx, close_rx)
+    }
+
+    /// Queues `recs` as the request path does and lets the writer take them, `per_take`
+    /// at a time.
+    fn feed(w: &mut Writer<'_>, recs: &[PredictionRecord], per_take: usize) {
+        for chunk in recs.chunks(per_take) {
+            for r in chunk {
+                let mut buf = Vec::new();
+                wal::start_frame(&mut buf);
+                codec::encode(&r.view(), &mut buf);
+                assert!(wal::seal_frame(&mut buf, 0));
+                assert!(w.shared.queue.push(&buf).is_ok());
+            }
+            assert_eq!(w.take(false), chunk.len());
+        }
+    }
+
+    /// `recs` as the writer passes them to the encoder.
+    fn frames_of(recs: &[PredictionRecord]) -> EncMsg {
+        let mut buf = Vec::new();
+        for r in recs {
+            let at = buf.len();
+            wal::start_frame(&mut buf);
+            codec::encode(&r.view(), &mut buf);
+            assert!(wal::seal_frame(&mut buf, at));
+            wal::checksum_frame(&mut buf, at);
+        }
+        EncMsg::Frames {
+            buf,
+            records: recs.len(),
+        }
     }
 
     /// The Start of segment `id` for records of `recs[0]`'s date, and its flag.
@@ -831,7 +1160,14 @@ mod tests {
             tx.send(m).unwrap();
         }
         drop(tx);
-        encode_main(dir.to_path_buf(), rx, close_tx, shared, (0, false));
+        let (recycle_tx, _recycled) = mpsc::sync_channel(8);
+        encode_main(
+            dir.to_path_buf(),
+            rx,
+            (close_tx, recycle_tx),
+            shared,
+            (0, false),
+        );
         close_rx.try_iter().map(|j| j.id).collect()
     }
 
@@ -859,23 +1195,24 @@ mod tests {
     #[test]
     fn an_encoder_that_falls_behind_costs_the_segment_its_parquet_file_not_a_record() {
         let dir = tempfile::tempdir().unwrap();
-        let shared = Shared::default();
+        let shared = Shared::new(1024);
         let (mut w, enc_rx, close_rx) = writer(dir.path(), &shared, 4);
         let recs = records(10);
-        for r in &recs {
-            w.append(Box::new(r.clone()));
-        }
+        feed(&mut w, &recs, 1);
         assert_eq!(shared.stats().encoder_behind, 1, "counted once per segment");
         assert!(w.open.as_ref().unwrap().encoding.is_none());
         w.roll();
-        // The encoder got the start and the first three records, and the word to drop them.
+        // The encoder got the start and the first four records, and the word to drop them.
         let queued: Vec<EncMsg> = enc_rx.try_iter().collect();
-        assert_eq!(queued.len(), 4);
+        assert_eq!(queued.len(), 5);
         let EncMsg::Start { gave_up, .. } = &queued[0] else {
             panic!("the segment starts with Start");
         };
         assert!(gave_up.load(Ordering::Acquire));
-        assert!(queued[1..].iter().all(|m| matches!(m, EncMsg::Record(_))));
+        assert!(queued[1..]
+            .iter()
+            .all(|m| matches!(m, EncMsg::Frames { records: 1, .. })));
+        assert_eq!(shared.enc_queued.load(Ordering::Relaxed), 4);
         let job = close_rx
             .try_recv()
             .expect("the closer converts the segment");
@@ -886,20 +1223,74 @@ mod tests {
         assert_eq!(shared.stats().written, 10);
     }
 
+    /// One take whose frames cross a date and the segment size: each frame goes to the
+    /// wal of its own segment, each segment's run to the encoder between its Start and
+    /// Finish, and the files hold every record in order.
+    #[test]
+    fn one_take_across_a_date_and_a_size_roll_files_every_record_in_its_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = Shared::new(1024);
+        let (mut w, enc_rx, close_rx) = writer(dir.path(), &shared, 64);
+        let mut recs = records(7);
+        let base = 1_709_164_800_000_000i64; // 2024-02-29T00:00:00Z
+        for (i, r) in recs.iter_mut().enumerate() {
+            r.ts_us = base + if i < 5 { i as i64 } else { DAY_US };
+        }
+        // A segment rolls once its wal (magic and frames) reaches this: after two records.
+        let mut one = Vec::new();
+        codec::encode(&recs[0].view(), &mut one);
+        w.cfg.segment_max_bytes = (8 + 2 * (wal::FRAME_HEADER + one.len())) as u64;
+        feed(&mut w, &recs, recs.len());
+        w.roll();
+        assert!(close_rx.try_recv().is_err());
+        let msgs: Vec<EncMsg> = enc_rx.try_iter().collect();
+        let shape: Vec<String> = msgs
+            .iter()
+            .map(|m| match m {
+                EncMsg::Start { date, .. } => format!("start {date}"),
+                EncMsg::Frames { records, .. } => format!("{records}"),
+                EncMsg::Finish { .. } => "finish".into(),
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                "start 2024-02-29",
+                "2",
+                "finish",
+                "start 2024-02-29",
+                "2",
+                "finish",
+                "start 2024-02-29",
+                "1",
+                "finish",
+                "start 2024-03-01",
+                "2",
+                "finish"
+            ]
+        );
+        assert_eq!(shared.stats().written, 7);
+        let handed = encode(dir.path(), &shared, msgs);
+        assert!(handed.is_empty(), "{handed:?}");
+        assert_eq!(shared.enc_queued.load(Ordering::Relaxed), 0);
+        let back = crate::reader::read_all(dir.path(), crate::ReadOptions::default()).unwrap();
+        assert_eq!(back, recs);
+        assert_eq!(crate::segment::parquet_files(dir.path()).unwrap().len(), 4);
+    }
+
     /// While the encoder keeps up, the roll hands it the segment (not the closer).
     #[test]
     fn a_segment_the_encoder_kept_up_with_is_finished_by_the_encoder() {
         let dir = tempfile::tempdir().unwrap();
-        let shared = Shared::default();
+        let shared = Shared::new(1024);
         let (mut w, enc_rx, close_rx) = writer(dir.path(), &shared, 64);
         let recs = records(10);
-        for r in &recs {
-            w.append(Box::new(r.clone()));
-        }
+        feed(&mut w, &recs, 4);
         w.roll();
         assert!(close_rx.try_recv().is_err());
         let msgs: Vec<EncMsg> = enc_rx.try_iter().collect();
-        assert_eq!(msgs.len(), 12);
+        // Start, one run of frames per take (4 + 4 + 2), Finish.
+        assert_eq!(msgs.len(), 5);
         assert!(matches!(msgs.last(), Some(EncMsg::Finish { .. })));
         assert_eq!(shared.stats().encoder_behind, 0);
         // The encoder builds the file, puts it into place and removes the wal.
@@ -918,17 +1309,25 @@ mod tests {
     #[test]
     fn the_encoder_drops_the_file_of_a_segment_given_up() {
         let dir = tempfile::tempdir().unwrap();
-        let shared = Shared::default();
+        let shared = Shared::new(1024);
         let recs = records(3);
         let (start, gave_up) = start("a", &recs, false);
         // Given up after the encoder opened its file: seen at the next record.
         let (tx, rx) = mpsc::sync_channel(8);
         let (close_tx, close_rx) = mpsc::sync_channel(2);
         tx.send(start).unwrap();
-        tx.send(EncMsg::Record(Box::new(recs[0].clone()))).unwrap();
+        tx.send(frames_of(&recs[..1])).unwrap();
         std::thread::scope(|s| {
-            let t = s
-                .spawn(|| encode_main(dir.path().to_path_buf(), rx, close_tx, &shared, (0, false)));
+            let (recycle_tx, _recycled) = mpsc::sync_channel(8);
+            let t = s.spawn(|| {
+                encode_main(
+                    dir.path().to_path_buf(),
+                    rx,
+                    (close_tx, recycle_tx),
+                    &shared,
+                    (0, false),
+                )
+            });
             while files_under(dir.path()).is_empty() {
                 std::thread::sleep(Duration::from_millis(5));
             }
@@ -937,7 +1336,7 @@ mod tests {
                 vec![".part-a.parquet.tmp".to_string()]
             );
             gave_up.store(true, Ordering::Release);
-            tx.send(EncMsg::Record(Box::new(recs[1].clone()))).unwrap();
+            tx.send(frames_of(&recs[1..2])).unwrap();
             drop(tx);
             t.join().unwrap();
         });
@@ -957,12 +1356,9 @@ mod tests {
     #[test]
     fn a_segment_given_up_before_it_starts_makes_no_file() {
         let dir = tempfile::tempdir().unwrap();
-        let shared = Shared::default();
+        let shared = Shared::new(1024);
         let recs = records(2);
-        let msgs = vec![
-            start("c", &recs, true).0,
-            EncMsg::Record(Box::new(recs[0].clone())),
-        ];
+        let msgs = vec![start("c", &recs, true).0, frames_of(&recs[..1])];
         let handed = encode(dir.path(), &shared, msgs);
         assert!(handed.is_empty(), "{handed:?}");
         // Not even its partition directory: the encoder never began the file.
@@ -974,7 +1370,7 @@ mod tests {
     #[test]
     fn a_parquet_file_that_cannot_be_written_sends_the_segment_to_the_closer() {
         let dir = tempfile::tempdir().unwrap();
-        let shared = Shared::default();
+        let shared = Shared::new(1024);
         let recs = records(5);
         let date = date_of_us(recs[0].ts_us);
         // The partition directory cannot be made: a file has its name.
@@ -982,7 +1378,7 @@ mod tests {
         let wal = wal_of(dir.path(), "b", &recs);
         let (first, gave_up) = start("b", &recs, false);
         let mut msgs = vec![first];
-        msgs.extend(recs.iter().map(|r| EncMsg::Record(Box::new(r.clone()))));
+        msgs.push(frames_of(&recs));
         msgs.push(EncMsg::Finish { wal: wal.clone() });
         let handed = encode(dir.path(), &shared, msgs);
         assert_eq!(handed, vec!["b".to_string()]);
@@ -1026,7 +1422,7 @@ mod tests {
             .to_string_lossy()
             .starts_with('.'));
         for r in &recs {
-            p.append(r).unwrap();
+            p.append(&r.view()).unwrap();
         }
         let path = segment::close_parquet(dir.path(), &date, "x", p).unwrap();
         assert_eq!(crate::parquet_io::read_parquet(&path).unwrap(), recs);

@@ -6,7 +6,8 @@ mod common;
 use common::record;
 use mesh_prediction_log::{
     parquet_files, read_all, read_parquet, recover, wal_files, FeatureLogging, LogConfig,
-    PredictionLog, PredictionLogHandle, ReadOptions, Role, Tailer,
+    LoggedFeature, PredictionLog, PredictionLogHandle, Protocol, ReadOptions, RecordRef, Role,
+    StageMicros, Tailer, VersionText,
 };
 use std::collections::HashSet;
 use std::time::Duration;
@@ -113,6 +114,98 @@ fn full_channel_drops_and_counts_without_blocking() {
     // After shutdown, records are dropped and counted, not queued forever.
     assert!(!log.record(record(0, "1", Role::Primary)));
     assert_eq!(log.stats().dropped, stats.dropped + 1);
+}
+
+/// A caller's own feature type, logged through `record_ref` without building a record.
+struct Used {
+    name: &'static str,
+    value: Option<f64>,
+    status: &'static str,
+}
+
+impl LoggedFeature for Used {
+    fn name(&self) -> &str {
+        self.name
+    }
+    fn value(&self) -> Option<f64> {
+        self.value
+    }
+    fn status(&self) -> &str {
+        self.status
+    }
+    fn event_time_us(&self) -> Option<i64> {
+        self.value.map(|_| 1_700_000_000_000_000)
+    }
+}
+
+/// `record_ref` writes what `record` of the same data writes; a record too large for a
+/// wal frame is dropped and counted, and the log goes on.
+#[test]
+fn record_ref_logs_borrowed_data_and_drops_an_oversized_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, writer) = PredictionLog::start(cfg(dir.path())).unwrap();
+    let features = [
+        Used {
+            name: "card:txn_count_1h",
+            value: Some(3.0),
+            status: "PRESENT",
+        },
+        Used {
+            name: "request:amount",
+            value: None,
+            status: "MISSING",
+        },
+        Used {
+            name: "x",
+            value: Some(-1.5),
+            status: "a status of its own",
+        },
+    ];
+    let keys = [("card_id", "c-1"), ("merchant_id", "")];
+    let stages = StageMicros::from_array([1, 2, 3, 4, 5, 6, 30]);
+    let mut sent = Vec::new();
+    for (i, version) in [Some(12), None, Some(u64::MAX)].into_iter().enumerate() {
+        let v = VersionText::new(version);
+        let id = format!("r-{i}");
+        let rec = RecordRef {
+            request_id: &id,
+            ts_us: 1_700_000_000_000_000 + i as i64,
+            model: "fraud",
+            version: v.as_str(),
+            role: Role::Canary,
+            protocol: Protocol::Decide,
+            entity_keys: &keys,
+            features: (i != 1).then_some(&features[..]),
+            score: Some(0.25),
+            decision: Some("review"),
+            source: "RULES",
+            stages,
+        };
+        assert!(log.record_ref(&rec));
+        sent.push(rec.to_record());
+    }
+    assert_eq!(sent[0].version, "12");
+    assert_eq!(sent[1].version, "");
+    assert_eq!(sent[2].version, u64::MAX.to_string());
+    // Larger than a wal frame may be (64 MiB): refused before it is queued.
+    let huge = "x".repeat((64 << 20) + 1);
+    let mut too_big = record(9, "1", Role::Primary);
+    too_big.request_id = huge;
+    assert!(!log.record(too_big));
+    assert_eq!(log.stats().dropped, 1);
+    // The same data as an owned record, after it.
+    let owned = record(10, "1", Role::Primary);
+    assert!(log.record(owned.clone()));
+    sent.push(owned);
+    let stats = log.shutdown_blocking();
+    writer.join().unwrap();
+    assert_eq!((stats.accepted, stats.written, stats.dropped), (4, 4, 1));
+    let back = read_all(dir.path(), ReadOptions::default()).unwrap();
+    assert_eq!(back, sent);
+    let f = back[0].features.as_ref().unwrap();
+    assert_eq!(f[2].status, "a status of its own");
+    assert_eq!(f[0].event_time_us, Some(1_700_000_000_000_000));
+    assert!(back[1].features.is_none());
 }
 
 #[tokio::test]

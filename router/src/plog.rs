@@ -1,12 +1,13 @@
 //! The prediction log in the serving paths: every decision (primary, canary,
 //! shadow) and every OIP prediction becomes one record, handed to the log's
-//! bounded channel without waiting (a full channel drops and counts).
+//! bounded queue without waiting (a full queue drops and counts).
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use mesh_prediction_log::{
-    source, FeatureLogging, FeatureUsed, LogConfig, PredictionLog, PredictionLogHandle,
-    PredictionRecord, Protocol, Role, StageMicros, WriterTask,
+    now_us, source, FeatureLogging, FeatureUsed, LogConfig, PredictionLog, PredictionLogHandle,
+    Protocol, RecordRef, Role, StageMicros, VersionText, WriterTask,
 };
 use serde::Deserialize;
 
@@ -138,37 +139,29 @@ pub fn start(cfg: &PredictionLogConfig) -> Result<(PredictionLogHandle, WriterTa
         .map_err(|e| RouterError::Internal(format!("prediction log at {}: {e}", cfg.dir.display())))
 }
 
-/// Sends decision outcomes to the log. Runs on the request path: it copies what the
-/// record needs and nothing else (statuses, source and decision are static strings).
+/// Sends decision outcomes to the log. Runs on the request path: the outcome is encoded
+/// straight into the log's queue from references (no record is built, nothing is
+/// allocated per feature).
 pub struct LogSink(pub PredictionLogHandle);
 
 impl OutcomeSink for LogSink {
     fn record(&self, o: &Outcome) {
-        let mut rec = PredictionRecord::new(
-            &o.request_id,
-            &o.model,
-            o.version.map(|v| v.to_string()).unwrap_or_default(),
-            o.role,
-        );
-        rec.protocol = Protocol::Decide;
-        rec.entity_keys = o.entities.clone();
-        rec.features = Some(
-            o.features
-                .iter()
-                .map(|f| FeatureUsed {
-                    name: f.name.clone(),
-                    value: f.value,
-                    status: f.status.into(),
-                    event_time_us: f.event_time_us,
-                })
-                .collect(),
-        );
-        rec.score = o.score.map(f64::from);
-        rec.decision = Some(o.decision.as_str().to_owned());
-        rec.source = o.source.as_str().to_owned();
-        // The engine's timings are the log's stage list (`StageMicros`), as they are.
-        rec.stages = o.timings;
-        self.0.record(rec);
+        let version = VersionText::new(o.version);
+        self.0.record_ref(&RecordRef {
+            request_id: &o.request_id,
+            ts_us: now_us(),
+            model: &o.model,
+            version: version.as_str(),
+            role: o.role,
+            protocol: Protocol::Decide,
+            entity_keys: &o.entities,
+            features: Some(&o.features),
+            score: o.score.map(f64::from),
+            decision: Some(o.decision.as_str()),
+            source: o.source.as_str(),
+            // The engine's timings are the log's stage list (`StageMicros`), as they are.
+            stages: o.timings,
+        });
     }
 }
 
@@ -186,20 +179,32 @@ pub fn record_oip(
     stages: StageMicros,
 ) {
     let protocol = Protocol::oip(protocol);
+    let version = VersionText::new(Some(version));
+    let ts_us = now_us();
     let rows = outputs.len() / cols.max(1);
+    let mut id = String::new();
     for (i, row) in outputs.chunks(cols.max(1)).enumerate() {
-        let id = if rows == 1 {
-            request_id.to_owned()
+        let request_id = if rows == 1 {
+            request_id
         } else {
-            format!("{request_id}#{i}")
+            id.clear();
+            let _ = write!(id, "{request_id}#{i}");
+            &id
         };
-        let mut rec = PredictionRecord::new(id, model, version.to_string(), Role::Primary);
-        rec.protocol = protocol;
-        rec.features = Some(Vec::new());
-        rec.score = row.first().map(|x| f64::from(*x));
-        rec.source = source::MODEL.to_owned();
-        rec.stages = stages;
-        log.record(rec);
+        log.record_ref(&RecordRef::<String, FeatureUsed> {
+            request_id,
+            ts_us,
+            model,
+            version: version.as_str(),
+            role: Role::Primary,
+            protocol,
+            entity_keys: &[],
+            features: Some(&[]),
+            score: row.first().map(|x| f64::from(*x)),
+            decision: None,
+            source: source::MODEL,
+            stages,
+        });
     }
 }
 

@@ -68,6 +68,22 @@ fn status_str(s: FeatureStatus) -> &'static str {
     }
 }
 
+/// The log reads a decision's features as they are (see `plog::LogSink`).
+impl mesh_prediction_log::LoggedFeature for FeatureUsed {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn value(&self) -> Option<f64> {
+        self.value
+    }
+    fn status(&self) -> &str {
+        self.status
+    }
+    fn event_time_us(&self) -> Option<i64> {
+        self.event_time_us
+    }
+}
+
 impl FeatureUsed {
     /// Whether the row used the spec's default (or NaN, for `on_missing = "nan"`)
     /// here because the value was missing, null, stale, unreadable or unseen,
