@@ -495,27 +495,29 @@ impl Writer<'_> {
     }
 
     /// Takes what waits in the queue and writes it; with `close`, the queue refuses
-    /// records from here on. Returns how many records were taken.
+    /// records from here on. Returns how many records were taken. The queue's buffer and
+    /// the writer's trade places at each take, so the request path copies its frames
+    /// into memory that is already there (no page faults, no reallocation once both have
+    /// grown to a take's size).
     fn take(&mut self, close: bool) -> usize {
         let empty = std::mem::take(&mut self.spare);
-        let (frames, n) = self.shared.queue.take(empty, close);
-        let spare = if n == 0 {
-            frames
-        } else {
-            self.append_frames(frames)
-        };
-        self.spare = if spare.capacity() > KEEP_BUFFER_BYTES {
+        let (mut frames, n) = self.shared.queue.take(empty, close);
+        if n > 0 {
+            self.append_frames(&mut frames);
+        }
+        frames.clear();
+        self.spare = if frames.capacity() > KEEP_BUFFER_BYTES {
             Vec::new()
         } else {
-            spare
+            frames
         };
         n
     }
 
     /// Writes the frames of `buf` (as the queue holds them) to the wal of the segment
     /// of their date, rolling by date and by size between frames, and passes each run
-    /// of frames of one segment on to its encoder. Returns an empty buffer to reuse.
-    fn append_frames(&mut self, mut buf: Vec<u8>) -> Vec<u8> {
+    /// of frames of one segment on to its encoder.
+    fn append_frames(&mut self, buf: &mut [u8]) {
         let mut run = 0; // where the frames not yet written start
         let mut count = 0; // how many frames that is
         let mut at = 0;
@@ -527,9 +529,9 @@ impl Writer<'_> {
                 (at + wal::FRAME_HEADER + payload.len(), day)
             });
             let Some((end, day)) = next else { break };
-            wal::checksum_frame(&mut buf, at);
+            wal::checksum_frame(buf, at);
             if self.open.as_ref().is_some_and(|s| s.day != day) {
-                self.write_run(&buf[run..at], count, false);
+                self.write_run(&buf[run..at], count);
                 (run, count) = (at, 0);
                 self.roll();
             }
@@ -545,49 +547,12 @@ impl Writer<'_> {
             at = end;
             let size = self.open.as_ref().map_or(0, |s| s.wal.bytes()) + (at - run) as u64;
             if size >= self.cfg.segment_max_bytes {
-                self.write_run(&buf[run..at], count, false);
+                self.write_run(&buf[run..at], count);
                 (run, count) = (at, 0);
                 self.roll();
             }
         }
-        if count == 0 {
-            buf.clear();
-            return buf;
-        }
-        if run == 0 {
-            // The usual case: the whole buffer is one run, passed on as it is.
-            return self.write_run_owned(buf, count);
-        }
-        self.write_run(&buf[run..], count, false);
-        buf.clear();
-        buf
-    }
-
-    /// [`write_run`](Self::write_run) of a whole buffer, handed to the encoder without
-    /// a copy; returns a buffer for the next take.
-    fn write_run_owned(&mut self, buf: Vec<u8>, count: usize) -> Vec<u8> {
-        if !self.write_run(&buf, count, true) {
-            let mut buf = buf;
-            buf.clear();
-            return buf;
-        }
-        let records = count;
-        let sent = self
-            .enc_tx
-            .as_ref()
-            .map(|tx| tx.try_send(EncMsg::Frames { buf, records }));
-        match sent {
-            Some(Ok(())) => self.recycled_buffer(),
-            Some(Err(TrySendError::Full(EncMsg::Frames { mut buf, .. })))
-            | Some(Err(TrySendError::Disconnected(EncMsg::Frames { mut buf, .. }))) => {
-                self.shared.enc_queued.fetch_sub(records, Ordering::Relaxed);
-                self.encoder_behind();
-                give_up(self.open.as_mut().and_then(|s| s.encoding.take()));
-                buf.clear();
-                buf
-            }
-            _ => Vec::new(),
-        }
+        self.write_run(&buf[run..], count);
     }
 
     /// A buffer the encoder is done with, or a new one.
@@ -601,59 +566,47 @@ impl Writer<'_> {
         buf
     }
 
-    /// Appends `count` frames to the open segment's wal. Unless the caller sends the
-    /// buffer itself (`send_later`), passes a copy on to the encoder. Returns whether the
-    /// frames should go to the encoder: the wal took them and the segment's Parquet file
-    /// is still being built, with room in the encoder's backlog (which this reserves).
-    fn write_run(&mut self, frames: &[u8], count: usize, send_later: bool) -> bool {
+    /// Appends `count` frames to the open segment's wal and, while the segment's Parquet
+    /// file is being built and the encoder's backlog has room, passes a copy on to the
+    /// encoder.
+    fn write_run(&mut self, frames: &[u8], count: usize) {
         if count == 0 {
-            return false;
+            return;
         }
         let Some(seg) = self.open.as_mut() else {
-            return false;
+            return;
         };
         if let Err(e) = seg.wal.append_frames(frames) {
             // The wal keeps what it had; recovery at the next start converts it.
             give_up(self.open.take().and_then(|s| s.encoding));
-            self.lose(count as u64, &e);
-            return false;
+            return self.lose(count as u64, &e);
         }
         self.written += count as u64;
         self.shared.written.store(self.written, Ordering::Relaxed);
-        let Some(flag) = &seg.encoding else {
-            return false;
-        };
-        let backlog = self.shared.enc_queued.load(Ordering::Relaxed);
+        let Some(flag) = &seg.encoding else { return };
         if flag.load(Ordering::Acquire) || self.enc_tx.is_none() {
-            give_up(seg.encoding.take());
-            return false;
+            return give_up(seg.encoding.take());
         }
+        let backlog = self.shared.enc_queued.load(Ordering::Relaxed);
         if backlog + count > self.cfg.encoder_backlog {
             give_up(seg.encoding.take());
-            self.encoder_behind();
-            return false;
+            return self.encoder_behind();
         }
         self.shared.enc_queued.fetch_add(count, Ordering::Relaxed);
-        if send_later {
-            return true;
-        }
+        let mut buf = self.recycled_buffer();
+        buf.extend_from_slice(frames);
         let msg = EncMsg::Frames {
-            buf: frames.to_vec(),
+            buf,
             records: count,
         };
-        match self.enc_tx.as_ref().map(|tx| tx.try_send(msg)) {
-            Some(Ok(())) => {}
-            Some(Err(TrySendError::Full(_))) => {
-                self.shared.enc_queued.fetch_sub(count, Ordering::Relaxed);
-                give_up(self.open.as_mut().and_then(|s| s.encoding.take()));
+        let sent = self.enc_tx.as_ref().map(|tx| tx.try_send(msg));
+        if !matches!(sent, Some(Ok(()))) {
+            self.shared.enc_queued.fetch_sub(count, Ordering::Relaxed);
+            give_up(self.open.as_mut().and_then(|s| s.encoding.take()));
+            if matches!(sent, Some(Err(TrySendError::Full(_)))) {
                 self.encoder_behind();
             }
-            _ => {
-                self.shared.enc_queued.fetch_sub(count, Ordering::Relaxed);
-                give_up(self.open.as_mut().and_then(|s| s.encoding.take()));
-            }
         }
-        false
     }
 
     /// Opens a new segment for records of `day`: its wal and its Parquet file.
