@@ -12,7 +12,9 @@ pub struct LogConfig {
     /// One writer per directory.
     pub dir: PathBuf,
     /// Records that may wait for the writer; past this, `record` drops and counts.
-    /// Default 65 536 (about 1 s of traffic at 65k predictions/s).
+    /// Default 65 536 (about 1 s of traffic at 65k predictions/s). They wait as encoded
+    /// wal frames: about 1.5 KB for a decision of 40 features, so about 100 MiB when
+    /// full (a record larger than a frame may be, 64 MiB, is refused).
     pub channel_capacity: usize,
     /// Roll the open segment when its wal reaches this many bytes. Default 64 MiB.
     /// (The Parquet file is several times smaller. A segment whose Parquet file is built

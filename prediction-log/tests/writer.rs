@@ -108,7 +108,7 @@ fn full_channel_drops_and_counts_without_blocking() {
     let back = read_all(dir.path(), ReadOptions::default()).unwrap();
     assert_eq!(back.len(), accepted.len());
     assert!(back.iter().all(|r| accepted.contains(&r.request_id)));
-    // Not a timing assertion on the hot path, just a sanity bound: 50k try_sends never wait
+    // Not a timing assertion on the hot path, just a sanity bound: 50k records queued never wait
     // on the disk, so they cannot take anywhere near 50k * flush_interval.
     assert!(elapsed < Duration::from_secs(30));
     // After shutdown, records are dropped and counted, not queued forever.
