@@ -5,10 +5,10 @@
 //!   from references into what the caller holds; a thread-local scratch buffer, then one
 //!   copy under a short lock). Nothing is allocated per record, and no record object
 //!   crosses threads.
-//! - The writer thread takes the whole buffer every few milliseconds (swapping in an
-//!   empty one), fills in each frame's checksum, appends the frames to the wal of the open
-//!   segment as they are, and passes the buffer on to the encoder. The wal is what keeps a
-//!   record; this thread runs at [`LogConfig::writer_nice`].
+//! - The writer thread takes the whole buffer every few milliseconds (swapping in its
+//!   own, emptied), fills in each frame's checksum, appends the frames to the wal of the
+//!   open segment as they are, and passes a copy on to the encoder. The wal is what keeps
+//!   a record; this thread runs at [`LogConfig::writer_nice`].
 //! - The encoder thread decodes the frames (borrowing their text) into the segment's
 //!   Parquet column builders, encodes and compresses a slice of rows at a time and, when
 //!   the segment rolls, finishes the file (footer, fsync, rename) and removes the wal.
@@ -451,7 +451,7 @@ enum EncMsg {
         gave_up: Arc<AtomicBool>,
     },
     /// Sealed, checksummed wal frames of the segment: `records` of them. The encoder
-    /// hands the buffer back (`recycle`) when it is done with it.
+    /// hands the buffer back (`recycled`) when it is done with it.
     Frames { buf: Vec<u8>, records: usize },
     /// The segment rolled: finish its Parquet file, put it into place, remove the wal.
     /// From here the encoder owns the segment (it hands it to the closer if the file
