@@ -7,8 +7,9 @@
 //! 3. Scores every card as `mesh batch-score` does into the `fraud_scores` view,
 //!    the precomputed fallback.
 //! 4. Drives Decide traffic over gRPC; a third of the way in it stalls one replica
-//!    (its breaker opens, traffic moves to the other), then briefly the other one
-//!    too (no replica can answer in time: fallbacks answer), then clears both
+//!    of the answering (newest) version (its breaker opens, traffic moves to the
+//!    other), then briefly the other one too (that version cannot answer in time: the
+//!    previous version and the other fallbacks answer), then clears both
 //!    ([`traffic`]).
 //! 5. Stops the mesh (the prediction log closes its segments), writes the outcomes
 //!    the world reveals (which transactions were fraud) and joins them with the

@@ -179,14 +179,26 @@ async fn connect(grpc_addr: SocketAddr) -> anyhow::Result<Client> {
     Ok(pb::decisions_client::DecisionsClient::new(channel))
 }
 
-/// The replicas the drill stalls at step `step` of [`PHASES`]: the first of the
-/// model's, then all of them, then none (the faults are cleared).
+/// The replicas the drill stalls at step `step` of [`PHASES`]: of the model's newest
+/// version (the one answering), the first replica, then all of them, then none (the
+/// faults are cleared). Older versions' replicas are left alone, so the previous version
+/// can answer while the newest is stalled; whether their stacks were built yet (at
+/// their first call) changes nothing.
 pub(super) fn drill_targets(step: usize, model: &str, replicas: Vec<String>) -> Vec<String> {
-    let prefix = format!("{model}/");
-    let replicas = replicas.into_iter().filter(|r| r.starts_with(&prefix));
+    let prefix = format!("{model}/v");
+    let version = |r: &str| -> Option<u64> {
+        let rest = r.strip_prefix(&prefix)?;
+        rest.split_once('/')?.0.parse().ok()
+    };
+    let newest = replicas.iter().filter_map(|r| version(r)).max();
+    let mut replicas: Vec<String> = replicas
+        .into_iter()
+        .filter(|r| newest.is_some() && version(r) == newest)
+        .collect();
+    replicas.sort();
     match step {
-        1 => replicas.take(1).collect(),
-        2 => replicas.collect(),
+        1 => replicas.into_iter().take(1).collect(),
+        2 => replicas,
         _ => Vec::new(),
     }
 }
@@ -329,24 +341,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_drill_stalls_one_then_all_of_the_models_replicas_then_clears() {
+    fn the_drill_stalls_one_then_all_of_the_newest_versions_replicas_then_clears() {
         let replicas = || {
             vec![
                 "other/v1/local0".to_string(),
+                "fraud_mlp/v2/local1".to_string(),
                 "fraud_mlp/v1/local0".to_string(),
+                "fraud_mlp/v2/local0".to_string(),
                 "fraud_mlp/v1/local1".to_string(),
             ]
         };
         let m = "fraud_mlp";
-        assert_eq!(drill_targets(1, m, replicas()), ["fraud_mlp/v1/local0"]);
+        assert_eq!(drill_targets(1, m, replicas()), ["fraud_mlp/v2/local0"]);
+        // The previous version's replicas, built at its first call, are left to answer.
         assert_eq!(
             drill_targets(2, m, replicas()),
-            ["fraud_mlp/v1/local0", "fraud_mlp/v1/local1"]
+            ["fraud_mlp/v2/local0", "fraud_mlp/v2/local1"]
         );
         assert!(drill_targets(3, m, replicas()).is_empty());
         // A replica of a model merely named like it is not the model's.
         assert!(drill_targets(2, m, vec!["fraud_mlp2/v1/local0".into()]).is_empty());
         assert_eq!(drill_targets(1, "other", replicas()), ["other/v1/local0"]);
+        // Version 10 is newer than version 9 (numbers, not text).
+        let tens = vec!["m/v9/local0".to_string(), "m/v10/local0".to_string()];
+        assert_eq!(drill_targets(2, "m", tens), ["m/v10/local0"]);
     }
 
     #[test]
