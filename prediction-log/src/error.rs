@@ -41,6 +41,12 @@ pub enum LogError {
     Locked { dir: PathBuf, holder: String },
     #[error("the prediction log writer has stopped")]
     Closed,
+    #[error("record {request_id:?} encodes to {bytes} bytes, over the {limit} bytes a wal frame may hold")]
+    RecordTooLarge {
+        request_id: String,
+        bytes: usize,
+        limit: usize,
+    },
     #[error("the prediction log writer thread panicked")]
     WriterPanicked,
 }

@@ -24,7 +24,7 @@ pub(crate) const MAGIC: &[u8; 8] = b"MESHWAL2";
 pub(crate) const MAGIC_JSON: &[u8; 8] = b"MESHWAL1";
 pub(crate) const FRAME_HEADER: usize = 8;
 /// A frame larger than this is treated as corruption, not as a record.
-const MAX_FRAME: usize = 64 << 20;
+pub(crate) const MAX_FRAME: usize = 64 << 20;
 
 /// Starts a frame at the end of `buf`: room for its header, which [`seal_frame`] fills
 /// once the payload follows.

@@ -348,10 +348,18 @@ impl PredictionLogHandle {
     pub async fn record_wait(&self, rec: PredictionRecord) -> Result<()> {
         let mut buf = Vec::new();
         if !self.encode(&rec.view(), &mut buf) {
-            return Err(LogError::Config(format!(
-                "record {:?} is too large for a wal frame",
-                rec.request_id
-            )));
+            let mut whole = Vec::new();
+            codec::encode(&rec.view(), &mut whole);
+            // The id may be what makes it large: name it by its start.
+            let mut request_id: String = rec.request_id.chars().take(64).collect();
+            if request_id.len() < rec.request_id.len() {
+                request_id.push('…');
+            }
+            return Err(LogError::RecordTooLarge {
+                request_id,
+                bytes: whole.len(),
+                limit: wal::MAX_FRAME,
+            });
         }
         loop {
             match self.shared.queue.push(&buf) {

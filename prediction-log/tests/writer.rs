@@ -191,8 +191,27 @@ fn record_ref_logs_borrowed_data_and_drops_an_oversized_record() {
     let huge = "x".repeat((64 << 20) + 1);
     let mut too_big = record(9, "1", Role::Primary);
     too_big.request_id = huge;
-    assert!(!log.record(too_big));
+    assert!(!log.record(too_big.clone()));
     assert_eq!(log.stats().dropped, 1);
+    // `record_wait` says why instead of waiting for room that would never fit it.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let e = rt
+        .block_on(log.record_wait(too_big))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("over the 67108864 bytes a wal frame may hold"),
+        "{e}"
+    );
+    assert!(
+        e.len() < 300,
+        "the message names the id by its start: {}",
+        &e[..300]
+    );
+    assert_eq!(log.stats().dropped, 1, "refused, not counted as a drop");
     // The same data as an owned record, after it.
     let owned = record(10, "1", Role::Primary);
     assert!(log.record(owned.clone()));
