@@ -47,21 +47,23 @@ pub mod status {
         UNSEEN,
     ];
 
-    /// A status as a record keeps it: one of [`ALL`] borrowed, anything else owned as given.
-    pub(crate) fn normalize_owned(s: &str) -> std::borrow::Cow<'static, str> {
-        match ALL.iter().find(|a| **a == s) {
+    /// The status of [`ALL`] that `same` matches with `s`, borrowed; else `s`, owned.
+    fn spelled(s: &str, same: fn(&str, &str) -> bool) -> std::borrow::Cow<'static, str> {
+        match ALL.iter().find(|a| same(a, s)) {
             Some(a) => std::borrow::Cow::Borrowed(a),
             None => std::borrow::Cow::Owned(s.to_owned()),
         }
     }
 
+    /// A status as a record keeps it: one of [`ALL`] borrowed, anything else owned as given.
+    pub(crate) fn normalize_owned(s: &str) -> std::borrow::Cow<'static, str> {
+        spelled(s, |a, s| a == s)
+    }
+
     /// The one spelling of a status: logs written before statuses were upper case
     /// (`not_found`) read as `NOT_FOUND`.
     pub fn normalize(s: &str) -> std::borrow::Cow<'static, str> {
-        match ALL.iter().find(|a| a.eq_ignore_ascii_case(s)) {
-            Some(a) => std::borrow::Cow::Borrowed(a),
-            None => std::borrow::Cow::Owned(s.to_owned()),
-        }
+        spelled(s, str::eq_ignore_ascii_case)
     }
 }
 
@@ -286,9 +288,7 @@ impl PredictionRecord {
             stages: StageMicros::default(),
         }
     }
-}
 
-impl PredictionRecord {
     /// The record borrowed, as the log encodes it.
     pub fn view(&self) -> RecordRef<'_> {
         RecordRef {

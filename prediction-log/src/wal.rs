@@ -13,7 +13,7 @@
 
 use crate::codec::{self, DecodeError};
 use crate::error::{LogError, Result};
-use crate::record::PredictionRecord;
+use crate::record::{LoggedFeature, PredictionRecord, RecordRef};
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -26,30 +26,30 @@ pub(crate) const FRAME_HEADER: usize = 8;
 /// A frame larger than this is treated as corruption, not as a record.
 pub(crate) const MAX_FRAME: usize = 64 << 20;
 
-/// Starts a frame at the end of `buf`: room for its header, which [`seal_frame`] fills
-/// once the payload follows.
-pub(crate) fn start_frame(buf: &mut Vec<u8>) {
+/// Appends `rec` to `buf` as one frame, its length filled in and its checksum left for
+/// [`checksum_frame`]. When the payload is larger than a reader accepts
+/// ([`MAX_FRAME`]): `buf` as it was, and the payload's size as the error.
+pub(crate) fn push_frame<K: AsRef<str>, F: LoggedFeature>(
+    buf: &mut Vec<u8>,
+    rec: &RecordRef<'_, K, F>,
+) -> std::result::Result<(), usize> {
+    let at = buf.len();
     buf.extend_from_slice(&[0u8; FRAME_HEADER]);
-}
-
-/// Writes the payload length into the header of the frame that starts at `at` and runs
-/// to the end of `buf`. False (and the frame taken off `buf`) when the payload is larger
-/// than a reader accepts ([`MAX_FRAME`]).
-pub(crate) fn seal_frame(buf: &mut Vec<u8>, at: usize) -> bool {
+    codec::encode(rec, buf);
     let len = buf.len() - at - FRAME_HEADER;
     match u32::try_from(len) {
         Ok(l) if len <= MAX_FRAME => {
             buf[at..at + 4].copy_from_slice(&l.to_le_bytes());
-            true
+            Ok(())
         }
         _ => {
             buf.truncate(at);
-            false
+            Err(len)
         }
     }
 }
 
-/// The frames of `buf` (each sealed by [`seal_frame`]) in order: `(offset, payload)`.
+/// The frames of `buf` (each made by [`push_frame`]) in order: `(offset, payload)`.
 pub(crate) fn frames(buf: &[u8]) -> impl Iterator<Item = (usize, &[u8])> {
     let mut at = 0;
     std::iter::from_fn(move || {
@@ -101,16 +101,14 @@ impl WalWriter {
     #[cfg(test)]
     pub(crate) fn append(&mut self, rec: &PredictionRecord) -> Result<()> {
         let mut buf = Vec::new();
-        start_frame(&mut buf);
-        codec::encode(&rec.view(), &mut buf);
-        if !seal_frame(&mut buf, 0) {
+        if push_frame(&mut buf, &rec.view()).is_err() {
             return Err(LogError::Config("record too large for a wal frame".into()));
         }
         checksum_frame(&mut buf, 0);
         self.append_frames(&buf)
     }
 
-    /// Appends frames that [`seal_frame`] finished, as they are.
+    /// Appends frames that [`push_frame`] made and [`checksum_frame`] finished, as they are.
     pub(crate) fn append_frames(&mut self, frames: &[u8]) -> Result<()> {
         self.out
             .write_all(frames)

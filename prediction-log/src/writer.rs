@@ -292,7 +292,7 @@ impl PredictionLogHandle {
     pub fn record_ref<K: AsRef<str>, F: LoggedFeature>(&self, rec: &RecordRef<'_, K, F>) -> bool {
         let pushed = SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
             Ok(mut buf) => {
-                let pushed = self.encode(rec, &mut buf) && self.push(&buf);
+                let pushed = self.encode(rec, &mut buf).is_ok() && self.push(&buf);
                 if buf.capacity() > KEEP_BUFFER_BYTES {
                     *buf = Vec::new();
                 }
@@ -301,7 +301,7 @@ impl PredictionLogHandle {
             // Not reentrant; were it ever, a buffer of its own.
             Err(_) => {
                 let mut buf = Vec::new();
-                self.encode(rec, &mut buf) && self.push(&buf)
+                self.encode(rec, &mut buf).is_ok() && self.push(&buf)
             }
         });
         if !pushed {
@@ -311,28 +311,26 @@ impl PredictionLogHandle {
         pushed
     }
 
-    /// Encodes `rec` as one sealed wal frame into `buf` (cleared first), dropping its
-    /// features when the logging mode does not keep them. False when the record is too
-    /// large for a frame.
+    /// Encodes `rec` as one wal frame into `buf` (cleared first), dropping its features
+    /// when the logging mode does not keep them. The error is the payload's size, when
+    /// the record is too large for a frame.
     fn encode<K: AsRef<str>, F: LoggedFeature>(
         &self,
         rec: &RecordRef<'_, K, F>,
         buf: &mut Vec<u8>,
-    ) -> bool {
+    ) -> std::result::Result<(), usize> {
         buf.clear();
-        wal::start_frame(buf);
         if rec.features.is_some() && !self.features.keeps(rec.request_id) {
-            codec::encode(
+            wal::push_frame(
+                buf,
                 &RecordRef {
                     features: None,
                     ..*rec
                 },
-                buf,
-            );
+            )
         } else {
-            codec::encode(rec, buf);
+            wal::push_frame(buf, rec)
         }
-        wal::seal_frame(buf, 0)
     }
 
     fn push(&self, frame: &[u8]) -> bool {
@@ -347,9 +345,7 @@ impl PredictionLogHandle {
     /// load generators); the request path uses [`record_ref`](Self::record_ref).
     pub async fn record_wait(&self, rec: PredictionRecord) -> Result<()> {
         let mut buf = Vec::new();
-        if !self.encode(&rec.view(), &mut buf) {
-            let mut whole = Vec::new();
-            codec::encode(&rec.view(), &mut whole);
+        if let Err(bytes) = self.encode(&rec.view(), &mut buf) {
             // The id may be what makes it large: name it by its start.
             let mut request_id: String = rec.request_id.chars().take(64).collect();
             if request_id.len() < rec.request_id.len() {
@@ -357,7 +353,7 @@ impl PredictionLogHandle {
             }
             return Err(LogError::RecordTooLarge {
                 request_id,
-                bytes: whole.len(),
+                bytes,
                 limit: wal::MAX_FRAME,
             });
         }
@@ -1077,9 +1073,7 @@ mod tests {
         for chunk in recs.chunks(per_take) {
             for r in chunk {
                 let mut buf = Vec::new();
-                wal::start_frame(&mut buf);
-                codec::encode(&r.view(), &mut buf);
-                assert!(wal::seal_frame(&mut buf, 0));
+                assert!(wal::push_frame(&mut buf, &r.view()).is_ok());
                 assert!(w.shared.queue.push(&buf).is_ok());
             }
             assert_eq!(w.take(false), chunk.len());
@@ -1091,9 +1085,7 @@ mod tests {
         let mut buf = Vec::new();
         for r in recs {
             let at = buf.len();
-            wal::start_frame(&mut buf);
-            codec::encode(&r.view(), &mut buf);
-            assert!(wal::seal_frame(&mut buf, at));
+            assert!(wal::push_frame(&mut buf, &r.view()).is_ok());
             wal::checksum_frame(&mut buf, at);
         }
         EncMsg::Frames {
