@@ -1,0 +1,155 @@
+//! The Parquet encoder alone: records/s through `write_parquet` (the column builders,
+//! the slices, the row groups, Snappy and the footer; the same writer the log's encoder
+//! thread fills as records arrive), with records shaped like the ones `mesh serve` logs
+//! for the example spec's decisions: 30 features (the card and merchant views' values
+//! with their event times, request floats of full precision), two entity keys, a score,
+//! the stage times. Prints the file's size per record once.
+//!
+//! cargo bench -p mesh-prediction-log --bench encode
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use mesh_prediction_log::{
+    source, write_parquet, FeatureUsed, PredictionRecord, Protocol, Role, StageMicros,
+};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const N: usize = 32 * 1024;
+
+/// splitmix64: deterministic, dependency-free noise.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+fn records() -> Vec<PredictionRecord> {
+    let card = [
+        "txn_count_1h",
+        "txn_count_24h",
+        "amount_sum_24h",
+        "avg_amount_30d",
+        "max_amount_7d",
+        "distinct_merchants_7d",
+        "declined_count_24h",
+    ];
+    let merchant = [
+        "chargeback_rate_90d",
+        "refund_rate_30d",
+        "txn_count_24h",
+        "avg_ticket_30d",
+        "risk_tier",
+        "is_high_risk_mcc",
+    ];
+    // Names are shared, as the router's spec shares them.
+    let name = |s: String| -> Arc<str> { s.into() };
+    let card: Vec<Arc<str>> = card.iter().map(|f| name(format!("card:{f}"))).collect();
+    let merchant: Vec<Arc<str>> = merchant
+        .iter()
+        .map(|f| name(format!("merchant:{f}")))
+        .collect();
+    let request: Vec<Arc<str>> = std::iter::once("amount".to_string())
+        .chain(std::iter::once("merchant_category".to_string()))
+        .chain((18..32).map(|i| format!("f{i}")))
+        .map(|f| name(format!("request:{f}")))
+        .collect();
+    let mut rng = Rng(7);
+    let t0 = 1_796_170_000_000_000i64;
+    (0..N)
+        .map(|i| {
+            let ts = t0 + i as i64 * 80;
+            let card_id = rng.next() % 10_000;
+            let merchant_id = rng.next() % 1_000;
+            let mut r =
+                PredictionRecord::new(format!("bench-{i}"), "fraud_mlp", "2", Role::Primary);
+            r.ts_us = ts;
+            r.protocol = Protocol::Decide;
+            r.entity_keys = vec![
+                ("merchant_id".into(), format!("m{merchant_id:06}")),
+                ("card_id".into(), card_id.to_string()),
+            ];
+            // Event times: one per entity, as a view's row carries one.
+            let card_time = t0 - (card_id as i64 % 3_600) * 1_000_000;
+            let merchant_time = t0 - 36_000_000_000 - merchant_id as i64 * 1_000_000;
+            let stored = |names: &[Arc<str>], time: i64, rng: &mut Rng| {
+                names
+                    .iter()
+                    .map(|n| FeatureUsed {
+                        name: n.clone(),
+                        // Stored values are f32: fewer distinct bit patterns.
+                        value: Some(f64::from((rng.unit() * 500.0) as f32)),
+                        status: "PRESENT".into(),
+                        event_time_us: Some(time),
+                    })
+                    .collect::<Vec<_>>()
+            };
+            let mut features = stored(&card, card_time, &mut rng);
+            features.extend(stored(&merchant, merchant_time, &mut rng));
+            features.extend(request.iter().map(|n| FeatureUsed {
+                name: n.clone(),
+                value: Some(rng.unit() * 2.0 - 1.0),
+                status: "PRESENT".into(),
+                event_time_us: None,
+            }));
+            r.features = Some(features);
+            r.score = Some(rng.unit());
+            r.decision = Some(
+                if rng.unit() < 0.1 {
+                    "decline"
+                } else {
+                    "approve"
+                }
+                .into(),
+            );
+            r.source = source::MODEL.into();
+            r.stages = StageMicros {
+                validate: 0,
+                features: 20 + rng.next() % 40,
+                preprocess: 2,
+                queue: 0,
+                compute: rng.next() % 3,
+                postprocess: 0,
+                total: 40 + rng.next() % 60,
+            };
+            r
+        })
+        .collect()
+}
+
+fn encode(c: &mut Criterion) {
+    let recs = records();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bench.parquet");
+    write_parquet(&path, &recs).expect("write");
+    let bytes = std::fs::metadata(&path).expect("metadata").len();
+    eprintln!(
+        "encode: {N} records of 30 features, {:.1} bytes a record",
+        bytes as f64 / N as f64
+    );
+    let mut g = c.benchmark_group("encode");
+    g.sample_size(10).measurement_time(Duration::from_secs(15));
+    g.throughput(Throughput::Elements(N as u64));
+    g.bench_function(format!("write_parquet_{N}_records_30_features"), |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let t = Instant::now();
+                write_parquet(&path, &recs).expect("write");
+                total += t.elapsed();
+            }
+            total
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, encode);
+criterion_main!(benches);
