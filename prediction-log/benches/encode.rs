@@ -14,6 +14,11 @@ use mesh_prediction_log::{
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The allocator `mesh serve` runs with: how the encoder's memory is reused, or given
+/// back and faulted in again, depends on it.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const N: usize = 32 * 1024;
 
 /// splitmix64: deterministic, dependency-free noise.
