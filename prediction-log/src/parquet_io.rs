@@ -370,8 +370,8 @@ impl OpenParquet {
         // doubles), and the features' values (request floats are all distinct). In
         // `benches/encode.rs` (served decisions of 30 features), dropping the last three
         // made the files 8% smaller (259 against 281 bytes a record) and the encoding
-        // about 4% faster (medians of seven alternating runs: 183 against 191 ms for
-        // 32,768 records; six of the seven pairs faster). The other
+        // 13% faster (medians of five alternating runs: 177 against 204 ms for 32,768
+        // records; every pair faster). The other
         // strings repeat (names, statuses, versions) and keep theirs: plain, the files
         // grew 1.6-2.8x; so do the event times (one per entity) and the stage times.
         let props = no_dictionary()
