@@ -63,6 +63,10 @@ serve() { # name on|off
     for p in "$PORT" "$HTTP_PORT"; do
         if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "port $p is already in use: set PORT" >&2; exit 1; fi
     done
+    # Write out what the last run (its log) and the feature store left dirty, so the
+    # kernel's writeback of it does not land in this run's window: each run pays for
+    # its own log's writes only.
+    sync
     "${RUN[@]}" ${SERVER_CPUS:+taskset -c "$SERVER_CPUS"} "$BIN" serve --config "$cfg" >"$OUT/serve-$1.log" 2>&1 &
     pid=$!
     wait_port "$PORT"
