@@ -371,9 +371,9 @@ impl OpenParquet {
         // `benches/encode.rs` (served decisions of 30 features), dropping the last three
         // made the files 8% smaller (259 against 281 bytes a record) and the encoding
         // 13% faster (medians of five alternating runs: 177 against 204 ms for 32,768
-        // records; every pair faster). The other
-        // strings repeat (names, statuses, versions) and keep theirs: plain, the files
-        // grew 1.6-2.8x; so do the event times (one per entity) and the stage times.
+        // records; every pair faster). The other strings repeat (names, statuses,
+        // versions) and keep theirs: plain, the files grew 1.6-2.8x; so do the event
+        // times (one per entity) and the stage times.
         let props = no_dictionary()
             .into_iter()
             .fold(props, |p, c| p.set_column_dictionary_enabled(c, false));
