@@ -10,6 +10,7 @@
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -129,7 +130,28 @@ impl SledStore {
     }
 }
 
+/// How long an open waits for sled's lock on the database before it reports
+/// [`OpenFailure::LockHeld`]. A store that this process has just dropped keeps its lock
+/// until sled's background I/O threads let go of the file, a few milliseconds later:
+/// a reopen right after a close (a test, a tool that reopens) must not fail on that.
+/// A store held by another process still fails, after this wait.
+const LOCK_WAIT: Duration = Duration::from_millis(500);
+
+/// Opens sled at `path`, retrying while its lock is held, for at most [`LOCK_WAIT`].
 fn open_sled(path: &Path, options: &StoreOptions) -> Result<sled::Db> {
+    let deadline = Instant::now() + LOCK_WAIT;
+    loop {
+        match open_sled_once(path, options) {
+            Err(FeatureStoreError::Open {
+                kind: OpenFailure::LockHeld,
+                ..
+            }) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            opened => return opened,
+        }
+    }
+}
+
+fn open_sled_once(path: &Path, options: &StoreOptions) -> Result<sled::Db> {
     let config = sled::Config::new()
         .path(path)
         .cache_capacity(options.cache_capacity_bytes)

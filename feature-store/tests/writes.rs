@@ -354,6 +354,28 @@ fn a_locked_store_fails_to_open_with_a_message() {
     );
 }
 
+/// A store closed while another open of it waits (as sled's I/O threads may still hold
+/// the lock for a moment after a close) opens once the lock is let go, instead of
+/// failing with LockHeld at the first try.
+#[test]
+fn an_open_waits_briefly_for_a_lock_being_let_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = open(&dir);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let closer = std::thread::spawn(move || {
+        rx.recv().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        drop(first);
+    });
+    tx.send(()).unwrap();
+    let t0 = std::time::Instant::now();
+    let second = FeatureStore::open(dir.path().join("db"), &views());
+    closer.join().unwrap();
+    let second = second.unwrap_or_else(|e| panic!("after {:?}: {e}", t0.elapsed()));
+    assert!(t0.elapsed() >= std::time::Duration::from_millis(100));
+    drop(second);
+}
+
 #[test]
 fn a_corrupt_store_fails_to_open_with_a_message_not_a_panic() {
     let dir = tempfile::tempdir().unwrap();
