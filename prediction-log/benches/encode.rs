@@ -44,7 +44,7 @@ fn records() -> Vec<PredictionRecord> {
         "is_high_risk_mcc",
     ];
     // Names are shared, as the router's spec shares them.
-    let name = |s: String| -> Arc<str> { s.into() };
+    let name = Arc::<str>::from;
     let card: Vec<Arc<str>> = card.iter().map(|f| name(format!("card:{f}"))).collect();
     let merchant: Vec<Arc<str>> = merchant
         .iter()

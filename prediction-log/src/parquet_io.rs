@@ -772,7 +772,7 @@ mod tests {
         write_parquet(&path, &recs).unwrap();
         let file = SerializedFileReader::new(File::open(&path).unwrap()).unwrap();
         let rg = file.metadata().row_group(0);
-        let without: Vec<String> = (0..rg.num_columns())
+        let mut without: Vec<String> = (0..rg.num_columns())
             .map(|c| rg.column(c))
             .filter(|c| c.dictionary_page_offset().is_none())
             .map(|c| c.column_path().string())
@@ -783,7 +783,6 @@ mod tests {
             "score".into(),
             feature_column("value").string(),
         ];
-        let mut without = without;
         without.sort();
         expected.sort();
         assert_eq!(without, expected);
