@@ -3,7 +3,8 @@
 # configuration, open loop at a fraction (default 50 %) of the saturation measured
 # first, the log on and off alternating for ROUNDS rounds (on/off, then off/on, ...),
 # each run on a freshly started server. Prints one table: latency from the intended
-# send time (p50/p99/p99.9/max, and the median and max of each second's p99),
+# send time (p50/p99/p99.9/max, and the median and max of each second's p99), the
+# server's own p99 and p99.9 (arrival to answer, as the answers' timings carry it),
 # throughput, errors, the log's dropped and written
 # records (from /metrics), and the CPU the server and its log threads used.
 #
@@ -135,9 +136,10 @@ python3 - "$OUT" "$RATE" "$WARMUP" "${runs[@]}" <<'PY'
 import json, statistics, sys
 out, rate, warmup, runs = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4:]
 print(f"\nDecide, open loop at {rate:.0f} req/s, prediction log on vs off (latency in µs from the intended send time)")
-print(f"{'run':<12}{'req/s':>8}{'p50':>7}{'p99':>8}{'p99.9':>8}{'max':>8}{'1s p99 med':>11}{'1s p99 max':>11}{'errors':>8}{'dropped':>9}{'written':>9}{'cpu %':>7}{'log cpu %':>10}")
+print(f"{'run':<12}{'req/s':>8}{'p50':>7}{'p99':>8}{'p99.9':>8}{'max':>8}{'1s p99 med':>11}{'1s p99 max':>11}{'srv p99':>8}{'srv p99.9':>10}{'errors':>8}{'dropped':>9}{'written':>9}{'cpu %':>7}{'log cpu %':>10}")
 p99 = {"on": [], "off": []}
 sec_med = {"on": [], "off": []}
+srv_p99 = {"on": [], "off": []}
 for n in runs:
     r = json.load(open(f"{out}/{n}.json"))
     s = json.load(open(f"{out}/{n}.server.json"))
@@ -152,8 +154,12 @@ for n in runs:
     busy = r["seconds"] + warmup
     secs = sorted(w["p99_us"] for w in r.get("windows", [])) or [0]
     sec_med[mode].append(statistics.median(secs))
+    # The server's own clock (arrival to answer, from the answers' timings): the
+    # part of the latency spent inside the server.
+    srv = r.get("server") or {"p99_us": 0, "p999_us": 0}
+    srv_p99[mode].append(srv["p99_us"])
     print(f"{n:<12}{r['throughput']:>8.0f}{r['p50_us']:>7}{r['p99_us']:>8}{r['p999_us']:>8}{r['max_us']:>8}"
-          f"{statistics.median(secs):>11.0f}{secs[-1]:>11}{errors:>8}"
+          f"{statistics.median(secs):>11.0f}{secs[-1]:>11}{srv['p99_us']:>8}{srv['p999_us']:>10}{errors:>8}"
           f"{dropped:>9}{written:>9}{100 * s['cpu_s'] / busy:>7.0f}{100 * s['log_cpu_s'] / busy:>10.1f}")
 if p99["on"] and p99["off"]:
     on, off = statistics.median(p99["on"]), statistics.median(p99["off"])
@@ -162,5 +168,7 @@ if p99["on"] and p99["off"]:
     # then): the median over the runs of each run's median per-second p99.
     on, off = statistics.median(sec_med["on"]), statistics.median(sec_med["off"])
     print(f"median of the per-second p99 medians: log on {on:.0f} µs, log off {off:.0f} µs, on/off {on / off:.3f}")
+    on, off = statistics.median(srv_p99["on"]), statistics.median(srv_p99["off"])
+    print(f"median server p99 (arrival to answer): log on {on:.0f} µs, log off {off:.0f} µs, on/off {on / max(off, 1):.3f}")
 print(f"raw output in {out}")
 PY

@@ -201,6 +201,18 @@ fn summary(r: &Report) -> String {
             "<tr><th>server stages (mean µs)</th><td>{text}</td></tr>"
         );
     }
+    if let Some(t) = &r.server {
+        // Inside the latencies above: the rest is the way there and back and the
+        // load generator.
+        let _ = writeln!(
+            s,
+            "<tr><th>server total (arrival to answer)</th><td>p50 {} · p99 {} · p99.9 {} · max {}</td></tr>",
+            us(t.p50_us),
+            us(t.p99_us),
+            us(t.p999_us),
+            us(t.max_us)
+        );
+    }
     s.push_str("</table>\n");
     s
 }
@@ -229,6 +241,13 @@ mod tests {
             codes: BTreeMap::from([("OK".into(), 1490), ("Unavailable".into(), 10)]),
             sources: BTreeMap::from([("MODEL".into(), 1490)]),
             stages_us: BTreeMap::from([("compute".into(), 110.5), ("validate".into(), 3.0)]),
+            server: Some(super::super::report::ServerLatency {
+                answers: 1490,
+                p50_us: 120,
+                p99_us: 1_800,
+                p999_us: 4_200,
+                max_us: 6_000,
+            }),
             useful: None,
             windows: (0..2)
                 .map(|i| Window {
@@ -309,6 +328,13 @@ mod tests {
         assert!(page.contains("1,500"));
         assert!(page.contains("9,000 µs"));
         assert!(page.contains("<td>p99 40 µs · max 300 µs</td>"), "send lag");
+        assert!(
+            page.contains("<tr><th>server total (arrival to answer)</th><td>p50 120 µs · p99 1,800 µs · p99.9 4,200 µs · max 6,000 µs</td></tr>"),
+            "server total"
+        );
+        let mut bare = report();
+        bare.server = None;
+        assert!(!render(&bare).contains("server total"));
         // No deadline: no useful-answers row; with one, late answers by status.
         assert!(!page.contains("useful answers"));
         let mut r = report();

@@ -27,6 +27,12 @@ pub struct Report {
     pub sources: BTreeMap<String, u64>,
     /// Decide only: mean server-side stage times, µs.
     pub stages_us: BTreeMap<String, f64>,
+    /// Decide only: the distribution of the server's own `total` (from the request's
+    /// arrival to its answer, as the answers carry it): the part of the latency above
+    /// spent inside the server, the rest being the way there and back and the load
+    /// generator.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server: Option<ServerLatency>,
     /// `--deadline-ms` runs: the model answers that arrived within the deadline.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub useful: Option<Useful>,
@@ -48,6 +54,16 @@ pub struct Useful {
     pub late: u64,
     /// `late` by status code (`Cancelled`: the client's own timer fired late).
     pub late_codes: BTreeMap<String, u64>,
+}
+
+/// Percentiles of the server's `total` stage time over the OK answers that carried it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServerLatency {
+    pub answers: u64,
+    pub p50_us: u64,
+    pub p99_us: u64,
+    pub p999_us: u64,
+    pub max_us: u64,
 }
 
 /// The requests sent in one window `[t_s, t_s + seconds)` of the bench.
@@ -113,6 +129,13 @@ impl std::fmt::Display for Report {
                 .collect();
             writeln!(f, "server µs   {}", s.join("  "))?;
         }
+        if let Some(s) = &self.server {
+            writeln!(
+                f,
+                "server total µs p50 {}  p99 {}  p99.9 {}  max {}  (arrival to answer, the server's own clock)",
+                s.p50_us, s.p99_us, s.p999_us, s.max_us
+            )?;
+        }
         Ok(())
     }
 }
@@ -138,6 +161,7 @@ mod tests {
             codes: BTreeMap::from([("OK".into(), 10)]),
             sources: sources.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             stages_us: stages.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            server: None,
             useful: None,
             windows: Vec::new(),
             histogram: Vec::new(),
@@ -145,7 +169,7 @@ mod tests {
     }
 
     #[test]
-    fn bench_text_report_shows_sources_and_stages_only_when_present() {
+    fn bench_text_report_shows_sources_stages_and_server_total_only_when_present() {
         let plain = report(&[], &[]).to_string();
         assert_eq!(
             plain,
@@ -160,6 +184,19 @@ mod tests {
         assert!(
             full.ends_with("server µs   compute 12  total 81\n"),
             "{full}"
+        );
+        let mut with_server = report(&[], &[("total", 80.6)]);
+        with_server.server = Some(ServerLatency {
+            answers: 10,
+            p50_us: 70,
+            p99_us: 900,
+            p999_us: 1_500,
+            max_us: 2_000,
+        });
+        let text = with_server.to_string();
+        assert!(
+            text.ends_with("server total µs p50 70  p99 900  p99.9 1500  max 2000  (arrival to answer, the server's own clock)\n"),
+            "{text}"
         );
         let mut with_deadline = report(&[], &[]);
         with_deadline.useful = Some(Useful {

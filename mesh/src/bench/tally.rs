@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
-use super::report::{Bucket, Report, Useful, Window};
+use super::report::{Bucket, Report, ServerLatency, Useful, Window};
 
 /// An answer is `late` when it arrives more than this after its deadline: a
 /// server that keeps deadlines answers within them plus the way back.
@@ -29,6 +29,8 @@ pub struct Tally {
     codes: BTreeMap<String, u64>,
     sources: BTreeMap<String, u64>,
     stages: BTreeMap<&'static str, u64>,
+    /// The server's `total` stage time (µs) of each answer that carried one.
+    server_total: Histogram<u64>,
     /// With a deadline: the deadline, and the model answers that arrived within it.
     useful: Option<(Duration, u64)>,
     /// With a deadline: answers of any status later than it by more than
@@ -51,6 +53,7 @@ impl Tally {
             codes: BTreeMap::new(),
             sources: BTreeMap::new(),
             stages: BTreeMap::new(),
+            server_total: Histogram::new_with_bounds(1, 120_000_000, 3)?,
             useful: None,
             late_codes: BTreeMap::new(),
             send_lag: Histogram::new_with_bounds(1, 120_000_000, 2)?,
@@ -108,7 +111,8 @@ impl Tally {
     }
 
     /// Counts one answer: its status code, where it came from (Decide) and the
-    /// server's time per stage (Decide), summed.
+    /// server's time per stage (Decide), summed; the `total` stage also goes into
+    /// a distribution of its own.
     pub fn count(&mut self, code: String, source: Option<String>, stages: &[(&'static str, u64)]) {
         *self.codes.entry(code).or_default() += 1;
         if let Some(s) = source {
@@ -116,6 +120,11 @@ impl Tally {
         }
         for (k, v) in stages {
             *self.stages.entry(*k).or_default() += *v;
+            if *k == "total" {
+                let _ = self
+                    .server_total
+                    .record((*v).clamp(1, self.server_total.high()));
+            }
         }
     }
 
@@ -191,6 +200,16 @@ impl Tally {
                     .map(|(k, v)| (k.to_string(), *v as f64 / ok))
                     .collect()
             },
+            server: (!self.server_total.is_empty()).then(|| {
+                let h = &self.server_total;
+                ServerLatency {
+                    answers: h.len(),
+                    p50_us: h.value_at_quantile(0.5),
+                    p99_us: h.value_at_quantile(0.99),
+                    p999_us: h.value_at_quantile(0.999),
+                    max_us: h.max(),
+                }
+            }),
             windows: self.windows(),
             histogram: log_buckets(&self.hist),
         }
@@ -342,6 +361,9 @@ mod tests {
         assert!((r.windows[1].seconds - 0.5).abs() < 1e-9);
         assert_eq!(r.histogram.iter().map(|b| b.count).sum::<u64>(), 4);
         assert!(r.useful.is_none());
+        // The server's own totals: one per OK answer that carried stage times.
+        let srv = r.server.as_ref().unwrap();
+        assert_eq!((srv.answers, srv.p50_us, srv.max_us), (3, 90, 90));
         // With a deadline: model answers within it are useful; late ones and
         // fallbacks are not.
         let mut t = Tally::new(start, 2.0)
@@ -371,6 +393,8 @@ mod tests {
             t.send_lag(us);
         }
         let r = t.report("infer".into(), String::new(), 1.0, BTreeMap::new());
+        // No answer carried a total (Infer): no server distribution.
+        assert!(r.server.is_none());
         assert!(
             (29_000..=31_000).contains(&r.send_lag_max_us),
             "{}",
