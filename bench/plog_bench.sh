@@ -140,6 +140,7 @@ print(f"{'run':<12}{'req/s':>8}{'p50':>7}{'p99':>8}{'p99.9':>8}{'max':>8}{'1s p9
 p99 = {"on": [], "off": []}
 sec_med = {"on": [], "off": []}
 srv_p99 = {"on": [], "off": []}
+srv_sec_med = {"on": [], "off": []}
 for n in runs:
     r = json.load(open(f"{out}/{n}.json"))
     s = json.load(open(f"{out}/{n}.server.json"))
@@ -158,6 +159,8 @@ for n in runs:
     # part of the latency spent inside the server.
     srv = r.get("server") or {"p99_us": 0, "p999_us": 0}
     srv_p99[mode].append(srv["p99_us"])
+    srv_secs = sorted(w.get("server_p99_us") or 0 for w in r.get("windows", [])) or [0]
+    srv_sec_med[mode].append(statistics.median(srv_secs))
     print(f"{n:<12}{r['throughput']:>8.0f}{r['p50_us']:>7}{r['p99_us']:>8}{r['p999_us']:>8}{r['max_us']:>8}"
           f"{statistics.median(secs):>11.0f}{secs[-1]:>11}{srv['p99_us']:>8}{srv['p999_us']:>10}{errors:>8}"
           f"{dropped:>9}{written:>9}{100 * s['cpu_s'] / busy:>7.0f}{100 * s['log_cpu_s'] / busy:>10.1f}")
@@ -170,5 +173,7 @@ if p99["on"] and p99["off"]:
     print(f"median of the per-second p99 medians: log on {on:.0f} µs, log off {off:.0f} µs, on/off {on / off:.3f}")
     on, off = statistics.median(srv_p99["on"]), statistics.median(srv_p99["off"])
     print(f"median server p99 (arrival to answer): log on {on:.0f} µs, log off {off:.0f} µs, on/off {on / max(off, 1):.3f}")
+    on, off = statistics.median(srv_sec_med["on"]), statistics.median(srv_sec_med["off"])
+    print(f"median of the per-second server p99 medians: log on {on:.0f} µs, log off {off:.0f} µs, on/off {on / max(off, 1):.3f}")
 print(f"raw output in {out}")
 PY

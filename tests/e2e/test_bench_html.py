@@ -98,6 +98,7 @@ def test_bench_json_has_windows_and_histogram(bench):
         assert key in report, key
     # Infer answers carry no stage times: no server latency distribution.
     assert "server" not in report, report["server"]
+    assert not any("server_p99_us" in w for w in report["windows"]), report["windows"]
     windows = report["windows"]
     assert len(windows) >= 2, windows
     assert [w["t_s"] for w in windows] == [float(i) for i in range(len(windows))]

@@ -42,6 +42,8 @@ def test_json_logs_carry_the_request_id(monkeypatch):
         assert server["answers"] == report["codes"]["OK"], report
         assert 0 < server["p50_us"] <= report["p50_us"], report
         assert server["p99_us"] <= report["p99_us"] and server["max_us"] <= report["max_us"], report
+        # Per second as well: every window with an OK answer has the server's p99.
+        assert all(w.get("server_p99_us", 0) > 0 for w in report["windows"] if w["requests"] > w["errors"]), report
     finally:
         m.stop()
     reader.join(timeout=20)

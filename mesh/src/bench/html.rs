@@ -261,6 +261,7 @@ mod tests {
                     p99_us: 2_000,
                     p999_us: 9_000,
                     max_us: 12_000,
+                    server_p99_us: Some(1_700),
                 })
                 .collect(),
             histogram: vec![

@@ -473,7 +473,12 @@ async fn one(
     t.record(intended, us, code == "OK");
     t.useful(us, from_model(&code, source.as_deref()), &code);
     let stages = timings.as_ref().map(stages);
-    t.count(code, source, stages.as_ref().map_or(&[], |s| &s[..]));
+    t.count(
+        intended,
+        code,
+        source,
+        stages.as_ref().map_or(&[], |s| &s[..]),
+    );
 }
 
 /// Closed loop: `--concurrency` callers, each sending as soon as its last answer

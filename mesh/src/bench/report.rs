@@ -82,6 +82,9 @@ pub struct Window {
     pub p99_us: u64,
     pub p999_us: u64,
     pub max_us: u64,
+    /// Decide: the p99 of the server's own `total` over the window's OK answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_p99_us: Option<u64>,
 }
 
 /// `count` latencies in `[lower_us, upper_us)`.

@@ -18,6 +18,8 @@ const WINDOW: Duration = Duration::from_secs(1);
 struct WindowTally {
     hist: Histogram<u64>,
     errors: u64,
+    /// The server's `total` of the window's answers that carried one.
+    server: Option<Histogram<u64>>,
 }
 
 pub struct Tally {
@@ -86,10 +88,9 @@ impl Tally {
         let _ = self.send_lag.record(us.clamp(1, self.send_lag.high()));
     }
 
-    /// Records one latency, in the window of `intended`.
-    pub fn record(&mut self, intended: Instant, us: u64, ok: bool) {
-        let us = us.clamp(1, self.hist.high());
-        let _ = self.hist.record(us);
+    /// The window of a request sent at `intended`, created (with those before it)
+    /// when it is the first.
+    fn window(&mut self, intended: Instant) -> &mut WindowTally {
         let last = (self.load_s / WINDOW.as_secs_f64()).ceil().max(1.0) as usize - 1;
         let since = intended.saturating_duration_since(self.started);
         // A closed-loop caller may send a hair after the end: the last window.
@@ -101,19 +102,33 @@ impl Tally {
                 // bench stays small.
                 hist: Histogram::new(2).expect("2 significant digits is valid"),
                 errors: 0,
+                server: None,
             });
         }
-        let w = &mut self.windows[idx];
+        &mut self.windows[idx]
+    }
+
+    /// Records one latency, in the window of `intended`.
+    pub fn record(&mut self, intended: Instant, us: u64, ok: bool) {
+        let us = us.clamp(1, self.hist.high());
+        let _ = self.hist.record(us);
+        let w = self.window(intended);
         let _ = w.hist.record(us);
         if !ok {
             w.errors += 1;
         }
     }
 
-    /// Counts one answer: its status code, where it came from (Decide) and the
-    /// server's time per stage (Decide), summed; the `total` stage also goes into
-    /// a distribution of its own.
-    pub fn count(&mut self, code: String, source: Option<String>, stages: &[(&'static str, u64)]) {
+    /// Counts one answer to the request sent at `intended`: its status code, where it
+    /// came from (Decide) and the server's time per stage (Decide), summed; the `total`
+    /// stage also goes into a distribution of its own, overall and in its window.
+    pub fn count(
+        &mut self,
+        intended: Instant,
+        code: String,
+        source: Option<String>,
+        stages: &[(&'static str, u64)],
+    ) {
         *self.codes.entry(code).or_default() += 1;
         if let Some(s) = source {
             *self.sources.entry(s).or_default() += 1;
@@ -121,9 +136,13 @@ impl Tally {
         for (k, v) in stages {
             *self.stages.entry(*k).or_default() += *v;
             if *k == "total" {
-                let _ = self
-                    .server_total
-                    .record((*v).clamp(1, self.server_total.high()));
+                let us = (*v).clamp(1, self.server_total.high());
+                let _ = self.server_total.record(us);
+                let w = self.window(intended);
+                let h = w.server.get_or_insert_with(|| {
+                    Histogram::new(2).expect("2 significant digits is valid")
+                });
+                let _ = h.record(us);
             }
         }
     }
@@ -151,6 +170,7 @@ impl Tally {
                     p99_us: q(0.99),
                     p999_us: q(0.999),
                     max_us: w.hist.max(),
+                    server_p99_us: w.server.as_ref().map(|h| h.value_at_quantile(0.99)),
                 }
             })
             .collect()
@@ -335,7 +355,12 @@ mod tests {
             } else {
                 &[]
             };
-            t.count(code.into(), ok.then(|| "MODEL".to_owned()), stages);
+            t.count(
+                at(0.5 * i as f64),
+                code.into(),
+                ok.then(|| "MODEL".to_owned()),
+                stages,
+            );
         }
         let server = BTreeMap::from([("queue".to_owned(), 1.0)]);
         let r = t.report(
@@ -364,6 +389,27 @@ mod tests {
         // The server's own totals: one per OK answer that carried stage times.
         let srv = r.server.as_ref().unwrap();
         assert_eq!((srv.answers, srv.p50_us, srv.max_us), (3, 90, 90));
+        // And in the window of each request's send time.
+        assert_eq!(
+            r.windows
+                .iter()
+                .map(|w| w.server_p99_us)
+                .collect::<Vec<_>>(),
+            [Some(90), Some(90)]
+        );
+        // A window whose answers carried no total has none.
+        let mut t = Tally::new(start, 2.0).unwrap();
+        t.record(at(0.2), 100, true);
+        t.count(at(0.2), "OK".into(), None, &[("total", 40)]);
+        t.record(at(1.2), 100, false);
+        t.count(at(1.2), "Unavailable".into(), None, &[]);
+        let w = t
+            .report("decide".into(), String::new(), 2.0, BTreeMap::new())
+            .windows;
+        assert_eq!(
+            w.iter().map(|w| w.server_p99_us).collect::<Vec<_>>(),
+            [Some(40), None]
+        );
         // With a deadline: model answers within it are useful; late ones and
         // fallbacks are not.
         let mut t = Tally::new(start, 2.0)
@@ -403,7 +449,7 @@ mod tests {
         // Without stage times in the answers (Infer), the server's are reported.
         let mut t = Tally::new(start, 1.0).unwrap();
         t.record(start, 100, true);
-        t.count("OK".into(), None, &[]);
+        t.count(start, "OK".into(), None, &[]);
         assert_eq!(
             t.report("infer".into(), String::new(), 1.0, server.clone())
                 .stages_us,
