@@ -30,6 +30,7 @@ use tokio::time::{Instant, Sleep};
 /// keepalive_timeout = "10s"     # a ping unanswered this long closes the connection
 /// max_connection_age = "30m"    # gRPC connections are asked to reconnect after this
 /// shutdown_grace = "10s"        # SIGTERM: requests in flight get this long, then all close
+/// max_pending_accept_reset_streams = 20  # gRPC: resets before accept, then GOAWAY
 /// ```
 #[derive(Debug, Clone, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -47,7 +48,21 @@ pub struct ConnectionConfig {
     pub max_connection_age: Duration,
     #[serde(deserialize_with = "mesh_stack::config::duration::deserialize")]
     pub shutdown_grace: Duration,
+    /// gRPC port: how many HTTP/2 streams of one connection the client may reset
+    /// before the server has taken them up. One more, and the server closes the
+    /// connection with GOAWAY `ENHANCE_YOUR_CALM` (every call on it fails: a tonic
+    /// client sees RESOURCE_EXHAUSTED, and UNKNOWN for calls in flight). This is the
+    /// defence against the HTTP/2 "rapid reset" attack; the default is the `h2`
+    /// library's own, 20. A client that cancels calls when their deadlines run out can
+    /// reach it too, when a stall of the server (or of its machine) leaves a burst of
+    /// its requests untaken past their deadlines. Raise it for such clients, within
+    /// [`MAX_PENDING_ACCEPT_RESETS`].
+    pub max_pending_accept_reset_streams: usize,
 }
+
+/// The most `max_pending_accept_reset_streams` may be: enough for a client's burst of
+/// expired calls, still a bound on what one connection can make the server queue.
+pub const MAX_PENDING_ACCEPT_RESETS: usize = 1_000;
 
 impl Default for ConnectionConfig {
     fn default() -> Self {
@@ -59,6 +74,7 @@ impl Default for ConnectionConfig {
             keepalive_timeout: Duration::from_secs(10),
             max_connection_age: Duration::from_secs(30 * 60),
             shutdown_grace: Duration::from_secs(10),
+            max_pending_accept_reset_streams: 20,
         }
     }
 }
@@ -75,6 +91,12 @@ impl ConnectionConfig {
     pub fn validate(&self) -> Result<(), String> {
         if self.max_connections == 0 {
             return Err("[server.connections] max_connections must be at least 1".into());
+        }
+        if !(1..=MAX_PENDING_ACCEPT_RESETS).contains(&self.max_pending_accept_reset_streams) {
+            return Err(format!(
+                "[server.connections] max_pending_accept_reset_streams = {}: must be 1 to {MAX_PENDING_ACCEPT_RESETS}",
+                self.max_pending_accept_reset_streams
+            ));
         }
         for (name, d) in [
             ("idle_timeout", self.idle_timeout),
@@ -546,6 +568,24 @@ mod tests {
         c.idle_timeout = c.keepalive_interval;
         assert_eq!(c.warnings().len(), 1);
         assert!(c.validate().is_ok(), "a warning, not a refusal");
+    }
+
+    #[test]
+    fn pending_accept_resets_are_bounded_both_ways() {
+        let mut c = ConnectionConfig::default();
+        assert_eq!(c.max_pending_accept_reset_streams, 20, "h2's own default");
+        for ok in [1, MAX_PENDING_ACCEPT_RESETS] {
+            c.max_pending_accept_reset_streams = ok;
+            assert!(c.validate().is_ok(), "{ok}");
+        }
+        for bad in [0, MAX_PENDING_ACCEPT_RESETS + 1] {
+            c.max_pending_accept_reset_streams = bad;
+            let e = c.validate().unwrap_err();
+            assert!(
+                e.contains("max_pending_accept_reset_streams") && e.contains(&bad.to_string()),
+                "{e}"
+            );
+        }
     }
 
     #[tokio::test]

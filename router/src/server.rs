@@ -455,6 +455,7 @@ async fn grpc_server(
         .http2_keepalive_interval(Some(conns.keepalive_interval))
         .http2_keepalive_timeout(Some(conns.keepalive_timeout))
         .max_connection_age(conns.max_connection_age)
+        .http2_max_pending_accept_reset_streams(Some(conns.max_pending_accept_reset_streams))
         // Outermost: the arrival time, where every deadline starts (crate::arrival).
         .layer(crate::arrival::ArrivalLayer)
         .layer(tower::util::MapResponseLayer::new(transport_statuses))
