@@ -269,17 +269,7 @@ async fn raw_grpc_infer(
         .expect("an answer within 10 s")
         .unwrap();
     let took = t.elapsed();
-    let (head, mut body) = response.into_parts();
-    // A trailers-only answer carries the status in its headers.
-    let mut fields = head.headers;
-    if !fields.contains_key("grpc-status") {
-        while let Some(chunk) = body.data().await {
-            let _ = chunk.unwrap();
-        }
-        if let Some(trailers) = body.trailers().await.unwrap() {
-            fields = trailers;
-        }
-    }
+    let fields = common::grpc_status_fields(response).await.unwrap();
     let get = |k: &str| {
         fields
             .get(k)

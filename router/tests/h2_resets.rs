@@ -10,6 +10,8 @@ use std::time::Duration;
 use mesh_router::config::MeshConfig;
 use mesh_router::server::{start_mesh, Running};
 
+mod common;
+
 async fn serve(models: &std::path::Path, limit: Option<usize>) -> Running {
     let setting = limit.map_or_else(String::new, |n| {
         format!("max_pending_accept_reset_streams = {n}")
@@ -75,16 +77,7 @@ async fn burst_then_check(addr: SocketAddr, resets: usize) -> Result<String, h2:
         .await
         .expect("an answer within 10 s")
         .map_err(reason)?;
-    let (head, mut body) = answer.into_parts();
-    let mut fields = head.headers;
-    if !fields.contains_key("grpc-status") {
-        while let Some(chunk) = body.data().await {
-            chunk.map_err(reason)?;
-        }
-        if let Some(trailers) = body.trailers().await.map_err(reason)? {
-            fields = trailers;
-        }
-    }
+    let fields = common::grpc_status_fields(answer).await.map_err(reason)?;
     Ok(fields
         .get("grpc-status")
         .map(|v| v.to_str().unwrap().to_owned())

@@ -201,3 +201,19 @@ pub fn card_f31_rows(n: usize) -> Vec<mesh_feature_store::Row> {
         })
         .collect()
 }
+
+/// The status fields of a gRPC answer read over a raw HTTP/2 connection: its headers
+/// when they carry `grpc-status` (a trailers-only answer), else its trailers, once the
+/// body has been read to its end (the headers again when there are none).
+pub async fn grpc_status_fields(
+    answer: http::Response<h2::RecvStream>,
+) -> Result<http::HeaderMap, h2::Error> {
+    let (head, mut body) = answer.into_parts();
+    if head.headers.contains_key("grpc-status") {
+        return Ok(head.headers);
+    }
+    while let Some(chunk) = body.data().await {
+        chunk?;
+    }
+    Ok(body.trailers().await?.unwrap_or(head.headers))
+}
