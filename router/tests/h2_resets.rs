@@ -105,3 +105,18 @@ async fn resets_past_the_limit_close_the_connection_and_within_it_do_not() {
     );
     running.shutdown().await;
 }
+
+#[test]
+fn a_bound_out_of_range_refuses_the_file_naming_the_key() {
+    for bad in ["0", "1001"] {
+        let e = MeshConfig::from_toml(&format!(
+            "[server.connections]\nmax_pending_accept_reset_streams = {bad}\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("max_pending_accept_reset_streams") && e.contains(bad),
+            "{e}"
+        );
+    }
+}
