@@ -30,7 +30,17 @@ fn run() -> anyhow::Result<()> {
                 // The load generator's threads (`--threads`), checked first: a
                 // runtime of 0 workers cannot be built.
                 b.check()?;
-                runtime.worker_threads(b.threads);
+                if b.threads == 1 {
+                    // One thread (the default): the runtime of that thread alone. A
+                    // task woken there runs after those already queued instead of
+                    // next (a multi-thread runtime's LIFO slot), so the answers of
+                    // one read are handled before the connection writes again: a
+                    // closed loop of 8 callers on one connection (feature lookups) went
+                    // from 1.0 writes a call to 0.4-0.5.
+                    runtime = tokio::runtime::Builder::new_current_thread();
+                } else {
+                    runtime.worker_threads(b.threads);
+                }
             }
             // `mesh serve`: `[server] worker_threads` (0: tokio's one per core).
             if let Some(n) = prepared.config.as_ref().map(|c| c.server.worker_threads) {

@@ -63,7 +63,8 @@ pub struct BenchArgs {
     /// drive a connection, costs the least: on a machine shared with the server each
     /// more takes CPU from it and adds wake-ups between the threads (2 cores, 15,000
     /// Decide/s: p99 96-106 ms with two, of which the generator's own send lag
-    /// 7.5-22 ms; 2.2-4.4 ms with one).
+    /// 7.5-22 ms; 2.2-4.4 ms with one). One thread runs tokio's current-thread
+    /// runtime, more its multi-thread one.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
     /// Seconds of load (default 10 unless --requests is given).

@@ -287,8 +287,7 @@ fn statuses_answered(r: &LookupStatuses, shape: &LookupShape, keys: usize) -> bo
 /// HEADERS and one DATA frame), or tonic's client (`tonic::client::Grpc`, what its
 /// generated clients call, with their answer to a channel that is not ready).
 async fn send<Req, Res>(
-    channel: &tonic::transport::Channel,
-    client: GrpcClient,
+    c: &Clients,
     path: &'static str,
     req: tonic::Request<Req>,
 ) -> Result<Res, tonic::Status>
@@ -296,10 +295,10 @@ where
     Req: prost::Message + Send + Sync + 'static,
     Res: prost::Message + Default + Send + Sync + 'static,
 {
-    match client {
-        GrpcClient::Lean => unary::call(channel, path, req).await,
-        GrpcClient::Tonic => {
-            let mut grpc = tonic::client::Grpc::new(channel.clone());
+    match &c.lean {
+        Some(lean) => unary::call(lean, path, req).await,
+        None => {
+            let mut grpc = tonic::client::Grpc::new(c.channel.clone());
             grpc.ready()
                 .await
                 .map_err(|e| tonic::Status::unknown(format!("Service was not ready: {e}")))?;
@@ -339,8 +338,12 @@ pub struct Clients {
     infer:
         oip::grpc_inference_service_client::GrpcInferenceServiceClient<tonic::transport::Channel>,
     features: pb::feature_store_client::FeatureStoreClient<tonic::transport::Channel>,
-    /// The same channel, for the load's calls ([`send`]).
+    /// The same channel, for the load's calls with `--grpc-client tonic` ([`send`]).
     channel: tonic::transport::Channel,
+    /// The load's connection with `--grpc-client lean` ([`send`]); the channel then
+    /// connects only if the bench's setup uses it (reading a model's or a view's
+    /// shape), so that the load has one connection, not two.
+    lean: Option<unary::Lean>,
     /// The Infer target's rows (read from the model before the load starts).
     pub shape: Arc<InferShape>,
     /// The Lookup target's request (read from the view before the load starts).
@@ -348,8 +351,13 @@ pub struct Clients {
 }
 
 impl Clients {
-    /// One channel to `addr` (`--addr`), shared by the clients.
-    pub async fn connect(addr: &str, tls_ca: Option<&std::path::Path>) -> anyhow::Result<Self> {
+    /// One channel to `addr` (`--addr`), shared by the clients, and the lean
+    /// client's connection when `client` is [`GrpcClient::Lean`].
+    pub async fn connect(
+        addr: &str,
+        tls_ca: Option<&std::path::Path>,
+        client: GrpcClient,
+    ) -> anyhow::Result<Self> {
         let mut endpoint = tonic::transport::Endpoint::from_shared(addr.to_owned())
             .with_context(|| format!("--addr {addr}"))?
             .tcp_nodelay(true);
@@ -359,16 +367,26 @@ impl Clients {
                 .ca_certificate(tonic::transport::Certificate::from_pem(pem));
             endpoint = endpoint.tls_config(tls).context("TLS settings")?;
         }
-        let channel = endpoint
-            .connect()
-            .await
-            .with_context(|| format!("connecting to {addr}"))?;
+        let (channel, lean) = match client {
+            GrpcClient::Lean => (
+                endpoint.connect_lazy(),
+                Some(unary::Lean::connect(addr, tls_ca).await?),
+            ),
+            GrpcClient::Tonic => (
+                endpoint
+                    .connect()
+                    .await
+                    .with_context(|| format!("connecting to {addr}"))?,
+                None,
+            ),
+        };
         Ok(Self {
             infer: oip::grpc_inference_service_client::GrpcInferenceServiceClient::new(
                 channel.clone(),
             ),
             features: pb::feature_store_client::FeatureStoreClient::new(channel.clone()),
             channel,
+            lean,
             shape: Arc::default(),
             lookup: Arc::default(),
         })
@@ -381,11 +399,12 @@ impl Clients {
         &self,
         addr: &str,
         tls_ca: Option<&std::path::Path>,
+        client: GrpcClient,
     ) -> anyhow::Result<Self> {
         Ok(Self {
             shape: self.shape.clone(),
             lookup: self.lookup.clone(),
-            ..Self::connect(addr, tls_ca).await?
+            ..Self::connect(addr, tls_ca, client).await?
         })
     }
 }
@@ -422,26 +441,21 @@ async fn one(
     // Taken before the request is built and sent; recorded with the answer, under
     // the one lock of the tally per request.
     let lag_us = intended.elapsed().as_micros() as u64;
-    let client = args.grpc_client;
     let (code, source, timings) = match args.target {
         Target::Decide => match with_deadline(decide_request(rng, i, args), args, intended) {
             None => not_sent(),
-            Some(req) => {
-                match send::<_, pb::DecideResponse>(&c.channel, client, DECIDE, req).await {
-                    Ok(r) => ("OK".to_owned(), Some(source_name(r.source)), r.timings),
-                    Err(s) => (format!("{:?}", s.code()), None, None),
-                }
-            }
+            Some(req) => match send::<_, pb::DecideResponse>(c, DECIDE, req).await {
+                Ok(r) => ("OK".to_owned(), Some(source_name(r.source)), r.timings),
+                Err(s) => (format!("{:?}", s.code()), None, None),
+            },
         },
         Target::Infer => {
             match with_deadline(infer_request(rng, &args.model, &c.shape), args, intended) {
                 None => not_sent(),
-                Some(req) => {
-                    match send::<_, oip::ModelInferResponse>(&c.channel, client, INFER, req).await {
-                        Ok(_) => ("OK".to_owned(), None, None),
-                        Err(s) => (format!("{:?}", s.code()), None, None),
-                    }
-                }
+                Some(req) => match send::<_, oip::ModelInferResponse>(c, INFER, req).await {
+                    Ok(_) => ("OK".to_owned(), None, None),
+                    Err(s) => (format!("{:?}", s.code()), None, None),
+                },
             }
         }
         Target::Lookup => {
@@ -450,11 +464,11 @@ async fn one(
                 None => not_sent(),
                 Some(req) => {
                     let answered = if args.decode_values {
-                        send::<_, pb::GetOnlineFeaturesResponse>(&c.channel, client, LOOKUP, req)
+                        send::<_, pb::GetOnlineFeaturesResponse>(c, LOOKUP, req)
                             .await
                             .map(|r| lookup_answered(&r, &shape, args.keys))
                     } else {
-                        send::<_, LookupStatuses>(&c.channel, client, LOOKUP, req)
+                        send::<_, LookupStatuses>(c, LOOKUP, req)
                             .await
                             .map(|r| statuses_answered(&r, &shape, args.keys))
                     };

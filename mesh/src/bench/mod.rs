@@ -33,7 +33,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     // Bad arguments fail before any connection is tried.
     args.check()?;
     let load_s = args.load_seconds()?;
-    let mut clients = Clients::connect(&args.addr, args.tls_ca.as_deref()).await?;
+    let mut clients =
+        Clients::connect(&args.addr, args.tls_ca.as_deref(), args.grpc_client).await?;
     if args.target == Target::Infer {
         clients.shape = Arc::new(load::InferShape::fetch(&clients, &args.model).await?);
     }
@@ -44,7 +45,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     // `--connections` channels, the callers spread over them.
     let mut conns = vec![clients.clone()];
     for _ in 1..args.connections {
-        conns.push(clients.another(&args.addr, args.tls_ca.as_deref()).await?);
+        conns.push(
+            clients
+                .another(&args.addr, args.tls_ca.as_deref(), args.grpc_client)
+                .await?,
+        );
     }
     if args.warmup > 0.0 {
         let warmup = Arc::new(BenchArgs {
