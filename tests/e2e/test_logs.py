@@ -44,6 +44,12 @@ def test_json_logs_carry_the_request_id(monkeypatch):
         assert server["p99_us"] <= report["p99_us"] and server["max_us"] <= report["max_us"], report
         # Per second as well: every window with an OK answer has the server's p99.
         assert all(w.get("server_p99_us", 0) > 0 for w in report["windows"] if w["requests"] > w["errors"]), report
+        # Each stage's own p99 (the answers carry every stage), and what the total
+        # has beyond them: none past the total's own largest.
+        by_stage = server["stages_p99_us"]
+        assert set(by_stage) == {"validate", "features", "preprocess", "queue", "compute", "postprocess", "other"}, by_stage
+        assert all(0 <= v <= server["max_us"] for v in by_stage.values()), by_stage
+        assert by_stage["features"] > 0, by_stage
     finally:
         m.stop()
     reader.join(timeout=20)

@@ -212,6 +212,20 @@ fn summary(r: &Report) -> String {
             us(t.p999_us),
             us(t.max_us)
         );
+        if !t.stages_p99_us.is_empty() {
+            const ORDER: [&str; 7] = mesh_prediction_log::StageMicros::NAMES;
+            let mut by: Vec<(&String, &u64)> = t.stages_p99_us.iter().collect();
+            by.sort_by_key(|(k, _)| ORDER.iter().position(|o| o == k).unwrap_or(ORDER.len()));
+            let text = by
+                .iter()
+                .map(|(k, v)| format!("{} {}", escape(k), us(**v)))
+                .collect::<Vec<_>>()
+                .join(" · ");
+            let _ = writeln!(
+                s,
+                "<tr><th>server stages (p99 each; other: the rest of the total)</th><td>{text}</td></tr>"
+            );
+        }
     }
     s.push_str("</table>\n");
     s
@@ -247,6 +261,7 @@ mod tests {
                 p99_us: 1_800,
                 p999_us: 4_200,
                 max_us: 6_000,
+                stages_p99_us: BTreeMap::from([("compute".into(), 900), ("other".into(), 1_100)]),
             }),
             useful: None,
             windows: (0..2)
@@ -332,6 +347,10 @@ mod tests {
         assert!(
             page.contains("<tr><th>server total (arrival to answer)</th><td>p50 120 µs · p99 1,800 µs · p99.9 4,200 µs · max 6,000 µs</td></tr>"),
             "server total"
+        );
+        assert!(
+            page.contains("<tr><th>server stages (p99 each; other: the rest of the total)</th><td>compute 900 µs · other 1,100 µs</td></tr>"),
+            "server stages p99"
         );
         let mut bare = report();
         bare.server = None;

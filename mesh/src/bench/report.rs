@@ -64,6 +64,11 @@ pub struct ServerLatency {
     pub p99_us: u64,
     pub p999_us: u64,
     pub max_us: u64,
+    /// Each stage's own p99 over the same answers (they do not add up: a slow
+    /// request is rarely slow in every stage), and `other`: the total less the named
+    /// stages (waiting for a thread between them, reading the request, writing the
+    /// answer's record).
+    pub stages_p99_us: BTreeMap<String, u64>,
 }
 
 /// The requests sent in one window `[t_s, t_s + seconds)` of the bench.
@@ -138,6 +143,18 @@ impl std::fmt::Display for Report {
                 "server total µs p50 {}  p99 {}  p99.9 {}  max {}  (arrival to answer, the server's own clock)",
                 s.p50_us, s.p99_us, s.p999_us, s.max_us
             )?;
+            if !s.stages_p99_us.is_empty() {
+                let by: Vec<String> = s
+                    .stages_p99_us
+                    .iter()
+                    .map(|(k, v)| format!("{k} {v}"))
+                    .collect();
+                writeln!(
+                    f,
+                    "server p99 µs by stage  {}  (each its own p99; other: the total less the stages)",
+                    by.join("  ")
+                )?;
+            }
         }
         Ok(())
     }
@@ -195,10 +212,18 @@ mod tests {
             p99_us: 900,
             p999_us: 1_500,
             max_us: 2_000,
+            stages_p99_us: BTreeMap::new(),
         });
         let text = with_server.to_string();
         assert!(
             text.ends_with("server total µs p50 70  p99 900  p99.9 1500  max 2000  (arrival to answer, the server's own clock)\n"),
+            "{text}"
+        );
+        with_server.server.as_mut().unwrap().stages_p99_us =
+            BTreeMap::from([("compute".into(), 40), ("other".into(), 700)]);
+        let text = with_server.to_string();
+        assert!(
+            text.ends_with("server p99 µs by stage  compute 40  other 700  (each its own p99; other: the total less the stages)\n"),
             "{text}"
         );
         let mut with_deadline = report(&[], &[]);

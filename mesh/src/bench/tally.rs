@@ -33,6 +33,9 @@ pub struct Tally {
     stages: BTreeMap<&'static str, u64>,
     /// The server's `total` stage time (µs) of each answer that carried one.
     server_total: Histogram<u64>,
+    /// Each stage's time (µs) of those answers, and `other`: the total less the
+    /// named stages.
+    stage_hists: BTreeMap<&'static str, Histogram<u64>>,
     /// With a deadline: the deadline, and the model answers that arrived within it.
     useful: Option<(Duration, u64)>,
     /// With a deadline: answers of any status later than it by more than
@@ -56,6 +59,7 @@ impl Tally {
             sources: BTreeMap::new(),
             stages: BTreeMap::new(),
             server_total: Histogram::new_with_bounds(1, 120_000_000, 3)?,
+            stage_hists: BTreeMap::new(),
             useful: None,
             late_codes: BTreeMap::new(),
             send_lag: Histogram::new_with_bounds(1, 120_000_000, 2)?,
@@ -121,7 +125,9 @@ impl Tally {
 
     /// Counts one answer to the request sent at `intended`: its status code, where it
     /// came from (Decide) and the server's time per stage (Decide), summed; the `total`
-    /// stage also goes into a distribution of its own, overall and in its window.
+    /// stage also goes into a distribution of its own, overall and in its window, and
+    /// with it each stage into one of its own, `other` (the total less the named
+    /// stages) too.
     pub fn count(
         &mut self,
         intended: Instant,
@@ -132,6 +138,21 @@ impl Tally {
         *self.codes.entry(code).or_default() += 1;
         if let Some(s) = source {
             *self.sources.entry(s).or_default() += 1;
+        }
+        if let Some(total) = stages.iter().find(|(k, _)| *k == "total").map(|s| s.1) {
+            let named: u64 = stages
+                .iter()
+                .filter(|(k, _)| *k != "total")
+                .map(|s| s.1)
+                .sum();
+            let other = ("other", total.saturating_sub(named));
+            for (k, v) in stages.iter().filter(|(k, _)| *k != "total").chain([&other]) {
+                let h = self
+                    .stage_hists
+                    .entry(k)
+                    .or_insert_with(|| Histogram::new(2).expect("2 significant digits is valid"));
+                let _ = h.record(*v);
+            }
         }
         for (k, v) in stages {
             *self.stages.entry(*k).or_default() += *v;
@@ -228,6 +249,11 @@ impl Tally {
                     p99_us: h.value_at_quantile(0.99),
                     p999_us: h.value_at_quantile(0.999),
                     max_us: h.max(),
+                    stages_p99_us: self
+                        .stage_hists
+                        .iter()
+                        .map(|(k, h)| (k.to_string(), h.value_at_quantile(0.99)))
+                        .collect(),
                 }
             }),
             windows: self.windows(),
@@ -389,6 +415,11 @@ mod tests {
         // The server's own totals: one per OK answer that carried stage times.
         let srv = r.server.as_ref().unwrap();
         assert_eq!((srv.answers, srv.p50_us, srv.max_us), (3, 90, 90));
+        // Each stage's own p99, and what the total has beyond the named stages.
+        assert_eq!(
+            srv.stages_p99_us,
+            BTreeMap::from([("compute".into(), 30), ("other".into(), 60)])
+        );
         // And in the window of each request's send time.
         assert_eq!(
             r.windows
