@@ -5,6 +5,7 @@
 # each run on a freshly started server. Prints one table: latency from the intended
 # send time (p50/p99/p99.9/max, and the median and max of each second's p99), the
 # server's own p99 and p99.9 (arrival to answer, as the answers' timings carry it),
+# the load generator's send lag p99 (how late it sent: inside every latency above),
 # throughput, errors, the log's dropped and written
 # records (from /metrics), and the CPU the server and its log threads used.
 #
@@ -136,7 +137,7 @@ python3 - "$OUT" "$RATE" "$WARMUP" "${runs[@]}" <<'PY'
 import json, statistics, sys
 out, rate, warmup, runs = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4:]
 print(f"\nDecide, open loop at {rate:.0f} req/s, prediction log on vs off (latency in µs from the intended send time)")
-print(f"{'run':<12}{'req/s':>8}{'p50':>7}{'p99':>8}{'p99.9':>8}{'max':>8}{'1s p99 med':>11}{'1s p99 max':>11}{'srv p99':>8}{'srv p99.9':>10}{'errors':>8}{'dropped':>9}{'written':>9}{'cpu %':>7}{'log cpu %':>10}")
+print(f"{'run':<12}{'req/s':>8}{'p50':>7}{'p99':>8}{'p99.9':>8}{'max':>8}{'1s p99 med':>11}{'1s p99 max':>11}{'srv p99':>8}{'srv p99.9':>10}{'lag p99':>8}{'errors':>8}{'dropped':>9}{'written':>9}{'cpu %':>7}{'log cpu %':>10}")
 p99 = {"on": [], "off": []}
 sec_med = {"on": [], "off": []}
 srv_p99 = {"on": [], "off": []}
@@ -162,7 +163,7 @@ for n in runs:
     srv_secs = sorted(w.get("server_p99_us") or 0 for w in r.get("windows", [])) or [0]
     srv_sec_med[mode].append(statistics.median(srv_secs))
     print(f"{n:<12}{r['throughput']:>8.0f}{r['p50_us']:>7}{r['p99_us']:>8}{r['p999_us']:>8}{r['max_us']:>8}"
-          f"{statistics.median(secs):>11.0f}{secs[-1]:>11}{srv['p99_us']:>8}{srv['p999_us']:>10}{errors:>8}"
+          f"{statistics.median(secs):>11.0f}{secs[-1]:>11}{srv['p99_us']:>8}{srv['p999_us']:>10}{r.get('send_lag_p99_us', 0):>8}{errors:>8}"
           f"{dropped:>9}{written:>9}{100 * s['cpu_s'] / busy:>7.0f}{100 * s['log_cpu_s'] / busy:>10.1f}")
 if p99["on"] and p99["off"]:
     on, off = statistics.median(p99["on"]), statistics.median(p99["off"])
