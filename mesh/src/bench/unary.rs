@@ -15,7 +15,6 @@
 //! bench uses it by default so that its figures are the server's, not tonic's
 //! client's; `--grpc-client tonic` measures with tonic's client instead.
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::uri::{Authority, Scheme};
@@ -222,22 +221,6 @@ fn h2_status(e: h2::Error) -> tonic::Status {
     tonic::Status::new(code, format!("h2: {e}"))
 }
 
-/// The request's `grpc-timeout` (as `tonic::Request::set_timeout` writes it).
-fn timeout_of(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
-    let v = metadata.get("grpc-timeout")?.to_str().ok()?;
-    let (n, unit) = v.split_at(v.len().checked_sub(1)?);
-    let n: u64 = n.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(n.saturating_mul(3600)),
-        "M" => Duration::from_secs(n.saturating_mul(60)),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    })
-}
-
 /// Sends `req` to `path` on `conn` and decodes the answer as `Res`. Every failure
 /// is a `Status`: the server's (`grpc-status` in the trailers, or in the headers
 /// of a trailers-only answer), or one that names what was wrong with the answer
@@ -252,7 +235,8 @@ where
     Req: prost::Message,
     Res: prost::Message + Default,
 {
-    let timeout = timeout_of(req.metadata());
+    // The router's own reading of `grpc-timeout`, as the server does.
+    let timeout = mesh_router::request::timeout_of(&req);
     let answer = exchange(conn, path, req);
     match timeout {
         None => answer.await,
