@@ -101,10 +101,7 @@ impl Tally {
         let idx = ((since.as_nanos() / WINDOW.as_nanos()) as usize).min(last);
         while self.windows.len() <= idx {
             self.windows.push(WindowTally {
-                // Auto-resizing with two significant digits: a window's counts
-                // array only spans the latencies it saw (a few KiB), so a long
-                // bench stays small.
-                hist: Histogram::new(2).expect("2 significant digits is valid"),
+                hist: auto_histogram(),
                 errors: 0,
                 server: None,
             });
@@ -139,32 +136,30 @@ impl Tally {
         if let Some(s) = source {
             *self.sources.entry(s).or_default() += 1;
         }
-        if let Some(total) = stages.iter().find(|(k, _)| *k == "total").map(|s| s.1) {
-            let named: u64 = stages
-                .iter()
-                .filter(|(k, _)| *k != "total")
-                .map(|s| s.1)
-                .sum();
-            let other = ("other", total.saturating_sub(named));
-            for (k, v) in stages.iter().filter(|(k, _)| *k != "total").chain([&other]) {
-                let h = self
-                    .stage_hists
-                    .entry(k)
-                    .or_insert_with(|| Histogram::new(2).expect("2 significant digits is valid"));
-                let _ = h.record(*v);
-            }
-        }
         for (k, v) in stages {
             *self.stages.entry(*k).or_default() += *v;
-            if *k == "total" {
-                let us = (*v).clamp(1, self.server_total.high());
-                let _ = self.server_total.record(us);
-                let w = self.window(intended);
-                let h = w.server.get_or_insert_with(|| {
-                    Histogram::new(2).expect("2 significant digits is valid")
-                });
-                let _ = h.record(us);
-            }
+        }
+        let Some(total) = stages.iter().find(|(k, _)| *k == "total").map(|s| s.1) else {
+            return;
+        };
+        let us = total.clamp(1, self.server_total.high());
+        let _ = self.server_total.record(us);
+        let _ = self
+            .window(intended)
+            .server
+            .get_or_insert_with(auto_histogram)
+            .record(us);
+        let named: Vec<_> = stages.iter().filter(|(k, _)| *k != "total").collect();
+        let other = (
+            "other",
+            total.saturating_sub(named.iter().map(|s| s.1).sum()),
+        );
+        for (k, v) in named.into_iter().chain([&other]) {
+            let _ = self
+                .stage_hists
+                .entry(k)
+                .or_insert_with(auto_histogram)
+                .record(*v);
         }
     }
 
@@ -260,6 +255,13 @@ impl Tally {
             histogram: log_buckets(&self.hist),
         }
     }
+}
+
+/// A histogram that resizes to the values it sees, with two significant digits: its
+/// counts array only spans the latencies recorded (a few KiB for a window), so a
+/// long bench stays small.
+fn auto_histogram() -> Histogram<u64> {
+    Histogram::new(2).expect("2 significant digits is valid")
 }
 
 /// Splits the recorded latencies into log-spaced buckets (edges at 10^(k/n) µs,
