@@ -9,6 +9,7 @@
 //! and `data-bars` / `data-series` on the chart containers (how many bars and
 //! lines it drew); if it throws, `data-rendered="error"` and the message shows on
 //! the page. The end-to-end test reads these from headless Chromium.
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::report::Report;
@@ -117,6 +118,14 @@ fn counts(m: &std::collections::BTreeMap<String, u64>) -> String {
 }
 
 /// The summary tables, as HTML (visible even where scripts do not run).
+/// Stage times in pipeline order, anything else (`other`) after.
+fn in_pipeline_order<V>(stages: &BTreeMap<String, V>) -> Vec<(&String, &V)> {
+    const ORDER: [&str; 7] = mesh_prediction_log::StageMicros::NAMES;
+    let mut by: Vec<(&String, &V)> = stages.iter().collect();
+    by.sort_by_key(|(k, _)| ORDER.iter().position(|o| o == k).unwrap_or(ORDER.len()));
+    by
+}
+
 fn summary(r: &Report) -> String {
     let errors: u64 = r
         .codes
@@ -187,11 +196,7 @@ fn summary(r: &Report) -> String {
         );
     }
     if !r.stages_us.is_empty() {
-        // Pipeline order first, anything else after.
-        const ORDER: [&str; 7] = mesh_prediction_log::StageMicros::NAMES;
-        let mut stages: Vec<(&String, &f64)> = r.stages_us.iter().collect();
-        stages.sort_by_key(|(k, _)| ORDER.iter().position(|o| o == k).unwrap_or(ORDER.len()));
-        let text = stages
+        let text = in_pipeline_order(&r.stages_us)
             .iter()
             .map(|(k, v)| format!("{} {:.0}", escape(k), v))
             .collect::<Vec<_>>()
@@ -213,10 +218,7 @@ fn summary(r: &Report) -> String {
             us(t.max_us)
         );
         if !t.stages_p99_us.is_empty() {
-            const ORDER: [&str; 7] = mesh_prediction_log::StageMicros::NAMES;
-            let mut by: Vec<(&String, &u64)> = t.stages_p99_us.iter().collect();
-            by.sort_by_key(|(k, _)| ORDER.iter().position(|o| o == k).unwrap_or(ORDER.len()));
-            let text = by
+            let text = in_pipeline_order(&t.stages_p99_us)
                 .iter()
                 .map(|(k, v)| format!("{} {}", escape(k), us(**v)))
                 .collect::<Vec<_>>()
