@@ -5,36 +5,17 @@
 //! named before any load is sent.
 #![allow(clippy::unwrap_used)]
 
-use mesh::bench::{BenchArgs, GrpcClient, Target};
+use mesh::bench::{BenchArgs, GrpcClient};
 use mesh_router::config::ServerConfig;
 
 mod common;
-use common::root;
+use common::{bench_args, root};
 
 fn args(addr: &str, model: &str) -> BenchArgs {
     BenchArgs {
-        addr: addr.to_owned(),
-        tls_ca: None,
-        target: Target::Infer,
         model: model.to_owned(),
-        rate: None,
-        concurrency: 4,
         connections: 2,
-        grpc_client: GrpcClient::Lean,
-        threads: 1,
-        seconds: None,
-        warmup: 0.0,
-        warming_up: false,
-        requests: Some(300),
-        cards: 10,
-        merchants: 10,
-        json: false,
-        html: None,
-        deadline_ms: None,
-        view: "card".into(),
-        keys: 10,
-        event_times_per_view: false,
-        decode_values: false,
+        ..bench_args(addr)
     }
 }
 

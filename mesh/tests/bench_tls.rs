@@ -4,11 +4,11 @@
 //! from another CA, or `--tls-ca` with a plain address, is refused before any load.
 #![allow(clippy::unwrap_used)]
 
-use mesh::bench::{BenchArgs, GrpcClient, Target};
+use mesh::bench::{BenchArgs, GrpcClient};
 use mesh_router::config::{MeshConfig, ServerConfig};
 
 mod common;
-use common::root;
+use common::{bench_args, root};
 
 /// A self-signed CA's certificate (PEM) and what signs with it.
 fn ca(name: &str) -> (rcgen::Certificate, rcgen::KeyPair) {
@@ -25,28 +25,10 @@ fn ca(name: &str) -> (rcgen::Certificate, rcgen::KeyPair) {
 
 fn args(addr: &str, tls_ca: Option<std::path::PathBuf>, grpc_client: GrpcClient) -> BenchArgs {
     BenchArgs {
-        addr: addr.to_owned(),
         tls_ca,
-        target: Target::Infer,
-        model: "fraud_mlp".into(),
-        rate: None,
-        concurrency: 4,
-        connections: 1,
         grpc_client,
-        threads: 1,
-        seconds: None,
-        warmup: 0.0,
-        warming_up: false,
         requests: Some(200),
-        cards: 10,
-        merchants: 10,
-        json: false,
-        html: None,
-        deadline_ms: None,
-        view: "card".into(),
-        keys: 10,
-        event_times_per_view: false,
-        decode_values: false,
+        ..bench_args(addr)
     }
 }
 

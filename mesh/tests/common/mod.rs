@@ -58,3 +58,33 @@ pub async fn run_mesh(
     .await
     .unwrap()
 }
+
+/// `mesh bench` arguments for a count-bounded closed loop of ModelInfer on
+/// fraud_mlp against `addr`: one thread, the lean client, 4 callers on one
+/// connection, 300 requests. Tests set what they vary.
+pub fn bench_args(addr: &str) -> mesh::bench::BenchArgs {
+    mesh::bench::BenchArgs {
+        addr: addr.to_owned(),
+        tls_ca: None,
+        target: mesh::bench::Target::Infer,
+        model: "fraud_mlp".into(),
+        rate: None,
+        concurrency: 4,
+        connections: 1,
+        grpc_client: mesh::bench::GrpcClient::Lean,
+        threads: 1,
+        seconds: None,
+        warmup: 0.0,
+        warming_up: false,
+        requests: Some(300),
+        cards: 10,
+        merchants: 10,
+        json: false,
+        html: None,
+        deadline_ms: None,
+        view: "card".into(),
+        keys: 10,
+        event_times_per_view: false,
+        decode_values: false,
+    }
+}
