@@ -99,5 +99,22 @@ async fn bench_speaks_tls_and_checks_the_servers_certificate() {
         .await
         .unwrap_err();
     assert!(format!("{e:#}").contains("give --tls-ca"), "{e:#}");
+    // A CA file with no certificate in it, and one that is not there: named.
+    let empty = write("empty.pem", "not a certificate\n".into());
+    let e = mesh::bench::run(args(&addr, Some(empty), GrpcClient::Lean))
+        .await
+        .unwrap_err();
+    assert!(
+        format!("{e:#}").contains("empty.pem: no certificate in it"),
+        "{e:#}"
+    );
+    let missing = dir.path().join("missing.pem");
+    let e = mesh::bench::run(args(&addr, Some(missing), GrpcClient::Lean))
+        .await
+        .unwrap_err();
+    assert!(
+        format!("{e:#}").contains("--tls-ca") && format!("{e:#}").contains("missing.pem"),
+        "{e:#}"
+    );
     server.shutdown().await;
 }
