@@ -226,6 +226,7 @@ fn ingest(args: IngestArgs) -> anyhow::Result<()> {
             .clone()
             .unwrap_or_else(|| PathBuf::from("data/features"));
         let views = views.context("a views file")?;
+        without_transparent_huge_pages();
         let store = match mesh_feature_store::FeatureStore::open(&store_path, &views) {
             Ok(s) => s,
             Err(mesh_feature_store::FeatureStoreError::Open {
@@ -262,6 +263,20 @@ fn ingest(args: IngestArgs) -> anyhow::Result<()> {
         r.rows_per_sec
     );
     Ok(())
+}
+
+/// Turns transparent huge pages off for this process (`prctl(PR_SET_THP_DISABLE)`,
+/// every thread, from now on), for a bulk load into sled. sled copies a node on
+/// each change, so a load allocates and frees memory at a high rate; mimalloc asks
+/// for huge pages for its arenas, and a fault in one zeroes 2 MiB at once, again
+/// each time memory it handed back is used anew. On this project's 2-core machine a
+/// 200k-row ingest spent 0.27-1.9 s in the kernel with them and 0.15-0.27 s without
+/// (README "Allocator"). `mesh serve` keeps the kernel's setting: its row cache,
+/// read at random, gains from the larger pages.
+fn without_transparent_huge_pages() {
+    if let Err(e) = rustix::thread::disable_transparent_huge_pages(true) {
+        tracing::debug!(error = %e, "transparent huge pages stay as the kernel set them");
+    }
 }
 
 #[derive(Debug, Args)]
