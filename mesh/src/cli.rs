@@ -270,7 +270,7 @@ fn ingest(args: IngestArgs) -> anyhow::Result<()> {
 /// each change, so a load allocates and frees memory at a high rate; mimalloc asks
 /// for huge pages for its arenas, and a fault in one zeroes 2 MiB at once, again
 /// each time memory it handed back is used anew. On this project's 2-core machine a
-/// 200k-row ingest spent 0.27-1.9 s in the kernel with them and 0.15-0.27 s without
+/// 200k-row ingest spent 0.73-2.02 s in the kernel with them and 0.26-0.34 s without
 /// (README "Allocator"). `mesh serve` keeps the kernel's setting: its row cache,
 /// read at random, gains from the larger pages.
 fn without_transparent_huge_pages() {
