@@ -394,6 +394,8 @@ fn quiet(store: &FeatureStore, keys: usize, a: &Args) -> Result<()> {
 
 #[tokio::main]
 async fn main() -> Result<()> {
+    // As every `mesh` process runs: without transparent huge pages (README "Allocator").
+    rustix::thread::disable_transparent_huge_pages(true)?;
     let a = args();
     let tmp = tempfile::tempdir()?;
     let db = a.db.clone().unwrap_or_else(|| tmp.path().join("db"));
@@ -427,9 +429,6 @@ async fn main() -> Result<()> {
     {
         let store = open(&db, FetchStrategy::KeyOrder, DEFAULT_INLINE_MAX_KEYS)?;
         if !loaded {
-            // As `mesh features ingest` loads a store: without transparent huge pages
-            // (README "Allocator"); the lookups after it run with the kernel's setting.
-            rustix::thread::disable_transparent_huge_pages(true)?;
             let pq = tmp.path().join("bench.parquet");
             write_parquet(&pq, a.entities)?;
             let r = tokio::task::block_in_place(|| {
@@ -452,7 +451,6 @@ async fn main() -> Result<()> {
                 r.elapsed.as_secs_f64(),
                 r.rows_per_sec
             );
-            rustix::thread::disable_transparent_huge_pages(false)?;
         }
         println!(
             "store size on disk: {} MB",

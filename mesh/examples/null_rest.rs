@@ -60,6 +60,8 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // The memory the mesh runs with: no transparent huge pages (README "Allocator").
+    mesh::cli::set_transparent_huge_pages(false)?;
     let mut args = std::env::args().skip(1);
     let dir = PathBuf::from(
         args.next()

@@ -20,6 +20,14 @@ fn run() -> anyhow::Result<()> {
     let args = Cli::parse();
     // Logs and the compute-thread setting come before any other thread exists.
     let prepared = args.command.prepare(args.log_format)?;
+    // Before the runtime's threads and the stores allocate.
+    let huge_pages = args.transparent_huge_pages;
+    if let Err(e) = mesh::cli::set_transparent_huge_pages(huge_pages) {
+        tracing::warn!(
+            error = %e,
+            "could not set transparent huge pages for this process; the kernel's setting applies"
+        );
+    }
     match args.command {
         // Offline commands that do no async work run on this thread.
         Command::Logs(c) => mesh::logs::run(c),
@@ -52,6 +60,7 @@ fn run() -> anyhow::Result<()> {
             if prepared.config.is_some() {
                 tracing::info!(
                     worker_threads = runtime.metrics().num_workers(),
+                    transparent_huge_pages = huge_pages,
                     "serving runtime"
                 );
             }

@@ -1,10 +1,12 @@
-//! `mesh features ingest` into a store turns transparent huge pages off for its
-//! process, read from the kernel (`THP_enabled` in /proc/PID/status) while a real
-//! ingest waits for its file (a FIFO), and the ingest then loads what it is given.
+//! A `mesh` process runs without transparent huge pages unless asked
+//! (`--transparent-huge-pages`, `MESH_TRANSPARENT_HUGE_PAGES`), read from the kernel
+//! (`THP_enabled` in /proc/PID/status), not from our own log: a real `mesh serve`,
+//! and a real `mesh features ingest` held at its file (a FIFO), which then loads
+//! what it is given.
 #![allow(clippy::unwrap_used)] // a test fails loudly on the first surprise
 mod common;
 
-use std::io::Write;
+use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -18,12 +20,80 @@ fn thp_enabled(pid: u32) -> String {
         .to_owned()
 }
 
-#[test]
-fn a_bulk_ingest_runs_without_transparent_huge_pages() {
-    // The child inherits this process's setting: start from "on", so that "off" is
-    // the ingest's own doing.
+/// A child inherits this process's setting: start from "on", so that "off" is the
+/// child's own doing.
+fn huge_pages_on_here() {
     rustix::thread::disable_transparent_huge_pages(false).unwrap();
     assert_eq!(thp_enabled(std::process::id()), "1");
+}
+
+/// Starts `mesh serve` (the example models, any free ports) with `extra` flags and
+/// `env`, waits until it serves, and returns its `THP_enabled` and its log.
+fn thp_of_a_serving_mesh(extra: &[&str], env: &[(&str, &str)]) -> (String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mesh"))
+        .current_dir(common::root())
+        .args([
+            "serve",
+            "--role",
+            "model",
+            "--grpc-port",
+            "0",
+            "--http-port",
+            "0",
+        ])
+        .args(extra)
+        .env_remove("MESH_TRANSPARENT_HUGE_PAGES")
+        .env_remove("MESH_CONFIG")
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = child.stderr.take().unwrap();
+    let log = std::thread::spawn(move || {
+        let mut s = String::new();
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            s.push_str(&line);
+            s.push('\n');
+        }
+        s
+    });
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    // `mesh serving: grpc=... http=...` once both listeners are up.
+    while !line.starts_with("mesh serving") {
+        line.clear();
+        if out.read_line(&mut line).unwrap() == 0 {
+            child.kill().ok();
+            panic!("mesh serve exited before serving: {}", log.join().unwrap());
+        }
+    }
+    let thp = thp_enabled(child.id());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    (thp, log.join().unwrap())
+}
+
+#[test]
+fn a_server_runs_without_transparent_huge_pages_unless_asked() {
+    huge_pages_on_here();
+    let (thp, log) = thp_of_a_serving_mesh(&[], &[]);
+    assert_eq!(thp, "0", "off by default");
+    assert!(log.contains("transparent_huge_pages=false"), "{log}");
+
+    let (thp, log) = thp_of_a_serving_mesh(&["--transparent-huge-pages"], &[]);
+    assert_eq!(thp, "1", "--transparent-huge-pages leaves them on");
+    assert!(log.contains("transparent_huge_pages=true"), "{log}");
+
+    for (value, want) in [("true", "1"), ("1", "1"), ("false", "0"), ("off", "0")] {
+        let (thp, _) = thp_of_a_serving_mesh(&[], &[("MESH_TRANSPARENT_HUGE_PAGES", value)]);
+        assert_eq!(thp, want, "MESH_TRANSPARENT_HUGE_PAGES={value}");
+    }
+}
+
+#[test]
+fn a_bulk_ingest_runs_without_transparent_huge_pages() {
+    huge_pages_on_here();
 
     let dir = tempfile::tempdir().unwrap();
     let views = dir.path().join("views.toml");
@@ -49,6 +119,7 @@ features = [{ name = "amount", type = "f32" }]
     assert!(made.success());
 
     let mut child = Command::new(env!("CARGO_BIN_EXE_mesh"))
+        .env_remove("MESH_TRANSPARENT_HUGE_PAGES")
         .args(["features", "ingest", "--view", "card", "--store"])
         .arg(dir.path().join("db"))
         .arg("--views")
