@@ -19,8 +19,8 @@ pub struct Cli {
     /// Log format: human or json.
     #[arg(long, global = true, env = "MESH_LOG_FORMAT")]
     pub log_format: Option<LogFormat>,
-    /// Let the kernel back this process's memory with transparent huge pages; off by
-    /// default (README "Allocator"). Also MESH_TRANSPARENT_HUGE_PAGES=true.
+    /// Let the kernel back this process's memory with transparent huge pages (true,
+    /// false, 1, 0, yes, no, on, off); off by default (README "Allocator").
     #[arg(
         long,
         global = true,

@@ -89,6 +89,29 @@ fn a_server_runs_without_transparent_huge_pages_unless_asked() {
         let (thp, _) = thp_of_a_serving_mesh(&[], &[("MESH_TRANSPARENT_HUGE_PAGES", value)]);
         assert_eq!(thp, want, "MESH_TRANSPARENT_HUGE_PAGES={value}");
     }
+
+    // A value that says neither is refused before anything starts.
+    let out = Command::new(env!("CARGO_BIN_EXE_mesh"))
+        .current_dir(common::root())
+        .args([
+            "serve",
+            "--role",
+            "model",
+            "--grpc-port",
+            "0",
+            "--http-port",
+            "0",
+        ])
+        .env_remove("MESH_CONFIG")
+        .env("MESH_TRANSPARENT_HUGE_PAGES", "maybe")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("invalid value 'maybe' for '--transparent-huge-pages'"),
+        "{err}"
+    );
 }
 
 #[test]
