@@ -27,11 +27,11 @@ fn huge_pages_on_here() {
     assert_eq!(thp_enabled(std::process::id()), "1");
 }
 
-/// Starts `mesh serve` (the example models, any free ports) with `extra` flags and
-/// `env`, waits until it serves, and returns its `THP_enabled` and its log.
-fn thp_of_a_serving_mesh(extra: &[&str], env: &[(&str, &str)]) -> (String, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mesh"))
-        .current_dir(common::root())
+/// `mesh serve` of the example models on any free ports, with no setting of huge
+/// pages or configuration file from this process's environment.
+fn mesh_serve() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mesh"));
+    cmd.current_dir(common::root())
         .args([
             "serve",
             "--role",
@@ -41,9 +41,16 @@ fn thp_of_a_serving_mesh(extra: &[&str], env: &[(&str, &str)]) -> (String, Strin
             "--http-port",
             "0",
         ])
-        .args(extra)
         .env_remove("MESH_TRANSPARENT_HUGE_PAGES")
-        .env_remove("MESH_CONFIG")
+        .env_remove("MESH_CONFIG");
+    cmd
+}
+
+/// Starts `mesh serve` (the example models, any free ports) with `extra` flags and
+/// `env`, waits until it serves, and returns its `THP_enabled` and its log.
+fn thp_of_a_serving_mesh(extra: &[&str], env: &[(&str, &str)]) -> (String, String) {
+    let mut child = mesh_serve()
+        .args(extra)
         .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -91,18 +98,7 @@ fn a_server_runs_without_transparent_huge_pages_unless_asked() {
     }
 
     // A value that says neither is refused before anything starts.
-    let out = Command::new(env!("CARGO_BIN_EXE_mesh"))
-        .current_dir(common::root())
-        .args([
-            "serve",
-            "--role",
-            "model",
-            "--grpc-port",
-            "0",
-            "--http-port",
-            "0",
-        ])
-        .env_remove("MESH_CONFIG")
+    let out = mesh_serve()
         .env("MESH_TRANSPARENT_HUGE_PAGES", "maybe")
         .output()
         .unwrap();
