@@ -117,7 +117,6 @@ fn counts(m: &std::collections::BTreeMap<String, u64>) -> String {
         .join(" · ")
 }
 
-/// The summary tables, as HTML (visible even where scripts do not run).
 /// Stage times in pipeline order, anything else (`other`) after.
 fn in_pipeline_order<V>(stages: &BTreeMap<String, V>) -> Vec<(&String, &V)> {
     const ORDER: [&str; 7] = mesh_prediction_log::StageMicros::NAMES;
@@ -126,6 +125,7 @@ fn in_pipeline_order<V>(stages: &BTreeMap<String, V>) -> Vec<(&String, &V)> {
     by
 }
 
+/// The summary tables, as HTML (visible even where scripts do not run).
 fn summary(r: &Report) -> String {
     let errors: u64 = r
         .codes

@@ -149,17 +149,14 @@ impl Tally {
             .server
             .get_or_insert_with(auto_histogram)
             .record(us);
-        let named: Vec<_> = stages.iter().filter(|(k, _)| *k != "total").collect();
-        let other = (
-            "other",
-            total.saturating_sub(named.iter().map(|s| s.1).sum()),
-        );
-        for (k, v) in named.into_iter().chain([&other]) {
+        let named = stages.iter().copied().filter(|(k, _)| *k != "total");
+        let other = total.saturating_sub(named.clone().map(|(_, v)| v).sum());
+        for (k, v) in named.chain([("other", other)]) {
             let _ = self
                 .stage_hists
                 .entry(k)
                 .or_insert_with(auto_histogram)
-                .record(*v);
+                .record(v);
         }
     }
 
