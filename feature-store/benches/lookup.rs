@@ -2,13 +2,14 @@
 //! figures wanted are tail latencies under a concurrent writer, which criterion
 //! does not report).
 //!
-//! cargo bench -p mesh-feature-store --bench lookup -- [--entities N] [--seconds S] [--db DIR] [--skip-grpc] [--cache-ab]
+//! cargo bench -p mesh-feature-store --bench lookup -- [--entities N] [--seconds S] [--db DIR] [--skip-grpc] [--cache-ab] [--writer-batch ROWS] [--writer-rate ROWS_PER_S]
 //!
 //! 1. Loads N entities x 16 f32 features from a generated Parquet file with
 //!    `ingest_file` (rows/s), and ingests a 200k-row CSV (rows/s). With `--db`, an
 //!    already loaded store is reused.
 //! 2. In process: 2 concurrent readers doing lookups of 1, 10, 100, 1000 random
-//!    keys while 1 writer pushes 1,000 rows/s; p50/p99/p99.9. Repeated for each
+//!    keys while 1 writer pushes 1,000 rows/s (`--writer-rate`), 10 rows a push
+//!    (`--writer-batch`); p50/p99/p99.9. Repeated for each
 //!    fetch strategy (key order on one blocking task, parallel on 2 tasks) and for
 //!    the blocking call on the reader thread (no runtime hop), for reference.
 //!    The store runs with its default row cache (none), then with one that holds
@@ -52,6 +53,10 @@ struct Args {
     db: Option<PathBuf>,
     skip_grpc: bool,
     cache_ab: bool,
+    /// Rows in each of the writer's pushes.
+    writer_batch: usize,
+    /// Rows the writer pushes a second.
+    writer_rate: usize,
 }
 
 fn args() -> Args {
@@ -61,6 +66,8 @@ fn args() -> Args {
         db: None,
         skip_grpc: false,
         cache_ab: false,
+        writer_batch: 10,
+        writer_rate: 1000,
     };
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
@@ -72,6 +79,20 @@ fn args() -> Args {
             "--db" => a.db = it.next().map(PathBuf::from),
             "--skip-grpc" => a.skip_grpc = true,
             "--cache-ab" => a.cache_ab = true,
+            "--writer-batch" => {
+                a.writer_batch = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|&n: &usize| (1..=1000).contains(&n))
+                    .unwrap_or(a.writer_batch)
+            }
+            "--writer-rate" => {
+                a.writer_rate = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|&n: &usize| (1..=100_000).contains(&n))
+                    .unwrap_or(a.writer_rate)
+            }
             _ => {} // cargo bench passes --bench
         }
     }
@@ -143,21 +164,23 @@ fn pct(h: &Histogram<u64>, q: f64) -> String {
     format!("{:.0}", h.value_at_quantile(q) as f64 / 1000.0)
 }
 
-/// Pushes `rows_per_sec` rows of random keys, in 10 pushes a second... of 100 rows
-/// every 100 ms, until `stop`.
+/// Pushes `rate` rows/s of random keys, `batch` rows a push (at 1,000 rows/s, 10: a
+/// push every 10 ms; 1,000: one a second), until `stop`.
 fn spawn_writer(
     store: FeatureStore,
     entities: i64,
+    (batch, rate): (usize, usize),
     stop: Arc<AtomicBool>,
 ) -> tokio::task::JoinHandle<u64> {
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_millis(10));
+        let period = Duration::from_secs_f64(batch as f64 / rate as f64);
+        let mut tick = tokio::time::interval(period);
         let mut written = 0u64;
         while !stop.load(Ordering::Relaxed) {
             tick.tick().await;
             let rows: Vec<Row> = {
                 let mut rng = rand::rng();
-                (0..10)
+                (0..batch)
                     .map(|_| Row {
                         key: EntityKey::Int64(rng.random_range(0..entities)),
                         event_time: now_micros(),
@@ -190,7 +213,12 @@ async fn in_process(
     blocking: bool,
 ) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
-    let writer = spawn_writer(store.clone(), a.entities, stop.clone());
+    let writer = spawn_writer(
+        store.clone(),
+        a.entities,
+        (a.writer_batch, a.writer_rate),
+        stop.clone(),
+    );
     let deadline = Instant::now() + Duration::from_secs_f64(a.seconds);
     let mut readers = Vec::new();
     for _ in 0..2 {
@@ -257,7 +285,12 @@ async fn grpc(store: &FeatureStore, keys: usize, a: &Args, per_view: bool) -> Re
         .connect()
         .await?;
     let stop = Arc::new(AtomicBool::new(false));
-    let writer = spawn_writer(store.clone(), a.entities, stop.clone());
+    let writer = spawn_writer(
+        store.clone(),
+        a.entities,
+        (a.writer_batch, a.writer_rate),
+        stop.clone(),
+    );
     let deadline = Instant::now() + Duration::from_secs_f64(a.seconds);
     let mut callers = Vec::new();
     for _ in 0..8 {

@@ -60,6 +60,16 @@ pub enum FeatureStoreError {
     #[error("storage error: {0}")]
     Storage(#[from] sled::Error),
 
+    /// sled failed part-way through a write: the rows before the failure are stored
+    /// (each row is written whole), the rest are not.
+    #[error("storage error after {written} of {rows} rows of view {view:?} were written: {source}; writing the rows again is safe (a row never replaces a newer one)")]
+    WriteInterrupted {
+        view: String,
+        written: u64,
+        rows: u64,
+        source: sled::Error,
+    },
+
     /// The Redis backend could not be reached or answered with an error (a write
     /// or a startup step; lookups degrade instead, see `LookupResponse::degraded`).
     #[error("feature store backend (redis): {0}")]
@@ -116,6 +126,7 @@ impl From<FeatureStoreError> for tonic::Status {
             | FeatureStoreError::RegistryConflict { .. }
             | FeatureStoreError::Open { .. } => Status::failed_precondition(msg),
             FeatureStoreError::Storage(_)
+            | FeatureStoreError::WriteInterrupted { .. }
             | FeatureStoreError::Io { .. }
             | FeatureStoreError::Backend(_) => Status::unavailable(msg),
             FeatureStoreError::Decode { .. }

@@ -3,6 +3,12 @@
 //! one process per database (a lock file), so that lock serialises every writer
 //! and "read the stored event time, then write" cannot race with another writer.
 //!
+//! Rows are written one `insert` each, never with sled's `apply_batch`: a batch takes
+//! a lock of sled's that is global to the process, and every read of every tree
+//! waits for it until the whole batch is in (a push of 1,000 rows into a store of 1M
+//! entities held every lookup for 5 to 9 ms). Each row is written whole, and readers
+//! run alongside; a write is atomic per row, not per batch, as on Redis.
+//!
 //! In front of the tree, a cache of stored rows (`StoreOptions::row_cache_max_bytes`,
 //! `cache.rs`): every write here marks the keys it writes from before sled applies
 //! them until after, and since no other process can write the database, a cached
@@ -60,8 +66,8 @@ impl SledStore {
         ))
     }
 
-    /// Writes validated rows as one atomic batch, skipping each row older than the
-    /// stored row of its key. Blocking.
+    /// Writes validated rows, each whole (see the module's note), skipping each row
+    /// older than the stored row of its key. Blocking.
     pub(crate) fn write(
         &self,
         view: &str,
@@ -75,7 +81,7 @@ impl SledStore {
         };
         {
             let _writer = self.write_lock.lock();
-            let mut batch = sled::Batch::default();
+            let mut writes: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(encoded.len());
             let caching = self.cache.enabled();
             let mut written: Vec<Vec<u8>> = Vec::new();
             for (key, event_time, value) in encoded {
@@ -96,13 +102,23 @@ impl SledStore {
                 if caching {
                     written.push(key.clone());
                 }
-                batch.insert(key, value);
+                writes.push((key, value));
+            }
+            // From here until sled has every row, lookups of these keys read sled and
+            // cache nothing (see `cache.rs`).
+            let _writing = self.cache.begin_write(written);
+            let rows = writes.len() as u64;
+            for (key, value) in writes {
+                if let Err(source) = self.rows.insert(key, value) {
+                    return Err(FeatureStoreError::WriteInterrupted {
+                        view: view.to_owned(),
+                        written: report.rows_written,
+                        rows,
+                        source,
+                    });
+                }
                 report.rows_written += 1;
             }
-            // From here until sled has applied the batch, lookups of these keys
-            // read sled and cache nothing (see `cache.rs`).
-            let _writing = self.cache.begin_write(written);
-            self.rows.apply_batch(batch)?;
         }
         if durability == Durability::Sync {
             self.db.flush()?;

@@ -144,7 +144,7 @@ impl WritePath {
     }
 }
 
-/// Outcome of one atomic batch write.
+/// Outcome of one write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct WriteReport {
     pub rows_written: u64,
@@ -294,9 +294,10 @@ impl FeatureStore {
         self.inner.view_index(name).map(|i| &self.inner.views[i])
     }
 
-    /// Writes rows of one view as one atomic batch: after a crash either all of the
-    /// batch's written rows are visible or none. A row older than the stored row
-    /// for its key is skipped (event-time order wins; equal times: the later write
+    /// Writes rows of one view, each row whole: a reader or a crash never sees part
+    /// of a row, but may see part of a batch (rows are written one at a time, so
+    /// that reads never wait for a batch; writing the rows again is safe). A row
+    /// older than the stored row for its key is skipped (event-time order wins; equal times: the later write
     /// wins, so replays are idempotent). Within the batch, the newest row per key
     /// is kept. Every row is validated first: an invalid row rejects the whole
     /// batch and nothing is written. Blocking.

@@ -54,7 +54,7 @@ pub enum Command {
 
 #[derive(Debug, Subcommand)]
 pub enum FeaturesCommand {
-    /// Materialize a view from a Parquet or CSV file (atomic batches, newest event time wins).
+    /// Materialize a view from a Parquet or CSV file (batches, newest event time wins).
     Ingest(IngestArgs),
     /// Fill the `card` and `merchant` views of the example views file with synthetic rows.
     Demo(FeaturesDemoArgs),
@@ -124,8 +124,8 @@ pub struct IngestArgs {
     /// supplies the view's `timestamp_unit`.
     #[arg(long, env = "MESH_VIEWS")]
     pub views: Option<PathBuf>,
-    /// Rows per atomic batch (one Push each with --addr) [default: 10000; with
-    /// --addr 1000].
+    /// Rows per batch, validated as a whole (one Push each with --addr)
+    /// [default: 10000; with --addr 1000].
     #[arg(long)]
     pub batch_rows: Option<usize>,
     /// fsync after every batch instead of once at the end (with --addr: each Push

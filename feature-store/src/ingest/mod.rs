@@ -2,10 +2,11 @@
 //!
 //! The file has a column named after the view's join key, one named after its
 //! timestamp field, and one per feature (matched by name; other columns are
-//! ignored and reported). Rows are written in atomic batches of
-//! `IngestOptions::batch_rows` through the same path as pushes, so the event-time
+//! ignored and reported). Rows are written in batches of
+//! `IngestOptions::batch_rows` through the same path as pushes (each row whole; a
+//! batch is validated as a whole but not written atomically), so the event-time
 //! rule holds (an older row never overwrites a newer one) and re-running an ingest
-//! is harmless. A bad row stops the ingest with its line/row number; the batches
+//! is harmless: it completes whatever a crash left out. A bad row stops the ingest with its line/row number; the batches
 //! before it stay written. The store is flushed (fsync) at the end.
 //!
 //! A NaN float in a file is read as null (data frames write missing values so).
@@ -37,11 +38,11 @@ pub use time::{parse_timestamp, parse_timestamp_in};
 /// How to ingest a file.
 #[derive(Debug, Clone)]
 pub struct IngestOptions {
-    /// Rows per atomic batch.
+    /// Rows per batch (validated as a whole, then written row by row).
     pub batch_rows: usize,
     /// fsync after every batch (each committed batch survives a crash) instead of
-    /// only at the end (a crash loses the batches of the last flush interval, but
-    /// never leaves part of a batch).
+    /// only at the end (a crash loses rows of the last flush interval, each row
+    /// whole or not at all; running the ingest again restores them).
     pub sync_each_batch: bool,
     /// Accept a file that lacks some feature columns (those features are written as
     /// null). Off by default: a missing column usually means the wrong file, and a
