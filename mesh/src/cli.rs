@@ -128,6 +128,12 @@ pub struct IngestArgs {
     /// [default: 10000; with --addr 1000].
     #[arg(long)]
     pub batch_rows: Option<usize>,
+    /// With --addr: pushes sent before the first is answered, 1 to 16 (1: one at a
+    /// time). A batch holding a key of a push in flight waits for it, so rows are
+    /// written in the file's order.
+    #[arg(long, value_name = "N", requires = "addr", default_value_t = crate::features::DEFAULT_PUSHES_IN_FLIGHT,
+          value_parser = clap::value_parser!(u16).range(1..=i64::from(crate::features::MAX_PUSHES_IN_FLIGHT)))]
+    pub pushes_in_flight: u16,
     /// fsync after every batch instead of once at the end (with --addr: each Push
     /// waits for the store's fsync).
     #[arg(long)]
@@ -217,7 +223,9 @@ fn ingest(args: IngestArgs) -> anyhow::Result<()> {
                 .map(|t| t.trim().to_owned())
                 .filter(|t| !t.is_empty()),
         };
-        let rt = tokio::runtime::Builder::new_current_thread()
+        // One worker: pushes in flight progress while this thread reads the file.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
             .enable_all()
             .build()?;
         let job = crate::features::PushIngest {
@@ -226,6 +234,7 @@ fn ingest(args: IngestArgs) -> anyhow::Result<()> {
             file: args.file.clone(),
             token,
             opts,
+            in_flight: usize::from(args.pushes_in_flight),
         };
         crate::features::push_ingest(&rt, job, on_batch)
             .with_context(|| format!("ingesting {} through {addr}", args.file.display()))?

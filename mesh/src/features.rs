@@ -7,9 +7,19 @@ use pb::feature_store_client::FeatureStoreClient;
 use serde_json::{json, Value};
 use tonic::transport::Channel;
 
-/// Adds the writer credential to every Push.
-type Interceptor =
-    dyn FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send;
+/// Adds the writer credential to every Push (cloned with the client, one clone a push
+/// in flight).
+#[derive(Clone)]
+struct Bearer(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(h) = &self.0 {
+            req.metadata_mut().insert("authorization", h.clone());
+        }
+        Ok(req)
+    }
+}
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
@@ -250,14 +260,19 @@ pub struct PushIngest {
     pub token: Option<String>,
     /// How to read the file (`sync_each_batch` becomes `wait_for_sync`).
     pub opts: mesh_feature_store::IngestOptions,
+    /// Pushes sent before the first of them is answered (1: one at a time).
+    pub in_flight: usize,
 }
 
-type WriterClient = FeatureStoreClient<
-    tonic::service::interceptor::InterceptedService<
-        Channel,
-        Box<dyn FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send>,
-    >,
->;
+/// Pushes in flight by default: the store decodes and checks one while it writes the
+/// one before, and the file is read meanwhile.
+pub const DEFAULT_PUSHES_IN_FLIGHT: u16 = 2;
+/// The most `--pushes-in-flight` accepts: each holds a batch in this process's memory
+/// and in the store's.
+pub const MAX_PUSHES_IN_FLIGHT: u16 = 16;
+
+type WriterClient =
+    FeatureStoreClient<tonic::service::interceptor::InterceptedService<Channel, Bearer>>;
 
 async fn writer_client(addr: &str, token: Option<String>) -> anyhow::Result<WriterClient> {
     let channel = tonic::transport::Endpoint::from_shared(addr.to_owned())
@@ -273,15 +288,11 @@ async fn writer_client(addr: &str, token: Option<String>) -> anyhow::Result<Writ
         ),
         None => None,
     };
-    let intercept: Box<Interceptor> = Box::new(move |mut req: tonic::Request<()>| {
-        if let Some(h) = &header {
-            req.metadata_mut().insert("authorization", h.clone());
-        }
-        Ok(req)
-    });
-    Ok(FeatureStoreClient::with_interceptor(channel, intercept)
-        .max_decoding_message_size(usize::MAX)
-        .max_encoding_message_size(usize::MAX))
+    Ok(
+        FeatureStoreClient::with_interceptor(channel, Bearer(header))
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX),
+    )
 }
 
 fn feature_type(t: i32) -> anyhow::Result<mesh_feature_store::FeatureType> {
@@ -363,16 +374,94 @@ fn push_row(view: &mesh_feature_store::ViewInfo, row: &mesh_feature_store::Row) 
     }
 }
 
-/// Runs a [`PushIngest`] on this thread (the file is read here, each batch pushed
-/// and awaited on `rt`), calling `on_batch` after each acknowledged push.
+/// A push sent and not yet answered.
+struct Sent {
+    /// Its first row, counted from 0 over the file's data rows.
+    at: u64,
+    rows: usize,
+    keys: std::collections::HashSet<mesh_feature_store::EntityKey>,
+    answer: tokio::task::JoinHandle<Result<tonic::Response<pb::PushResponse>, tonic::Status>>,
+    /// Where the reader was after this batch (set once the reader reported it).
+    progress: Option<(u64, u64, mesh_feature_store::ProgressUnit)>,
+}
+
+/// The pushes of one ingest: up to `limit` in flight, answered in the order sent.
+struct Pushes<F> {
+    limit: usize,
+    sent: std::collections::VecDeque<Sent>,
+    /// Acknowledged so far, in order.
+    batches: u64,
+    rows_acked: u64,
+    written: u64,
+    skipped_older: u64,
+    /// The first push refused, and what the pushes sent after it wrote: (batches,
+    /// rows written).
+    refused: Option<(u64, tonic::Status)>,
+    after_refused: (u64, u64),
+    on_batch: F,
+}
+
+impl<F: FnMut(&mesh_feature_store::BatchCommitted)> Pushes<F> {
+    /// Waits for the oldest push in flight and accounts for its answer.
+    fn settle_oldest(&mut self, rt: &tokio::runtime::Runtime) {
+        let Some(s) = self.sent.pop_front() else {
+            return;
+        };
+        let answer = rt.block_on(s.answer).unwrap_or_else(|e| {
+            Err(tonic::Status::internal(format!(
+                "the push task failed: {e}"
+            )))
+        });
+        match (answer, self.refused.is_some()) {
+            (Ok(r), false) => {
+                let r = r.into_inner();
+                self.rows_acked += s.rows as u64;
+                self.written += r.rows_written;
+                self.skipped_older += r.rows_skipped_older;
+                let (position, total, unit) =
+                    s.progress
+                        .unwrap_or((0, 0, mesh_feature_store::ProgressUnit::Rows));
+                (self.on_batch)(&mesh_feature_store::BatchCommitted {
+                    batch_index: self.batches,
+                    rows_in_batch: s.rows,
+                    rows_read_total: self.rows_acked,
+                    synced: r.synced,
+                    position,
+                    total,
+                    unit,
+                });
+                self.batches += 1;
+            }
+            (Ok(r), true) => {
+                self.after_refused.0 += 1;
+                self.after_refused.1 += r.into_inner().rows_written;
+            }
+            (Err(status), false) => self.refused = Some((s.at, status)),
+            (Err(_), true) => self.after_refused.0 += 1,
+        }
+    }
+
+    /// Whether a batch with these keys must wait: the limit is reached, or a push in
+    /// flight holds one of its keys (the later row of a key must be written later, as
+    /// the direct ingest writes it, for rows of equal event times).
+    fn must_wait(&self, keys: &std::collections::HashSet<mesh_feature_store::EntityKey>) -> bool {
+        self.sent.len() >= self.limit || self.sent.iter().any(|s| !s.keys.is_disjoint(keys))
+    }
+}
+
+/// Runs a [`PushIngest`] on this thread (the file is read on a thread of its own,
+/// each batch pushed on `rt`, which must be a multi-thread runtime so that pushes in
+/// flight progress while this thread waits for the file), calling `on_batch` after
+/// each acknowledged push, in the file's order.
 pub fn push_ingest(
     rt: &tokio::runtime::Runtime,
     mut job: PushIngest,
     on_batch: impl FnMut(&mesh_feature_store::BatchCommitted),
 ) -> anyhow::Result<mesh_feature_store::IngestReport> {
-    let mut client = rt.block_on(writer_client(&job.addr, job.token.take()))?;
+    let start = std::time::Instant::now();
+    let client = rt.block_on(writer_client(&job.addr, job.token.take()))?;
     let all = rt
-        .block_on(client.list_views(pb::ListViewsRequest {}))
+        .block_on(client.clone().list_views(pb::ListViewsRequest {}))
         .map_err(|s| status_err(&format!("ListViews at {}", job.addr), s))?
         .into_inner()
         .views;
@@ -387,40 +476,69 @@ pub fn push_ingest(
     };
     let view = view_info(spec)?;
     let wait_for_sync = job.opts.sync_each_batch;
-    // The gRPC failure of a push, kept whole for the message (the reader only
-    // carries the store's error type).
-    let mut refused: Option<(u64, tonic::Status)> = None;
+    let pushes = std::cell::RefCell::new(Pushes {
+        limit: job.in_flight.clamp(1, usize::from(MAX_PUSHES_IN_FLIGHT)),
+        sent: std::collections::VecDeque::new(),
+        batches: 0,
+        rows_acked: 0,
+        written: 0,
+        skipped_older: 0,
+        refused: None,
+        after_refused: (0, 0),
+        on_batch,
+    });
     let mut first_row = 0u64;
+    // Sends the batch and returns at once (what it wrote is counted when its answer
+    // comes); refuses once a push was refused, which stops the reader.
     let write = |rows: &[mesh_feature_store::Row]| {
+        let keys: std::collections::HashSet<_> = rows.iter().map(|r| r.key.clone()).collect();
+        let mut p = pushes.borrow_mut();
+        while p.refused.is_none() && p.must_wait(&keys) {
+            p.settle_oldest(rt);
+        }
+        if p.refused.is_some() {
+            return Err(mesh_feature_store::FeatureStoreError::Internal(
+                "push refused".into(),
+            ));
+        }
         let req = pb::PushRequest {
             view: view.name.clone(),
             rows: rows.iter().map(|r| push_row(&view, r)).collect(),
             wait_for_sync,
         };
-        let at = first_row;
+        let mut c = client.clone();
+        p.sent.push_back(Sent {
+            at: first_row,
+            rows: rows.len(),
+            keys,
+            answer: rt.spawn(async move { c.push(req).await }),
+            progress: None,
+        });
         first_row += rows.len() as u64;
-        match rt.block_on(client.push(req)) {
-            Ok(r) => {
-                let r = r.into_inner();
-                Ok(mesh_feature_store::WriteReport {
-                    rows_written: r.rows_written,
-                    rows_skipped_older: r.rows_skipped_older,
-                    synced: r.synced,
-                })
-            }
-            Err(s) => {
-                refused = Some((at, s));
-                Err(mesh_feature_store::FeatureStoreError::Internal(
-                    "push refused".into(),
-                ))
-            }
+        Ok(mesh_feature_store::WriteReport::default())
+    };
+    // The reader reports where it is after each batch it handed over: kept with that
+    // batch for its acknowledgement.
+    let sent_batch = |b: &mesh_feature_store::BatchCommitted| {
+        if let Some(s) = pushes.borrow_mut().sent.back_mut() {
+            s.progress = Some((b.position, b.total, b.unit));
         }
     };
     let result =
-        mesh_feature_store::read_file_observed(&view, &job.file, &job.opts, write, on_batch);
-    match (result, refused) {
-        (Ok(r), _) => Ok(r),
-        (Err(_), Some((at, s))) => {
+        mesh_feature_store::read_file_observed(&view, &job.file, &job.opts, write, sent_batch);
+    let mut p = pushes.into_inner();
+    while !p.sent.is_empty() {
+        p.settle_oldest(rt);
+    }
+    match (result, p.refused) {
+        (Ok(mut r), None) => {
+            r.rows_written = p.written;
+            r.rows_skipped_older = p.skipped_older;
+            r.elapsed = start.elapsed();
+            r.rows_per_sec = r.rows_read as f64 / r.elapsed.as_secs_f64().max(1e-9);
+            Ok(r)
+        }
+        (_, Some((at, s))) => {
             let hint = match s.code() {
                 tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
                     " (the writer plane needs its token: --token-file FILE or MESH_WRITER_TOKEN)"
@@ -430,8 +548,14 @@ pub fn push_ingest(
                 }
                 _ => "",
             };
+            let after = match p.after_refused {
+                (0, _) => String::new(),
+                (n, rows) => format!(
+                    ", and of the {n} batch(es) sent after it (none holds a key of it), {rows} rows"
+                ),
+            };
             Err(anyhow::anyhow!(
-                "the Push of the batch from data row {} failed: {:?}: {}{hint}; the batches before it are written",
+                "the Push of the batch from data row {} failed: {:?}: {}{hint}; the batches before it are written{after}",
                 at + 1,
                 s.code(),
                 s.message()

@@ -216,3 +216,119 @@ async fn ingest_into_a_running_store_through_push() {
 
     running.shutdown().await;
 }
+
+/// `features get --json` of cards `keys`: each card's `txn_count_1h`.
+async fn txn_counts(addr: &str, keys: &[i64]) -> Vec<serde_json::Value> {
+    let mut a = args(&[
+        "features",
+        "get",
+        "--addr",
+        addr,
+        "--view",
+        "card",
+        "--feature",
+        "txn_count_1h",
+        "--json",
+    ]);
+    for k in keys {
+        a.extend(args(&["--key", &k.to_string()]));
+    }
+    let (code, out, err) = mesh_cli(a, vec![]).await;
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    (0..keys.len())
+        .map(|i| v[i]["features"][0]["value"].clone())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pushes_in_flight_keep_the_files_order_and_name_a_refused_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = store(dir.path()).await;
+    let addr = format!("http://{}", running.grpc_addr);
+    let token_file = dir.path().join("writer.token").display().to_string();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        - 60;
+    let ingest = |file: String, extra: &[&str]| {
+        let mut a = args(&[
+            "features",
+            "ingest",
+            "--addr",
+            &addr,
+            "--token-file",
+            &token_file,
+            "--view",
+            "card",
+            "--allow-missing-columns",
+            "--batch-rows",
+            "4",
+        ]);
+        a.extend(args(extra));
+        a.push(file);
+        mesh_cli(a, vec![])
+    };
+
+    // 100 batches of 4 rows at the same event time; batch b holds cards 1000+b to
+    // 1000+b+3, so each card is in up to four batches in a row, and must end with its
+    // last line (the later write wins), as a direct ingest leaves it: a batch that
+    // holds a key of a push in flight waits for it.
+    let mut csv = String::from("card_id,event_timestamp,txn_count_1h\n");
+    for i in 0..400 {
+        csv.push_str(&format!("{},{now},{i}\n", 1000 + i / 4 + i % 4));
+    }
+    let same = dir.path().join("same.csv");
+    std::fs::write(&same, csv).unwrap();
+    let (code, out, err) = ingest(same.display().to_string(), &["--pushes-in-flight", "4"]).await;
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains("ingested 400 rows")
+            && out.contains("(400 written, 0 skipped as older, 100 batches)"),
+        "{out}"
+    );
+    let cards: Vec<i64> = (0..=102).collect();
+    let last_line = |k: i64| {
+        let b = k.min(99);
+        4 * b + (k - b)
+    };
+    let want: Vec<serde_json::Value> = cards.iter().map(|&k| last_line(k).into()).collect();
+    let keys: Vec<i64> = cards.iter().map(|k| 1000 + k).collect();
+    assert_eq!(txn_counts(&addr, &keys).await, want);
+
+    // Disjoint batches, the third refused (an event time a day ahead): the message
+    // names its first row, and the batches before it are stored.
+    let mut csv = String::from("card_id,event_timestamp,txn_count_1h\n");
+    for i in 0..40i64 {
+        let t = if i == 9 { now + 86_400 } else { now };
+        csv.push_str(&format!("{},{t},{}\n", 100 + i, 1000 + i));
+    }
+    let refused = dir.path().join("refused.csv");
+    std::fs::write(&refused, csv).unwrap();
+    let (code, out, err) =
+        ingest(refused.display().to_string(), &["--pushes-in-flight", "3"]).await;
+    assert_eq!(code, 1, "{out}\n{err}");
+    assert!(
+        err.contains("the Push of the batch from data row 9 failed: InvalidArgument")
+            && err.contains("max_future_skew")
+            && err.contains("the batches before it are written"),
+        "{err}"
+    );
+    assert_eq!(
+        txn_counts(&addr, &[100, 107]).await,
+        [1000, 1007],
+        "the two batches before the refused one"
+    );
+
+    // The setting's bounds, checked before anything is read.
+    for bad in ["0", "17"] {
+        let (code, _, err) = ingest(same.display().to_string(), &["--pushes-in-flight", bad]).await;
+        assert_eq!(code, 2, "{err}");
+        assert!(
+            err.contains("--pushes-in-flight") && err.contains("1..=16"),
+            "{err}"
+        );
+    }
+    running.shutdown().await;
+}
