@@ -6,8 +6,9 @@
 //! `IngestOptions::batch_rows` through the same path as pushes (each row whole; a
 //! batch is validated as a whole but not written atomically), so the event-time
 //! rule holds (an older row never overwrites a newer one) and re-running an ingest
-//! is harmless: it completes whatever a crash left out. A bad row stops the ingest with its line/row number; the batches
-//! before it stay written. The store is flushed (fsync) at the end.
+//! is harmless: it completes whatever a crash left out. A bad row stops the ingest
+//! with its line/row number; the batches before it stay written. The store is
+//! flushed (fsync) at the end.
 //!
 //! A NaN float in a file is read as null (data frames write missing values so).
 //! Timestamps: RFC 3339 text (`2024-05-01T12:00:00Z`, offsets and fractions
