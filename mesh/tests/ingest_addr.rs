@@ -321,6 +321,29 @@ async fn pushes_in_flight_keep_the_files_order_and_name_a_refused_batch() {
         "the two batches before the refused one"
     );
 
+    // A bad line in the file's third batch, with pushes in flight: the ingest stops
+    // naming the line, after the pushes already sent were answered; the batches
+    // before it are stored.
+    let mut csv = String::from("card_id,event_timestamp,txn_count_1h\n");
+    for i in 0..40i64 {
+        let count = if i == 9 {
+            "many".to_owned()
+        } else {
+            (2000 + i).to_string()
+        };
+        csv.push_str(&format!("{},{now},{count}\n", 200 + i));
+    }
+    let bad = dir.path().join("bad.csv");
+    std::fs::write(&bad, csv).unwrap();
+    let (code, out, err) = ingest(bad.display().to_string(), &["--pushes-in-flight", "3"]).await;
+    assert_eq!(code, 1, "{out}\n{err}");
+    assert!(err.contains("line 11") && err.contains("many"), "{err}");
+    assert_eq!(
+        txn_counts(&addr, &[200, 207]).await,
+        [2000, 2007],
+        "the two batches before the bad line"
+    );
+
     // The setting's bounds, checked before anything is read.
     for bad in ["0", "17"] {
         let (code, _, err) = ingest(same.display().to_string(), &["--pushes-in-flight", bad]).await;
