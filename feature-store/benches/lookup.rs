@@ -59,7 +59,7 @@ struct Args {
     writer_rate: usize,
 }
 
-fn args() -> Args {
+fn args() -> Result<Args> {
     let mut a = Args {
         entities: 1_000_000,
         seconds: 5.0,
@@ -79,24 +79,23 @@ fn args() -> Args {
             "--db" => a.db = it.next().map(PathBuf::from),
             "--skip-grpc" => a.skip_grpc = true,
             "--cache-ab" => a.cache_ab = true,
-            "--writer-batch" => {
-                a.writer_batch = it
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .filter(|&n: &usize| (1..=1000).contains(&n))
-                    .unwrap_or(a.writer_batch)
-            }
-            "--writer-rate" => {
-                a.writer_rate = it
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .filter(|&n: &usize| (1..=100_000).contains(&n))
-                    .unwrap_or(a.writer_rate)
-            }
+            "--writer-batch" => a.writer_batch = count(it.next(), x.as_str(), 1_000)?,
+            "--writer-rate" => a.writer_rate = count(it.next(), x.as_str(), 100_000)?,
             _ => {} // cargo bench passes --bench
         }
     }
-    a
+    Ok(a)
+}
+
+/// The value of `flag`: a whole number from 1 to `max`.
+fn count(value: Option<String>, flag: &str, max: usize) -> Result<usize> {
+    value
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| (1..=max).contains(n))
+        .ok_or_else(|| {
+            anyhow::anyhow!("{flag} takes a whole number from 1 to {max}, not {value:?}")
+        })
 }
 
 fn write_parquet(path: &Path, n: i64) -> Result<()> {
@@ -429,7 +428,7 @@ fn quiet(store: &FeatureStore, keys: usize, a: &Args) -> Result<()> {
 async fn main() -> Result<()> {
     // As every `mesh` process runs: without transparent huge pages (README "Allocator").
     rustix::thread::disable_transparent_huge_pages(true)?;
-    let a = args();
+    let a = args()?;
     let tmp = tempfile::tempdir()?;
     let db = a.db.clone().unwrap_or_else(|| tmp.path().join("db"));
     let loaded = db.exists();
