@@ -89,13 +89,11 @@ fn args() -> Result<Args> {
 
 /// The value of `flag`: a whole number from 1 to `max`.
 fn count(value: Option<String>, flag: &str, max: usize) -> Result<usize> {
-    value
-        .as_deref()
-        .and_then(|v| v.parse().ok())
-        .filter(|n| (1..=max).contains(n))
-        .ok_or_else(|| {
-            anyhow::anyhow!("{flag} takes a whole number from 1 to {max}, not {value:?}")
-        })
+    match value.as_deref().map(|v| (v, v.parse::<usize>())) {
+        Some((_, Ok(n))) if (1..=max).contains(&n) => Ok(n),
+        Some((v, _)) => anyhow::bail!("{flag} takes a whole number from 1 to {max}, not {v:?}"),
+        None => anyhow::bail!("{flag} takes a whole number from 1 to {max}, and none was given"),
+    }
 }
 
 fn write_parquet(path: &Path, n: i64) -> Result<()> {
