@@ -299,8 +299,8 @@ impl FeatureStore {
     /// that reads never wait for a batch; writing the rows again is safe). A row
     /// older than the stored row for its key is skipped (event-time order wins;
     /// equal times: the later write wins, so replays are idempotent). Within the
-    /// batch, the newest row per key is kept. Every row is validated first: an invalid row rejects the whole
-    /// batch and nothing is written. Blocking.
+    /// batch, the newest row per key is kept. Every row is validated first: an
+    /// invalid row rejects the whole batch and nothing is written. Blocking.
     pub fn write_rows(
         &self,
         view: &str,
