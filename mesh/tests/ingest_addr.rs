@@ -155,45 +155,15 @@ async fn ingest_into_a_running_store_through_push() {
     )
     .unwrap();
     let cards = cards.display().to_string();
-    let base = [
-        "features",
-        "ingest",
-        "--addr",
-        &addr,
-        "--token-file",
-        &token_file,
-        "--view",
-        "card",
-        "--allow-missing-columns",
-        &cards,
-    ];
-    let (code, _, err) = mesh_cli(args(&base), vec![]).await;
+    let (code, _, err) = ingest_cards(&addr, &token_file, &cards, &[]).await;
     assert_eq!(code, 1);
     assert!(err.contains("max_future_skew"), "{err}");
-    let mut with_unit = args(&base);
-    with_unit.extend(args(&["--timestamp-unit", "ms"]));
-    let (code, out, err) = mesh_cli(with_unit, vec![]).await;
+    let (code, out, err) =
+        ingest_cards(&addr, &token_file, &cards, &["--timestamp-unit", "ms"]).await;
     assert_eq!(code, 0, "{out}\n{err}");
-    let (_, out, _) = mesh_cli(
-        args(&[
-            "features",
-            "get",
-            "--addr",
-            &addr,
-            "--view",
-            "card",
-            "--key",
-            "1",
-            "--feature",
-            "txn_count_1h",
-            "--json",
-        ]),
-        vec![],
-    )
-    .await;
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v[0]["features"][0]["event_time_unix_micros"], T_2025, "{v}");
-    assert_eq!(v[0]["features"][0]["value"], 3, "{v}");
+    let v = &txn_count_1h(&addr, &[1]).await[0];
+    assert_eq!(v["event_time_unix_micros"], T_2025, "{v}");
+    assert_eq!(v["value"], 3, "{v}");
 
     // The direct mode on the store the mesh holds: locked, and the message says
     // to go through the mesh.
@@ -217,8 +187,33 @@ async fn ingest_into_a_running_store_through_push() {
     running.shutdown().await;
 }
 
-/// `features get --json` of cards `keys`: each card's `txn_count_1h`.
-async fn txn_counts(addr: &str, keys: &[i64]) -> Vec<serde_json::Value> {
+/// `features ingest --addr` of `file` into the `card` view with the writer token,
+/// missing columns allowed, `extra` arguments added: (exit code, stdout, stderr).
+async fn ingest_cards(
+    addr: &str,
+    token_file: &str,
+    file: &str,
+    extra: &[&str],
+) -> (i32, String, String) {
+    let mut a = args(&[
+        "features",
+        "ingest",
+        "--addr",
+        addr,
+        "--token-file",
+        token_file,
+        "--view",
+        "card",
+        "--allow-missing-columns",
+    ]);
+    a.extend(args(extra));
+    a.push(file.to_owned());
+    mesh_cli(a, vec![]).await
+}
+
+/// `features get --json` of cards `keys`: each card's `txn_count_1h` feature (its
+/// value, event time and status).
+async fn txn_count_1h(addr: &str, keys: &[i64]) -> Vec<serde_json::Value> {
     let mut a = args(&[
         "features",
         "get",
@@ -237,7 +232,16 @@ async fn txn_counts(addr: &str, keys: &[i64]) -> Vec<serde_json::Value> {
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     (0..keys.len())
-        .map(|i| v[i]["features"][0]["value"].clone())
+        .map(|i| v[i]["features"][0].clone())
+        .collect()
+}
+
+/// The values of [`txn_count_1h`].
+async fn txn_counts(addr: &str, keys: &[i64]) -> Vec<serde_json::Value> {
+    txn_count_1h(addr, keys)
+        .await
+        .into_iter()
+        .map(|f| f["value"].clone())
         .collect()
 }
 
@@ -252,24 +256,6 @@ async fn pushes_in_flight_keep_the_files_order_and_name_a_refused_batch() {
         .unwrap()
         .as_secs()
         - 60;
-    let ingest = |file: String, extra: &[&str]| {
-        let mut a = args(&[
-            "features",
-            "ingest",
-            "--addr",
-            &addr,
-            "--token-file",
-            &token_file,
-            "--view",
-            "card",
-            "--allow-missing-columns",
-            "--batch-rows",
-            "4",
-        ]);
-        a.extend(args(extra));
-        a.push(file);
-        mesh_cli(a, vec![])
-    };
 
     // 100 batches of 4 rows at the same event time; batch b holds cards 1000+b to
     // 1000+b+3, so each card is in up to four batches in a row, and must end with its
@@ -281,7 +267,13 @@ async fn pushes_in_flight_keep_the_files_order_and_name_a_refused_batch() {
     }
     let same = dir.path().join("same.csv");
     std::fs::write(&same, csv).unwrap();
-    let (code, out, err) = ingest(same.display().to_string(), &["--pushes-in-flight", "4"]).await;
+    let (code, out, err) = ingest_cards(
+        &addr,
+        &token_file,
+        &same.display().to_string(),
+        &["--batch-rows", "4", "--pushes-in-flight", "4"],
+    )
+    .await;
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(
         out.contains("ingested 400 rows")
@@ -306,8 +298,13 @@ async fn pushes_in_flight_keep_the_files_order_and_name_a_refused_batch() {
     }
     let refused = dir.path().join("refused.csv");
     std::fs::write(&refused, csv).unwrap();
-    let (code, out, err) =
-        ingest(refused.display().to_string(), &["--pushes-in-flight", "3"]).await;
+    let (code, out, err) = ingest_cards(
+        &addr,
+        &token_file,
+        &refused.display().to_string(),
+        &["--batch-rows", "4", "--pushes-in-flight", "3"],
+    )
+    .await;
     assert_eq!(code, 1, "{out}\n{err}");
     assert!(
         err.contains("the Push of the batch from data row 9 failed: InvalidArgument")
@@ -335,7 +332,13 @@ async fn pushes_in_flight_keep_the_files_order_and_name_a_refused_batch() {
     }
     let bad = dir.path().join("bad.csv");
     std::fs::write(&bad, csv).unwrap();
-    let (code, out, err) = ingest(bad.display().to_string(), &["--pushes-in-flight", "3"]).await;
+    let (code, out, err) = ingest_cards(
+        &addr,
+        &token_file,
+        &bad.display().to_string(),
+        &["--batch-rows", "4", "--pushes-in-flight", "3"],
+    )
+    .await;
     assert_eq!(code, 1, "{out}\n{err}");
     assert!(err.contains("line 11") && err.contains("many"), "{err}");
     assert_eq!(
@@ -346,7 +349,13 @@ async fn pushes_in_flight_keep_the_files_order_and_name_a_refused_batch() {
 
     // The setting's bounds, checked before anything is read.
     for bad in ["0", "17"] {
-        let (code, _, err) = ingest(same.display().to_string(), &["--pushes-in-flight", bad]).await;
+        let (code, _, err) = ingest_cards(
+            &addr,
+            &token_file,
+            &same.display().to_string(),
+            &["--batch-rows", "4", "--pushes-in-flight", bad],
+        )
+        .await;
         assert_eq!(code, 2, "{err}");
         assert!(
             err.contains("--pushes-in-flight") && err.contains("1..=16"),
