@@ -13,6 +13,7 @@ use tonic::{Request, Response, Status};
 
 use crate::error::FeatureStoreError;
 use crate::lookup::{ColumnValues, KeyColumn, LookupRequest, LookupResponse};
+use crate::registry::ViewInfo;
 use crate::store::{FeatureStore, Limits};
 use crate::types::{Durability, EntityKey, FeatureStatus, FeatureType, KeyType, Row, Value};
 
@@ -144,31 +145,24 @@ pub(crate) fn lookup_to_proto(
     }
 }
 
-/// Turns a push into rows of `view`, checking names, types and keys; any error
-/// rejects the whole push before anything is written.
-pub(crate) fn push_rows(
-    store: &FeatureStore,
-    req: &pb::PushRequest,
-) -> Result<Vec<Row>, FeatureStoreError> {
-    let v = store.view(&req.view)?;
+/// Turns a push's rows into rows of `v`, checking names and keys; any error rejects
+/// the whole push before anything is written (types and values are checked when the
+/// rows are written, as for every write).
+pub(crate) fn push_rows(v: &ViewInfo, rows: &[pb::PushRow]) -> Result<Vec<Row>, FeatureStoreError> {
     let index: HashMap<&str, usize> = v
         .features
         .iter()
         .enumerate()
         .map(|(i, f)| (f.name.as_str(), i))
         .collect();
-    let mut rows = Vec::with_capacity(req.rows.len());
-    for (r, row) in req.rows.iter().enumerate() {
+    let mut out = Vec::with_capacity(rows.len());
+    for (r, row) in rows.iter().enumerate() {
         let key = match row.key.as_ref().and_then(|k| k.key.as_ref()) {
             Some(pb::entity_key::Key::Int64Key(k)) => EntityKey::Int64(*k),
             Some(pb::entity_key::Key::StringKey(k)) => EntityKey::String(k.clone()),
             None => return Err(invalid(format!("row {r}: no entity key"))),
         };
-        if row.event_time_unix_micros <= 0 {
-            return Err(invalid(format!(
-                "row {r}: event_time_unix_micros must be set (> 0)"
-            )));
-        }
+        check_event_time(r, row.event_time_unix_micros)?;
         let mut values: Vec<Option<Value>> = vec![None; v.features.len()];
         let mut seen = vec![false; v.features.len()];
         for nv in &row.values {
@@ -192,13 +186,142 @@ pub(crate) fn push_rows(
                 .and_then(|x| x.value.as_ref())
                 .map(value_from_proto);
         }
-        rows.push(Row {
+        out.push(Row {
             key,
             event_time: row.event_time_unix_micros,
             values,
         });
     }
-    Ok(rows)
+    Ok(out)
+}
+
+fn check_event_time(row: usize, t: i64) -> Result<(), FeatureStoreError> {
+    if t <= 0 {
+        return Err(invalid(format!(
+            "row {row}: event_time_unix_micros must be set (> 0)"
+        )));
+    }
+    Ok(())
+}
+
+/// The number of rows of a columnar push: its keys.
+fn column_rows_len(c: &pb::PushColumns) -> usize {
+    c.int64_keys.len() + c.string_keys.len()
+}
+
+/// Turns a columnar push into rows of `v`, checking that every list is aligned to the
+/// keys, that each column names a feature of the view once and fills the list of its
+/// type only; any error rejects the whole push before anything is written. The caller
+/// has bounded the number of rows.
+pub(crate) fn push_column_rows(
+    v: &ViewInfo,
+    cols: pb::PushColumns,
+) -> Result<Vec<Row>, FeatureStoreError> {
+    let keys: Vec<EntityKey> = match (cols.int64_keys.is_empty(), cols.string_keys.is_empty()) {
+        (false, false) => {
+            return Err(invalid(
+                "columns: both int64_keys and string_keys are set; a push has one key type",
+            ))
+        }
+        (_, true) => cols.int64_keys.into_iter().map(EntityKey::Int64).collect(),
+        (true, false) => cols
+            .string_keys
+            .into_iter()
+            .map(EntityKey::String)
+            .collect(),
+    };
+    let n = keys.len();
+    let times = cols.event_time_unix_micros;
+    if times.len() != n {
+        return Err(invalid(format!(
+            "columns: {} event times for {n} keys; there must be one per key",
+            times.len()
+        )));
+    }
+    for (r, t) in times.iter().enumerate() {
+        check_event_time(r, *t)?;
+    }
+    let width = v.features.len();
+    let mut values: Vec<Vec<Option<Value>>> = (0..n).map(|_| vec![None; width]).collect();
+    let mut seen = vec![false; width];
+    for c in cols.features {
+        let Some(i) = v.features.iter().position(|f| f.name == c.name) else {
+            return Err(FeatureStoreError::UnknownFeature {
+                view: v.name.clone(),
+                feature: c.name,
+            });
+        };
+        if std::mem::replace(&mut seen[i], true) {
+            return Err(invalid(format!(
+                "columns: feature {:?} has two columns",
+                c.name
+            )));
+        }
+        let mut prev: Option<u32> = None;
+        for &r in &c.null_rows {
+            if prev.is_some_and(|p| r <= p) || r as usize >= n {
+                return Err(invalid(format!(
+                    "column {:?}: null_rows must be strictly increasing row numbers below \
+                     {n}; {r} is not",
+                    c.name
+                )));
+            }
+            prev = Some(r);
+        }
+        let dtype = v.features[i].dtype;
+        let lists = [
+            (FeatureType::F32, c.f32_values.len()),
+            (FeatureType::F64, c.f64_values.len()),
+            (FeatureType::I64, c.i64_values.len()),
+            (FeatureType::Bool, c.bool_values.len()),
+            (FeatureType::String, c.string_values.len()),
+            (FeatureType::F32Vector, c.f32_vector_values.len()),
+        ];
+        if let Some((t, _)) = lists.iter().find(|(t, len)| *t != dtype && *len > 0) {
+            return Err(invalid(format!(
+                "column {:?}: feature {:?} is {dtype}, got {t} values",
+                c.name, c.name
+            )));
+        }
+        let present = n - c.null_rows.len();
+        let got = lists.iter().find(|(t, _)| *t == dtype).map_or(0, |l| l.1);
+        if got != present {
+            return Err(invalid(format!(
+                "column {:?}: {got} values for {present} rows that are not null ({n} rows, \
+                 {} null); there must be one value per row that is not null",
+                c.name,
+                c.null_rows.len()
+            )));
+        }
+        let mut vals: Box<dyn Iterator<Item = Value>> = match dtype {
+            FeatureType::F32 => Box::new(c.f32_values.into_iter().map(Value::F32)),
+            FeatureType::F64 => Box::new(c.f64_values.into_iter().map(Value::F64)),
+            FeatureType::I64 => Box::new(c.i64_values.into_iter().map(Value::I64)),
+            FeatureType::Bool => Box::new(c.bool_values.into_iter().map(Value::Bool)),
+            FeatureType::String => Box::new(c.string_values.into_iter().map(Value::String)),
+            FeatureType::F32Vector => Box::new(
+                c.f32_vector_values
+                    .into_iter()
+                    .map(|x| Value::F32Vector(x.values)),
+            ),
+        };
+        let mut nulls = c.null_rows.iter().map(|&r| r as usize).peekable();
+        for (r, row) in values.iter_mut().enumerate() {
+            if nulls.next_if_eq(&r).is_none() {
+                row[i] = vals.next();
+            }
+        }
+    }
+    Ok(keys
+        .into_iter()
+        .zip(times)
+        .zip(values)
+        .map(|((key, event_time), values)| Row {
+            key,
+            event_time,
+            values,
+        })
+        .collect())
 }
 
 fn value_from_proto(v: &pb::feature_value::Value) -> Value {
@@ -233,26 +356,43 @@ impl pb::feature_store_server::FeatureStore for FeatureStoreService {
         &self,
         request: Request<pb::PushRequest>,
     ) -> Result<Response<pb::PushResponse>, Status> {
-        let req = request.into_inner();
-        if req.rows.is_empty() {
+        let pb::PushRequest {
+            view,
+            rows,
+            wait_for_sync,
+            columns,
+        } = request.into_inner();
+        // The size first, before any row is built.
+        let n = match &columns {
+            Some(_) if !rows.is_empty() => {
+                return Err(invalid("push has both rows and columns; send one of the two").into())
+            }
+            Some(c) => column_rows_len(c),
+            None => rows.len(),
+        };
+        if n == 0 {
             return Err(invalid("push has no rows").into());
         }
-        if req.rows.len() > self.limits.max_rows_per_push {
+        if n > self.limits.max_rows_per_push {
             return Err(FeatureStoreError::LimitExceeded {
                 what: "rows in one push",
-                got: req.rows.len(),
+                got: n,
                 limit: self.limits.max_rows_per_push,
                 setting: "max_rows_per_push",
             }
             .into());
         }
-        let rows = push_rows(&self.store, &req)?;
-        let durability = if req.wait_for_sync {
+        let v = self.store.view(&view)?;
+        let rows = match columns {
+            Some(c) => push_column_rows(v, c)?,
+            None => push_rows(v, &rows)?,
+        };
+        let durability = if wait_for_sync {
             Durability::Sync
         } else {
             Durability::Buffered
         };
-        let w = self.store.push(&req.view, rows, durability).await?;
+        let w = self.store.push(&view, rows, durability).await?;
         Ok(Response::new(pb::PushResponse {
             rows_written: w.rows_written,
             rows_skipped_older: w.rows_skipped_older,

@@ -84,6 +84,7 @@ both_backends!(async fn push_then_lookup_with_statuses(env) {
             view: "card".into(),
             rows: vec![push_row(1, t, 1.5), push_row(2, t, 2.5)],
             wait_for_sync: true,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -100,6 +101,7 @@ both_backends!(async fn push_then_lookup_with_statuses(env) {
             view: "card".into(),
             rows: vec![push_row(1, t - 1, 9.0)],
             wait_for_sync: false,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -224,6 +226,7 @@ both_backends!(async fn bad_input_gets_clear_status_codes(env) {
         view: "card".into(),
         rows,
         wait_for_sync: true,
+        ..Default::default()
     };
     let mut wrong_type = push_row(2, t, 1.0);
     wrong_type.values.push(nv("flag", V::I64Value(1)));
@@ -273,6 +276,7 @@ both_backends!(async fn bad_input_gets_clear_status_codes(env) {
             view: "nope".into(),
             rows: vec![push_row(1, t, 1.0)],
             wait_for_sync: false,
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -286,6 +290,233 @@ both_backends!(async fn bad_input_gets_clear_status_codes(env) {
     // And a good push still works afterwards.
     client.push(push(vec![push_row(1, t, 1.0)])).await.unwrap();
     assert_eq!(store.scan_view("card").unwrap().count(), 1);
+});
+
+/// `rows` as one columnar push (`PushColumns`): a column per feature that is not
+/// null in every row, its values in row order with the null rows listed.
+fn columns_of(rows: &[mesh_feature_store::Row]) -> pb::PushColumns {
+    use mesh_feature_store::{EntityKey, Value};
+    let names = ["amount", "count", "ratio", "flag", "country", "emb"];
+    let mut c = pb::PushColumns {
+        event_time_unix_micros: rows.iter().map(|r| r.event_time).collect(),
+        ..Default::default()
+    };
+    for r in rows {
+        match &r.key {
+            EntityKey::Int64(k) => c.int64_keys.push(*k),
+            EntityKey::String(k) => c.string_keys.push(k.clone()),
+        }
+    }
+    for (i, name) in names.iter().enumerate() {
+        let mut col = pb::PushColumn {
+            name: (*name).into(),
+            ..Default::default()
+        };
+        for (r, row) in rows.iter().enumerate() {
+            match &row.values[i] {
+                None => col.null_rows.push(r as u32),
+                Some(Value::F32(x)) => col.f32_values.push(*x),
+                Some(Value::I64(x)) => col.i64_values.push(*x),
+                Some(Value::F64(x)) => col.f64_values.push(*x),
+                Some(Value::Bool(x)) => col.bool_values.push(*x),
+                Some(Value::String(x)) => col.string_values.push(x.clone()),
+                Some(Value::F32Vector(x)) => col
+                    .f32_vector_values
+                    .push(pb::FloatVector { values: x.clone() }),
+            }
+        }
+        if col.null_rows.len() < rows.len() {
+            c.features.push(col);
+        }
+    }
+    c
+}
+
+both_backends!(async fn columnar_push_stores_each_row_as_given(env) {
+    let (mut client, store) = serve(&env, Limits::default()).await;
+    let t = fresh();
+    let mut rows: Vec<_> = (1..=5).map(|id| card_row(id, t - id, id + 10)).collect();
+    // Nulls at the first, a middle and the last row, and a feature null everywhere.
+    rows[0].values[0] = None;
+    rows[2].values[4] = None;
+    rows[4].values[5] = None;
+    for r in &mut rows {
+        r.values[3] = None;
+    }
+    let columns = columns_of(&rows);
+    assert_eq!(columns.features.len(), 5, "flag has no column: null in every row");
+    let resp = client
+        .push(pb::PushRequest {
+            view: "card".into(),
+            columns: Some(columns),
+            wait_for_sync: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((resp.rows_written, resp.rows_skipped_older), (5, 0));
+    for want in &rows {
+        let got = store.read_row("card", &want.key).unwrap().unwrap();
+        assert_eq!(&got, want);
+    }
+    // Event-time order holds as for rows: an older columnar push is skipped.
+    let older = columns_of(&[card_row(1, t - 100, 0)]);
+    let resp = client
+        .push(pb::PushRequest {
+            view: "card".into(),
+            columns: Some(older),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((resp.rows_written, resp.rows_skipped_older), (0, 1));
+    // String keys.
+    let m = [
+        merchant_row("m1", t, 0.5, Some(3)),
+        merchant_row("m2", t, 1.5, None),
+    ];
+    let resp = client
+        .push(pb::PushRequest {
+            view: "merchant".into(),
+            columns: Some(pb::PushColumns {
+                string_keys: vec!["m1".into(), "m2".into()],
+                event_time_unix_micros: vec![t, t],
+                features: vec![
+                    pb::PushColumn {
+                        name: "rate".into(),
+                        f32_values: vec![0.5, 1.5],
+                        ..Default::default()
+                    },
+                    pb::PushColumn {
+                        name: "tier".into(),
+                        null_rows: vec![1],
+                        i64_values: vec![3],
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(resp.rows_written, 2);
+    for want in &m {
+        assert_eq!(&store.read_row("merchant", &want.key).unwrap().unwrap(), want);
+    }
+});
+
+both_backends!(async fn columnar_push_refuses_lists_that_do_not_line_up(env) {
+    let (mut client, store) = serve(&env, Limits {
+        max_rows_per_push: 3,
+        ..Limits::default()
+    })
+    .await;
+    let t = fresh();
+    let good = || columns_of(&[card_row(1, t, 1), card_row(2, t, 2)]);
+    fn amount(c: &mut pb::PushColumns) -> &mut pb::PushColumn {
+        c.features.iter_mut().find(|f| f.name == "amount").unwrap()
+    }
+    type Edit = Box<dyn Fn(&mut pb::PushColumns)>;
+    let cases: Vec<(&str, Edit, Code, &str)> = vec![
+        ("an event time missing", Box::new(move |c| {
+            c.event_time_unix_micros.pop();
+        }), Code::InvalidArgument, "1 event times for 2 keys"),
+        ("an event time of 0", Box::new(move |c| {
+            c.event_time_unix_micros[1] = 0;
+        }), Code::InvalidArgument, "row 1: event_time_unix_micros must be set"),
+        ("both key lists", Box::new(move |c| {
+            c.string_keys = vec!["a".into()];
+        }), Code::InvalidArgument, "both int64_keys and string_keys"),
+        ("string keys for an int64 view", Box::new(move |c| {
+            c.string_keys = vec!["1".into(), "2".into()];
+            c.int64_keys.clear();
+        }), Code::InvalidArgument, "card_id is a int64 key"),
+        ("a value missing", Box::new(move |c| {
+            amount(c).f32_values.pop();
+        }), Code::InvalidArgument, "column \"amount\": 1 values for 2 rows that are not null"),
+        ("a value too many", Box::new(move |c| {
+            amount(c).null_rows = vec![0];
+        }), Code::InvalidArgument, "column \"amount\": 2 values for 1 rows"),
+        ("null rows out of order", Box::new(move |c| {
+            let a = amount(c);
+            a.f32_values.clear();
+            a.null_rows = vec![1, 0];
+        }), Code::InvalidArgument, "strictly increasing row numbers below 2; 0 is not"),
+        ("a null row past the rows", Box::new(move |c| {
+            let a = amount(c);
+            a.f32_values.pop();
+            a.null_rows = vec![2];
+        }), Code::InvalidArgument, "below 2; 2 is not"),
+        ("a null row twice", Box::new(move |c| {
+            let a = amount(c);
+            a.f32_values.clear();
+            a.null_rows = vec![0, 0];
+        }), Code::InvalidArgument, "0 is not"),
+        ("values of another type", Box::new(move |c| {
+            amount(c).f64_values = vec![1.0, 2.0];
+        }), Code::InvalidArgument, "feature \"amount\" is f32, got f64 values"),
+        ("a feature twice", Box::new(move |c| {
+            let a = amount(c).clone();
+            c.features.push(a);
+        }), Code::InvalidArgument, "feature \"amount\" has two columns"),
+        ("an unknown feature", Box::new(move |c| {
+            amount(c).name = "nope".into();
+        }), Code::NotFound, "nope"),
+        ("a NaN", Box::new(move |c| {
+            amount(c).f32_values[1] = f32::NAN;
+        }), Code::InvalidArgument, "NaN"),
+        ("more rows than max_rows_per_push", Box::new(move |c| {
+            *c = columns_of(&(1..=4).map(|i| card_row(i, t, 1)).collect::<Vec<_>>());
+        }), Code::InvalidArgument, "max_rows_per_push"),
+        ("no rows", Box::new(move |c| {
+            *c = pb::PushColumns::default();
+        }), Code::InvalidArgument, "push has no rows"),
+    ];
+    for (what, edit, code, says) in cases {
+        let mut c = good();
+        edit(&mut c);
+        let e = client
+            .push(pb::PushRequest {
+                view: "card".into(),
+                columns: Some(c),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), code, "{what}: {e:?}");
+        assert!(e.message().contains(says), "{what}: {}", e.message());
+    }
+    // Rows and columns in one push.
+    let e = client
+        .push(pb::PushRequest {
+            view: "card".into(),
+            rows: vec![push_row(3, t, 1.0)],
+            columns: Some(good()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("both rows and columns"), "{}", e.message());
+    assert_eq!(
+        store.scan_view("card").unwrap().count(),
+        0,
+        "refused pushes wrote nothing"
+    );
+    // The unedited push is written.
+    client
+        .push(pb::PushRequest {
+            view: "card".into(),
+            columns: Some(good()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(store.scan_view("card").unwrap().count(), 2);
 });
 
 // `event_times_per_view`: each view's event times once, the columns without them;

@@ -120,15 +120,32 @@ static GET_FEATURES: Shape = Shape {
         f(2, "entities", 16, Some(&KEY_COLUMN)),
     ],
 };
-/// Values of one pushed row.
+/// Values of one pushed row, and feature columns of one columnar push.
 pub const MAX_PUSH_VALUES: u64 = 1024;
 static PUSH_ROW: Shape = Shape {
     name: "rows[]",
     fields: &[f(1, "key", 1, None), f(3, "values", MAX_PUSH_VALUES, None)],
 };
+static PUSH_COLUMN: Shape = Shape {
+    name: "columns.features[]",
+    fields: &[
+        f(7, "string_values", MAX_ITEMS, None),
+        f(8, "f32_vector_values", MAX_ITEMS, None),
+    ],
+};
+static PUSH_COLUMNS: Shape = Shape {
+    name: "columns",
+    fields: &[
+        f(2, "string_keys", MAX_ITEMS, None),
+        f(4, "features", MAX_PUSH_VALUES, Some(&PUSH_COLUMN)),
+    ],
+};
 static PUSH: Shape = Shape {
     name: "PushRequest",
-    fields: &[f(2, "rows", MAX_ITEMS, Some(&PUSH_ROW))],
+    fields: &[
+        f(2, "rows", MAX_ITEMS, Some(&PUSH_ROW)),
+        f(4, "columns", 1, Some(&PUSH_COLUMNS)),
+    ],
 };
 
 /// The shape of the request types that carry repeated fields.
@@ -382,10 +399,37 @@ mod tests {
         let p = mesh::PushRequest {
             view: "card".into(),
             rows: vec![row; 200],
-            wait_for_sync: false,
+            ..Default::default()
         };
         let e = check_msg(&p).unwrap_err();
         assert!(e.contains(&MAX_ITEMS.to_string()), "{e}");
+        // Columnar push: too many feature columns, and string values over the budget.
+        let columns = |features| mesh::PushRequest {
+            view: "card".into(),
+            columns: Some(mesh::PushColumns {
+                int64_keys: vec![1],
+                event_time_unix_micros: vec![1],
+                features,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let e = check_msg(&columns(vec![Default::default(); 1025])).unwrap_err();
+        assert!(e.contains("columns.features: more than 1024"), "{e}");
+        let strings = mesh::PushColumn {
+            string_values: vec![String::new(); 60_000],
+            ..Default::default()
+        };
+        let e = check_msg(&columns(vec![strings.clone(), strings.clone()])).unwrap_err();
+        assert!(e.contains(&MAX_ITEMS.to_string()), "{e}");
+        // Packed lists are one field each, whatever their length.
+        let floats = mesh::PushColumn {
+            f32_values: vec![1.0; 100_000],
+            null_rows: (0..100_000).collect(),
+            ..Default::default()
+        };
+        assert!(check_msg(&columns(vec![floats; 16])).is_ok());
+        assert!(check_msg(&columns(vec![strings])).is_ok());
     }
 
     #[test]

@@ -92,6 +92,7 @@ async fn feature_store_over_grpc_through_mesh_serve() {
             view: "card".into(),
             rows: vec![row(1, now, 10.0), row(2, now - two_hours, 20.0)],
             wait_for_sync: true,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -104,6 +105,7 @@ async fn feature_store_over_grpc_through_mesh_serve() {
             view: "card".into(),
             rows: vec![row(1, now - 1000, 99.0)],
             wait_for_sync: false,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -182,6 +184,7 @@ async fn feature_store_over_grpc_through_mesh_serve() {
             view: "card".into(),
             rows: vec![row(4, now, 1.0), bad],
             wait_for_sync: false,
+            ..Default::default()
         })
         .await
         .unwrap_err();

@@ -396,6 +396,7 @@ async fn grpc_repository_control_and_push_need_their_credentials() {
             }],
         }],
         wait_for_sync: false,
+        ..Default::default()
     };
     let e = f.push(push()).await.unwrap_err();
     assert_eq!(e.code(), Code::Unauthenticated);
