@@ -134,6 +134,12 @@ pub struct IngestArgs {
     #[arg(long, value_name = "N", requires = "addr", default_value_t = crate::features::DEFAULT_PUSHES_IN_FLIGHT,
           value_parser = clap::value_parser!(u16).range(1..=i64::from(crate::features::MAX_PUSHES_IN_FLIGHT)))]
     pub pushes_in_flight: u16,
+    /// With --addr: send at most this many rows a second (each batch waits for its
+    /// turn), so that a load into a mesh that serves traffic leaves it CPU [default:
+    /// as fast as the mesh takes them].
+    #[arg(long, value_name = "ROWS", requires = "addr",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub rows_per_second: Option<u32>,
     /// fsync after every batch instead of once at the end (with --addr: each Push
     /// waits for the store's fsync).
     #[arg(long)]
@@ -235,6 +241,7 @@ fn ingest(args: IngestArgs) -> anyhow::Result<()> {
             token,
             opts,
             in_flight: usize::from(args.pushes_in_flight),
+            rows_per_second: args.rows_per_second,
         };
         crate::features::push_ingest(&rt, job, on_batch)
             .with_context(|| format!("ingesting {} through {addr}", args.file.display()))?

@@ -262,6 +262,9 @@ pub struct PushIngest {
     pub opts: mesh_feature_store::IngestOptions,
     /// Pushes sent before the first of them is answered (1: one at a time).
     pub in_flight: usize,
+    /// At most this many rows sent a second: a batch is sent no earlier than the
+    /// rows before it allow (None: as fast as the store answers).
+    pub rows_per_second: Option<u32>,
 }
 
 /// Pushes in flight by default: the store decodes and checks one while it writes the
@@ -501,6 +504,12 @@ pub fn push_ingest(
     // Sends the batch and returns at once (what it wrote is counted when its answer
     // comes); refuses once a push was refused, which stops the reader.
     let write = |rows: &[mesh_feature_store::Row]| {
+        if let Some(rate) = job.rows_per_second {
+            // The rows sent so far at `rate` are due this long after the start.
+            let due =
+                start + std::time::Duration::from_secs_f64(first_row as f64 / f64::from(rate));
+            std::thread::sleep(due.saturating_duration_since(std::time::Instant::now()));
+        }
         let keys: std::collections::HashSet<_> = rows.iter().map(|r| r.key.clone()).collect();
         let mut p = pushes.borrow_mut();
         while p.refused.is_none() && p.must_wait(&keys) {

@@ -364,3 +364,58 @@ async fn pushes_in_flight_keep_the_files_order_and_name_a_refused_batch() {
     }
     running.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_per_second_spreads_the_pushes_over_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = store(dir.path()).await;
+    let addr = format!("http://{}", running.grpc_addr);
+    let token_file = dir.path().join("writer.token").display().to_string();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        - 60;
+    let mut csv = String::from("card_id,event_timestamp,txn_count_1h\n");
+    for i in 0..400i64 {
+        csv.push_str(&format!("{},{now},{i}\n", 3000 + i));
+    }
+    let file = dir.path().join("paced.csv");
+    std::fs::write(&file, csv).unwrap();
+    let file = file.display().to_string();
+    // 4 batches of 100 rows at 400 rows a second: the last is sent 0.75 s after the
+    // first.
+    let start = std::time::Instant::now();
+    let (code, out, err) = ingest_cards(
+        &addr,
+        &token_file,
+        &file,
+        &["--batch-rows", "100", "--rows-per-second", "400"],
+    )
+    .await;
+    let paced = start.elapsed();
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains("(400 written, 0 skipped as older, 4 batches)"),
+        "{out}"
+    );
+    assert!(
+        paced >= std::time::Duration::from_millis(750),
+        "400 rows at 400 rows/s took {paced:?}"
+    );
+    assert_eq!(txn_counts(&addr, &[3000, 3399]).await, [0, 399]);
+
+    // Without --addr there is nothing to pace; 0 is refused.
+    for extra in [
+        &["--rows-per-second", "0"][..],
+        &["--store", "db2", "--rows-per-second", "10"][..],
+    ] {
+        let mut a = args(&["features", "ingest", "--view", "card"]);
+        a.extend(args(extra));
+        a.push(file.clone());
+        let (code, _, err) = mesh_cli(a, vec![]).await;
+        assert_eq!(code, 2, "{extra:?}: {err}");
+        assert!(err.contains("--rows-per-second"), "{extra:?}: {err}");
+    }
+    running.shutdown().await;
+}
