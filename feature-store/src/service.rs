@@ -324,6 +324,47 @@ pub(crate) fn push_column_rows(
         .collect())
 }
 
+/// `rows` of `v` as one columnar push (`PushRequest.columns`): the keys, the event
+/// times, and one list per feature that is not null in every row (a feature without
+/// a column is null), its values in row order and its null rows listed. What
+/// [`push_column_rows`] reads back.
+pub fn push_columns(v: &ViewInfo, rows: &[Row]) -> pb::PushColumns {
+    let mut out = pb::PushColumns {
+        event_time_unix_micros: rows.iter().map(|r| r.event_time).collect(),
+        ..Default::default()
+    };
+    for r in rows {
+        match &r.key {
+            EntityKey::Int64(k) => out.int64_keys.push(*k),
+            EntityKey::String(k) => out.string_keys.push(k.clone()),
+        }
+    }
+    for (i, f) in v.features.iter().enumerate() {
+        let mut c = pb::PushColumn {
+            name: f.name.clone(),
+            ..Default::default()
+        };
+        for (r, row) in rows.iter().enumerate() {
+            match row.values.get(i).and_then(Option::as_ref) {
+                // Rows past u32::MAX are over any max_rows_per_push: refused there.
+                None => c.null_rows.push(u32::try_from(r).unwrap_or(u32::MAX)),
+                Some(Value::F32(x)) => c.f32_values.push(*x),
+                Some(Value::F64(x)) => c.f64_values.push(*x),
+                Some(Value::I64(x)) => c.i64_values.push(*x),
+                Some(Value::Bool(x)) => c.bool_values.push(*x),
+                Some(Value::String(x)) => c.string_values.push(x.clone()),
+                Some(Value::F32Vector(x)) => c
+                    .f32_vector_values
+                    .push(pb::FloatVector { values: x.clone() }),
+            }
+        }
+        if c.null_rows.len() < rows.len() {
+            out.features.push(c);
+        }
+    }
+    out
+}
+
 fn value_from_proto(v: &pb::feature_value::Value) -> Value {
     use pb::feature_value::Value as P;
     match v {

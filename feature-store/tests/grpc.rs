@@ -292,44 +292,12 @@ both_backends!(async fn bad_input_gets_clear_status_codes(env) {
     assert_eq!(store.scan_view("card").unwrap().count(), 1);
 });
 
-/// `rows` as one columnar push (`PushColumns`): a column per feature that is not
-/// null in every row, its values in row order with the null rows listed.
-fn columns_of(rows: &[mesh_feature_store::Row]) -> pb::PushColumns {
-    use mesh_feature_store::{EntityKey, Value};
-    let names = ["amount", "count", "ratio", "flag", "country", "emb"];
-    let mut c = pb::PushColumns {
-        event_time_unix_micros: rows.iter().map(|r| r.event_time).collect(),
-        ..Default::default()
-    };
-    for r in rows {
-        match &r.key {
-            EntityKey::Int64(k) => c.int64_keys.push(*k),
-            EntityKey::String(k) => c.string_keys.push(k.clone()),
-        }
-    }
-    for (i, name) in names.iter().enumerate() {
-        let mut col = pb::PushColumn {
-            name: (*name).into(),
-            ..Default::default()
-        };
-        for (r, row) in rows.iter().enumerate() {
-            match &row.values[i] {
-                None => col.null_rows.push(r as u32),
-                Some(Value::F32(x)) => col.f32_values.push(*x),
-                Some(Value::I64(x)) => col.i64_values.push(*x),
-                Some(Value::F64(x)) => col.f64_values.push(*x),
-                Some(Value::Bool(x)) => col.bool_values.push(*x),
-                Some(Value::String(x)) => col.string_values.push(x.clone()),
-                Some(Value::F32Vector(x)) => col
-                    .f32_vector_values
-                    .push(pb::FloatVector { values: x.clone() }),
-            }
-        }
-        if col.null_rows.len() < rows.len() {
-            c.features.push(col);
-        }
-    }
-    c
+/// `rows` of the card view as one columnar push.
+fn columns_of(
+    store: &mesh_feature_store::FeatureStore,
+    rows: &[mesh_feature_store::Row],
+) -> pb::PushColumns {
+    mesh_feature_store::service::push_columns(store.view("card").unwrap(), rows)
 }
 
 both_backends!(async fn columnar_push_stores_each_row_as_given(env) {
@@ -343,7 +311,7 @@ both_backends!(async fn columnar_push_stores_each_row_as_given(env) {
     for r in &mut rows {
         r.values[3] = None;
     }
-    let columns = columns_of(&rows);
+    let columns = columns_of(&store, &rows);
     assert_eq!(columns.features.len(), 5, "flag has no column: null in every row");
     let resp = client
         .push(pb::PushRequest {
@@ -361,7 +329,7 @@ both_backends!(async fn columnar_push_stores_each_row_as_given(env) {
         assert_eq!(&got, want);
     }
     // Event-time order holds as for rows: an older columnar push is skipped.
-    let older = columns_of(&[card_row(1, t - 100, 0)]);
+    let older = columns_of(&store, &[card_row(1, t - 100, 0)]);
     let resp = client
         .push(pb::PushRequest {
             view: "card".into(),
@@ -416,7 +384,8 @@ both_backends!(async fn columnar_push_refuses_lists_that_do_not_line_up(env) {
     })
     .await;
     let t = fresh();
-    let good = || columns_of(&[card_row(1, t, 1), card_row(2, t, 2)]);
+    let good = || columns_of(&store, &[card_row(1, t, 1), card_row(2, t, 2)]);
+    let four = columns_of(&store, &(1..=4).map(|i| card_row(i, t, 1)).collect::<Vec<_>>());
     fn amount(c: &mut pb::PushColumns) -> &mut pb::PushColumn {
         c.features.iter_mut().find(|f| f.name == "amount").unwrap()
     }
@@ -470,7 +439,7 @@ both_backends!(async fn columnar_push_refuses_lists_that_do_not_line_up(env) {
             amount(c).f32_values[1] = f32::NAN;
         }), Code::InvalidArgument, "NaN"),
         ("more rows than max_rows_per_push", Box::new(move |c| {
-            *c = columns_of(&(1..=4).map(|i| card_row(i, t, 1)).collect::<Vec<_>>());
+            *c = four.clone();
         }), Code::InvalidArgument, "max_rows_per_push"),
         ("no rows", Box::new(move |c| {
             *c = pb::PushColumns::default();

@@ -343,50 +343,6 @@ fn view_info(v: &pb::FeatureViewSpec) -> anyhow::Result<mesh_feature_store::View
     })
 }
 
-/// A batch of rows as one columnar push: a list of keys, one of event times, and
-/// one list of values per feature that is not null in every row (a feature without
-/// a column is null, as in the file).
-fn push_columns(
-    view: &mesh_feature_store::ViewInfo,
-    rows: &[mesh_feature_store::Row],
-) -> pb::PushColumns {
-    use mesh_feature_store::{EntityKey, Value as V};
-    let mut out = pb::PushColumns {
-        event_time_unix_micros: rows.iter().map(|r| r.event_time).collect(),
-        ..Default::default()
-    };
-    for r in rows {
-        match &r.key {
-            EntityKey::Int64(k) => out.int64_keys.push(*k),
-            EntityKey::String(k) => out.string_keys.push(k.clone()),
-        }
-    }
-    for (i, f) in view.features.iter().enumerate() {
-        let mut c = pb::PushColumn {
-            name: f.name.clone(),
-            ..Default::default()
-        };
-        for (r, row) in rows.iter().enumerate() {
-            match row.values.get(i).and_then(Option::as_ref) {
-                // A batch past u32::MAX rows is over any max_rows_per_push: refused there.
-                None => c.null_rows.push(u32::try_from(r).unwrap_or(u32::MAX)),
-                Some(V::F32(x)) => c.f32_values.push(*x),
-                Some(V::F64(x)) => c.f64_values.push(*x),
-                Some(V::I64(x)) => c.i64_values.push(*x),
-                Some(V::Bool(x)) => c.bool_values.push(*x),
-                Some(V::String(x)) => c.string_values.push(x.clone()),
-                Some(V::F32Vector(x)) => c
-                    .f32_vector_values
-                    .push(pb::FloatVector { values: x.clone() }),
-            }
-        }
-        if c.null_rows.len() < rows.len() {
-            out.features.push(c);
-        }
-    }
-    out
-}
-
 /// A push sent and not yet answered.
 struct Sent {
     /// Its first row, counted from 0 over the file's data rows.
@@ -522,7 +478,7 @@ pub fn push_ingest(
         }
         let req = pb::PushRequest {
             view: view.name.clone(),
-            columns: Some(push_columns(&view, rows)),
+            columns: Some(mesh_feature_store::service::push_columns(&view, rows)),
             wait_for_sync,
             ..Default::default()
         };
