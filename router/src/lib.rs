@@ -21,6 +21,7 @@ pub mod plog;
 pub mod request;
 pub mod server;
 pub mod telemetry;
+pub mod timeout;
 pub mod tls;
 
 pub use error::RouterError;

@@ -487,20 +487,7 @@ fn http_server(
     conns: &ConnectionConfig,
     mut stopped: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let limit = conns.request_timeout;
-    let app = app.layer(axum::middleware::from_fn(
-        move |req: axum::extract::Request, next: axum::middleware::Next| async move {
-            match tokio::time::timeout(limit, next.run(req)).await {
-                Ok(res) => res,
-                Err(_) => axum::response::IntoResponse::into_response((
-                    http::StatusCode::REQUEST_TIMEOUT,
-                    axum::Json(serde_json::json!({
-                        "error": format!("request not complete within {limit:?} (request_timeout)")
-                    })),
-                )),
-            }
-        },
-    ));
+    let app = app.layer(crate::timeout::RequestTimeoutLayer(conns.request_timeout));
     // Outermost (axum's last layer): the arrival time, where deadlines start.
     let app = app.layer(crate::arrival::ArrivalLayer);
     tokio::spawn(async move {

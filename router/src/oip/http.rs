@@ -47,14 +47,17 @@ pub fn router(state: HttpState) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
         .fallback(|| async { RouterError::NotFound("no such path".into()) });
-    let Some(core) = state.core.clone() else {
-        return ops.with_state(state);
+    // Shared behind one Arc: axum clones the state for every request (the route's
+    // handler and its `State` extractor), one reference count instead of one per
+    // field.
+    let Some(limit) = state.core.as_ref().map(|c| c.limits.max_message_bytes) else {
+        return ops.with_state(std::sync::Arc::new(state));
     };
-    let limit = core.limits.max_message_bytes;
-    ops.merge(oip_routes(limit)).with_state(state)
+    ops.merge(oip_routes(limit))
+        .with_state(std::sync::Arc::new(state))
 }
 
-fn oip_routes(limit: usize) -> Router<HttpState> {
+fn oip_routes(limit: usize) -> Router<std::sync::Arc<HttpState>> {
     Router::new()
         .route("/v2", get(server_metadata))
         .route("/v2/health/live", get(|| async { StatusCode::OK }))
@@ -94,7 +97,7 @@ async fn server_metadata() -> Json<Value> {
 /// Ready when every loaded model has a ready version and, where this process takes
 /// decisions, every `[[decisions.deployments]]` entry can answer from a model
 /// (its model served, a ready version, a usable input spec); 503 naming what cannot.
-async fn ready(State(s): State<HttpState>) -> Response {
+async fn ready(State(s): State<std::sync::Arc<HttpState>>) -> Response {
     let Some(core) = s.core.as_ref() else {
         return (StatusCode::OK, "ready").into_response();
     };
@@ -107,7 +110,7 @@ async fn ready(State(s): State<HttpState>) -> Response {
     }
 }
 
-async fn metrics(State(s): State<HttpState>) -> Response {
+async fn metrics(State(s): State<std::sync::Arc<HttpState>>) -> Response {
     (
         [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         (s.metrics)(),
@@ -122,16 +125,23 @@ fn tensor_json(name: &str, dt: &str, dims: &[usize]) -> Value {
     json!({ "name": name, "datatype": dt, "shape": shape })
 }
 
-async fn model_metadata(s: State<HttpState>, Path(model): Path<String>) -> HttpResult {
+async fn model_metadata(
+    s: State<std::sync::Arc<HttpState>>,
+    Path(model): Path<String>,
+) -> HttpResult {
     metadata(s, model, String::new()).await
 }
 async fn model_metadata_v(
-    s: State<HttpState>,
+    s: State<std::sync::Arc<HttpState>>,
     Path((model, version)): Path<(String, String)>,
 ) -> HttpResult {
     metadata(s, model, version).await
 }
-async fn metadata(State(s): State<HttpState>, model: String, version: String) -> HttpResult {
+async fn metadata(
+    State(s): State<std::sync::Arc<HttpState>>,
+    model: String,
+    version: String,
+) -> HttpResult {
     let h = core(&s)?
         .repo
         .get(&model, parse_version(&model, &version)?)?;
@@ -147,16 +157,20 @@ async fn metadata(State(s): State<HttpState>, model: String, version: String) ->
     .into_response())
 }
 
-async fn model_ready(s: State<HttpState>, Path(model): Path<String>) -> HttpResult {
+async fn model_ready(s: State<std::sync::Arc<HttpState>>, Path(model): Path<String>) -> HttpResult {
     readiness(s, model, String::new()).await
 }
 async fn model_ready_v(
-    s: State<HttpState>,
+    s: State<std::sync::Arc<HttpState>>,
     Path((model, version)): Path<(String, String)>,
 ) -> HttpResult {
     readiness(s, model, version).await
 }
-async fn readiness(State(s): State<HttpState>, model: String, version: String) -> HttpResult {
+async fn readiness(
+    State(s): State<std::sync::Arc<HttpState>>,
+    model: String,
+    version: String,
+) -> HttpResult {
     core(&s)?
         .repo
         .get(&model, parse_version(&model, &version)?)?;
@@ -311,7 +325,7 @@ fn arrival(a: ArrivedAt) -> std::time::Instant {
 }
 
 async fn infer(
-    s: State<HttpState>,
+    s: State<std::sync::Arc<HttpState>>,
     Path(model): Path<String>,
     arrived: ArrivedAt,
     headers: HeaderMap,
@@ -320,7 +334,7 @@ async fn infer(
     do_infer(s, model, String::new(), (arrival(arrived), headers), body).await
 }
 async fn infer_v(
-    s: State<HttpState>,
+    s: State<std::sync::Arc<HttpState>>,
     Path((model, version)): Path<(String, String)>,
     arrived: ArrivedAt,
     headers: HeaderMap,
@@ -330,7 +344,7 @@ async fn infer_v(
 }
 
 async fn do_infer(
-    State(s): State<HttpState>,
+    State(s): State<std::sync::Arc<HttpState>>,
     model: String,
     version: String,
     (arrival, headers): (std::time::Instant, HeaderMap),
@@ -396,7 +410,10 @@ async fn do_infer(
     Ok(Json(body).into_response())
 }
 
-async fn config(State(s): State<HttpState>, Path(model): Path<String>) -> HttpResult {
+async fn config(
+    State(s): State<std::sync::Arc<HttpState>>,
+    Path(model): Path<String>,
+) -> HttpResult {
     let h = core(&s)?.repo.get(&model, None)?;
     let c = &h.config;
     Ok(Json(json!({
@@ -440,14 +457,17 @@ fn stats_json(s: &HttpState, model: &str) -> HttpResult {
     Ok(Json(json!({ "model_stats": list })).into_response())
 }
 
-async fn stats(State(s): State<HttpState>, Path(model): Path<String>) -> HttpResult {
+async fn stats(
+    State(s): State<std::sync::Arc<HttpState>>,
+    Path(model): Path<String>,
+) -> HttpResult {
     stats_json(&s, &model)
 }
-async fn stats_all(State(s): State<HttpState>) -> HttpResult {
+async fn stats_all(State(s): State<std::sync::Arc<HttpState>>) -> HttpResult {
     stats_json(&s, "")
 }
 
-async fn index(State(s): State<HttpState>) -> HttpResult {
+async fn index(State(s): State<std::sync::Arc<HttpState>>) -> HttpResult {
     Ok(Json(Value::Array(
         core(&s)?
             .repo
