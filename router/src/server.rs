@@ -368,8 +368,13 @@ pub async fn start_mesh_with(
         }),
     };
     let app = router(http_state).merge(crate::admin::routes(parts.admin(), parts.planes.clone()));
-    let app = app.layer(crate::budget::BudgetLayer::new(parts.budget.clone()));
-    let http_task = http_server(app, http_listener, &cfg.connections, stopped.clone());
+    let http_task = http_server(
+        app,
+        parts.budget.clone(),
+        http_listener,
+        &cfg.connections,
+        stopped.clone(),
+    );
     let mut tasks = vec![grpc_task, http_task];
     if let Some(tls) = tls {
         tasks.push(tls.watch(stopped));
@@ -480,20 +485,29 @@ async fn grpc_server(
 }
 
 /// The HTTP server for `app`, until `stopped` turns true. A request (body
-/// included) that takes longer than `request_timeout` is answered 408.
+/// included) that takes longer than `request_timeout` is answered 408; request
+/// bodies draw on `budget`.
 fn http_server(
     app: axum::Router,
+    budget: crate::budget::InFlightBytes,
     listener: Limited,
     conns: &ConnectionConfig,
     mut stopped: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let app = app.layer(crate::timeout::RequestTimeoutLayer(conns.request_timeout));
-    // Outermost (axum's last layer): the arrival time, where deadlines start.
-    let app = app.layer(crate::arrival::ArrivalLayer);
+    // Around the router, not inside it: each `Router::layer` wraps every route in one
+    // more boxed service, cloned for every request.
+    let app = tower::ServiceBuilder::new()
+        // Outermost: the arrival time, where deadlines start.
+        .layer(crate::arrival::ArrivalLayer)
+        .layer(crate::timeout::RequestTimeoutLayer(conns.request_timeout))
+        .layer(crate::budget::BudgetLayer::new(budget))
+        .service(app);
     tokio::spawn(async move {
         if let Err(e) = axum::serve(
             listener,
-            app.into_make_service_with_connect_info::<PeerInfo>(),
+            axum::ServiceExt::<axum::extract::Request>::into_make_service_with_connect_info::<
+                PeerInfo,
+            >(app),
         )
         .with_graceful_shutdown(async move {
             let _ = stopped.wait_for(|s| *s).await;
