@@ -4,6 +4,10 @@
 //!
 //! cargo bench -p mesh-feature-store --bench lookup -- [--entities N] [--seconds S] [--db DIR] [--skip-grpc] [--cache-ab] [--writer-batch ROWS] [--writer-rate ROWS_PER_S]
 //!
+//! A value out of range (N 1 to 100,000,000; S more than 0, at most 3,600; ROWS 1 to
+//! 1,000; ROWS_PER_S 1 to 100,000) stops the bench, naming the flag: a run never
+//! measures something other than what was asked.
+//!
 //! 1. Loads N entities x 16 f32 features from a generated Parquet file with
 //!    `ingest_file` (rows/s), and ingests a 200k-row CSV (rows/s). With `--db`, an
 //!    already loaded store is reused.
@@ -72,10 +76,8 @@ fn args() -> Result<Args> {
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
         match x.as_str() {
-            "--entities" => {
-                a.entities = it.next().and_then(|v| v.parse().ok()).unwrap_or(a.entities)
-            }
-            "--seconds" => a.seconds = it.next().and_then(|v| v.parse().ok()).unwrap_or(a.seconds),
+            "--entities" => a.entities = i64::try_from(count(it.next(), x.as_str(), 100_000_000)?)?,
+            "--seconds" => a.seconds = seconds(it.next(), x.as_str())?,
             "--db" => a.db = it.next().map(PathBuf::from),
             "--skip-grpc" => a.skip_grpc = true,
             "--cache-ab" => a.cache_ab = true,
@@ -93,6 +95,19 @@ fn count(value: Option<String>, flag: &str, max: usize) -> Result<usize> {
         Some((_, Ok(n))) if (1..=max).contains(&n) => Ok(n),
         Some((v, _)) => anyhow::bail!("{flag} takes a whole number from 1 to {max}, not {v:?}"),
         None => anyhow::bail!("{flag} takes a whole number from 1 to {max}, and none was given"),
+    }
+}
+
+/// The value of `flag`: seconds, more than 0 and at most an hour.
+fn seconds(value: Option<String>, flag: &str) -> Result<f64> {
+    match value.as_deref().map(|v| (v, v.parse::<f64>())) {
+        Some((_, Ok(s))) if s > 0.0 && s <= 3600.0 => Ok(s),
+        Some((v, _)) => {
+            anyhow::bail!("{flag} takes seconds, more than 0 and at most 3600, not {v:?}")
+        }
+        None => {
+            anyhow::bail!("{flag} takes seconds, more than 0 and at most 3600, and none was given")
+        }
     }
 }
 
