@@ -140,34 +140,87 @@ pub fn metrics() -> PrometheusHandle {
         .clone()
 }
 
-pub type OkMeters = (metrics::Counter, metrics::Histogram);
+type OkMeters = (metrics::Counter, metrics::Histogram);
 
-/// The success counter and duration histogram of (model, version, protocol),
-/// registered on first use and cached: the common case of every front door (OIP and
-/// Decide) touches only cached handles. `None` is an answer no version gave (a
-/// decision from a fallback), labelled `version=""`.
-pub fn ok_meters(model: &str, version: Option<u64>, protocol: &'static str) -> OkMeters {
+/// Counts one answer of (model, version, protocol) in the success counter and its
+/// duration in the histogram. The handles are registered on first use and kept per
+/// thread: the common case of every front door (OIP and Decide) takes no lock and
+/// no reference count shared with the other serving threads. `None` is an answer no
+/// version gave (a decision from a fallback), labelled `version=""`. The callers
+/// pass only models and versions the mesh serves, so each thread keeps a handful.
+pub fn record_ok(model: &str, version: Option<u64>, protocol: &'static str, took: Duration) {
+    use std::cell::RefCell;
     use std::collections::HashMap;
-    use std::sync::OnceLock;
     // By model first, so that a lookup borrows the model's name (no copy per request).
     type ByModel = HashMap<String, HashMap<(Option<u64>, &'static str), OkMeters>>;
-    static CACHE: OnceLock<parking_lot::RwLock<ByModel>> = OnceLock::new();
-    let cache = CACHE.get_or_init(Default::default);
-    if let Some(m) = cache
-        .read()
-        .get(model)
-        .and_then(|m| m.get(&(version, protocol)))
-    {
-        return m.clone();
+    thread_local! {
+        static CACHE: RefCell<ByModel> = RefCell::new(HashMap::new());
     }
-    let m = (
-        metrics::counter!(names::REQUESTS, "model" => model.to_owned(), "version" => version.map(|v| v.to_string()).unwrap_or_default(), "protocol" => protocol, "code" => "ok"),
-        metrics::histogram!(names::REQUEST_DURATION, "model" => model.to_owned(), "protocol" => protocol),
-    );
-    cache
-        .write()
-        .entry(model.to_owned())
-        .or_default()
-        .insert((version, protocol), m.clone());
-    m
+    CACHE.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        let meters = match cache.get(model).and_then(|m| m.get(&(version, protocol))) {
+            Some(m) => m,
+            None => cache
+                .entry(model.to_owned())
+                .or_default()
+                .entry((version, protocol))
+                .or_insert_with(|| {
+                    (
+                        metrics::counter!(names::REQUESTS, "model" => model.to_owned(), "version" => version.map(|v| v.to_string()).unwrap_or_default(), "protocol" => protocol, "code" => "ok"),
+                        metrics::histogram!(names::REQUEST_DURATION, "model" => model.to_owned(), "protocol" => protocol),
+                    )
+                }),
+        };
+        meters.0.increment(1);
+        meters.1.record(took.as_secs_f64());
+    });
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// The value of the series whose line starts with `prefix` in the rendered text.
+    fn series(text: &str, prefix: &str) -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .map_or(0.0, |v| v.parse().unwrap())
+    }
+
+    /// Each thread keeps its own handles; what they count is one series.
+    #[test]
+    fn answers_counted_on_many_threads_add_up_in_one_series() {
+        let handle = metrics();
+        let threads: Vec<_> = (0..3)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    for _ in 0..100 {
+                        record_ok("record-ok-test", Some(7), "http", Duration::from_micros(40));
+                    }
+                    record_ok("record-ok-test", None, "decide", Duration::from_micros(40));
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let text = handle.render();
+        let ok = |version: &str, protocol: &str| {
+            series(
+                &text,
+                &format!(
+                    "mesh_router_requests_total{{model=\"record-ok-test\",version=\"{version}\",protocol=\"{protocol}\",code=\"ok\"}}"
+                ),
+            )
+        };
+        assert_eq!(ok("7", "http"), 300.0, "{text}");
+        assert_eq!(ok("", "decide"), 3.0, "{text}");
+        let count = series(
+            &text,
+            "mesh_router_request_duration_seconds_count{model=\"record-ok-test\",protocol=\"http\"}",
+        );
+        assert_eq!(count, 300.0, "{text}");
+    }
 }

@@ -35,9 +35,7 @@ fn count(engine: &Engine, model: &str, out: &Result<Vec<Outcome>, RouterError>, 
                 }
                 _ => None,
             };
-            let (ok, duration) = crate::telemetry::ok_meters(&model, version, "decide");
-            ok.increment(1);
-            duration.record(started.elapsed().as_secs_f64());
+            crate::telemetry::record_ok(&model, version, "decide", started.elapsed());
         }
         Err(e) => {
             counter!(names::REQUESTS, "model" => model.clone(), "version" => "", "protocol" => "decide", "code" => e.code_label())

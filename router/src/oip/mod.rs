@@ -107,11 +107,8 @@ impl Core {
         span.in_scope(|| log_result(&result, started, &id));
         match &result {
             Ok((h, _)) => {
-                // The common case touches only cached handles.
-                let (ok, duration) =
-                    crate::telemetry::ok_meters(h.name(), Some(h.version), protocol);
-                ok.increment(1);
-                duration.record(started.elapsed().as_secs_f64());
+                // The common case touches only this thread's cached handles.
+                crate::telemetry::record_ok(h.name(), Some(h.version), protocol, started.elapsed());
             }
             Err(e) => {
                 // Unknown model names are client input: keep them out of label values.
