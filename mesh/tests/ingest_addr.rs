@@ -245,32 +245,52 @@ async fn txn_counts(addr: &str, keys: &[i64]) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// One minute ago in Unix seconds: an event time the card view holds fresh.
+fn minute_ago() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        - 60
+}
+
+/// `name` in `dir`: a CSV of the card view's `txn_count_1h`, one line per (card,
+/// event time in Unix seconds, count as written); its path.
+fn txn_count_csv(
+    dir: &Path,
+    name: &str,
+    lines: impl IntoIterator<Item = (i64, u64, String)>,
+) -> String {
+    let mut csv = String::from("card_id,event_timestamp,txn_count_1h\n");
+    for (card, t, count) in lines {
+        csv.push_str(&format!("{card},{t},{count}\n"));
+    }
+    let path = dir.join(name);
+    std::fs::write(&path, csv).unwrap();
+    path.display().to_string()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pushes_in_flight_keep_the_files_order_and_name_a_refused_batch() {
     let dir = tempfile::tempdir().unwrap();
     let running = store(dir.path()).await;
     let addr = format!("http://{}", running.grpc_addr);
     let token_file = dir.path().join("writer.token").display().to_string();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        - 60;
+    let now = minute_ago();
 
     // 100 batches of 4 rows at the same event time; batch b holds cards 1000+b to
     // 1000+b+3, so each card is in up to four batches in a row, and must end with its
     // last line (the later write wins), as a direct ingest leaves it: a batch that
     // holds a key of a push in flight waits for it.
-    let mut csv = String::from("card_id,event_timestamp,txn_count_1h\n");
-    for i in 0..400 {
-        csv.push_str(&format!("{},{now},{i}\n", 1000 + i / 4 + i % 4));
-    }
-    let same = dir.path().join("same.csv");
-    std::fs::write(&same, csv).unwrap();
+    let same = txn_count_csv(
+        dir.path(),
+        "same.csv",
+        (0..400).map(|i| (1000 + i / 4 + i % 4, now, i.to_string())),
+    );
     let (code, out, err) = ingest_cards(
         &addr,
         &token_file,
-        &same.display().to_string(),
+        &same,
         &["--batch-rows", "4", "--pushes-in-flight", "4"],
     )
     .await;
@@ -291,17 +311,18 @@ async fn pushes_in_flight_keep_the_files_order_and_name_a_refused_batch() {
 
     // Disjoint batches, the third refused (an event time a day ahead): the message
     // names its first row, and the batches before it are stored.
-    let mut csv = String::from("card_id,event_timestamp,txn_count_1h\n");
-    for i in 0..40i64 {
-        let t = if i == 9 { now + 86_400 } else { now };
-        csv.push_str(&format!("{},{t},{}\n", 100 + i, 1000 + i));
-    }
-    let refused = dir.path().join("refused.csv");
-    std::fs::write(&refused, csv).unwrap();
+    let refused = txn_count_csv(
+        dir.path(),
+        "refused.csv",
+        (0..40i64).map(|i| {
+            let t = if i == 9 { now + 86_400 } else { now };
+            (100 + i, t, (1000 + i).to_string())
+        }),
+    );
     let (code, out, err) = ingest_cards(
         &addr,
         &token_file,
-        &refused.display().to_string(),
+        &refused,
         &["--batch-rows", "4", "--pushes-in-flight", "3"],
     )
     .await;
@@ -321,21 +342,22 @@ async fn pushes_in_flight_keep_the_files_order_and_name_a_refused_batch() {
     // A bad line in the file's third batch, with pushes in flight: the ingest stops
     // naming the line, after the pushes already sent were answered; the batches
     // before it are stored.
-    let mut csv = String::from("card_id,event_timestamp,txn_count_1h\n");
-    for i in 0..40i64 {
-        let count = if i == 9 {
-            "many".to_owned()
-        } else {
-            (2000 + i).to_string()
-        };
-        csv.push_str(&format!("{},{now},{count}\n", 200 + i));
-    }
-    let bad = dir.path().join("bad.csv");
-    std::fs::write(&bad, csv).unwrap();
+    let bad = txn_count_csv(
+        dir.path(),
+        "bad.csv",
+        (0..40i64).map(|i| {
+            let count = if i == 9 {
+                "many".to_owned()
+            } else {
+                (2000 + i).to_string()
+            };
+            (200 + i, now, count)
+        }),
+    );
     let (code, out, err) = ingest_cards(
         &addr,
         &token_file,
-        &bad.display().to_string(),
+        &bad,
         &["--batch-rows", "4", "--pushes-in-flight", "3"],
     )
     .await;
@@ -352,7 +374,7 @@ async fn pushes_in_flight_keep_the_files_order_and_name_a_refused_batch() {
         let (code, _, err) = ingest_cards(
             &addr,
             &token_file,
-            &same.display().to_string(),
+            &same,
             &["--batch-rows", "4", "--pushes-in-flight", bad],
         )
         .await;
@@ -371,18 +393,12 @@ async fn rows_per_second_spreads_the_pushes_over_time() {
     let running = store(dir.path()).await;
     let addr = format!("http://{}", running.grpc_addr);
     let token_file = dir.path().join("writer.token").display().to_string();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        - 60;
-    let mut csv = String::from("card_id,event_timestamp,txn_count_1h\n");
-    for i in 0..400i64 {
-        csv.push_str(&format!("{},{now},{i}\n", 3000 + i));
-    }
-    let file = dir.path().join("paced.csv");
-    std::fs::write(&file, csv).unwrap();
-    let file = file.display().to_string();
+    let now = minute_ago();
+    let file = txn_count_csv(
+        dir.path(),
+        "paced.csv",
+        (0..400i64).map(|i| (3000 + i, now, i.to_string())),
+    );
     // 4 batches of 100 rows at 400 rows a second: the last is sent 0.75 s after the
     // first.
     let start = std::time::Instant::now();
