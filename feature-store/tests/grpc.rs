@@ -300,6 +300,15 @@ fn columns_of(
     mesh_feature_store::service::push_columns(store.view("card").unwrap(), rows)
 }
 
+/// A columnar push to `view`, buffered.
+fn columnar(view: &str, columns: pb::PushColumns) -> pb::PushRequest {
+    pb::PushRequest {
+        view: view.into(),
+        columns: Some(columns),
+        ..Default::default()
+    }
+}
+
 both_backends!(async fn columnar_push_stores_each_row_as_given(env) {
     let (mut client, store) = serve(&env, Limits::default()).await;
     let t = fresh();
@@ -315,10 +324,8 @@ both_backends!(async fn columnar_push_stores_each_row_as_given(env) {
     assert_eq!(columns.features.len(), 5, "flag has no column: null in every row");
     let resp = client
         .push(pb::PushRequest {
-            view: "card".into(),
-            columns: Some(columns),
             wait_for_sync: true,
-            ..Default::default()
+            ..columnar("card", columns)
         })
         .await
         .unwrap()
@@ -331,11 +338,7 @@ both_backends!(async fn columnar_push_stores_each_row_as_given(env) {
     // Event-time order holds as for rows: an older columnar push is skipped.
     let older = columns_of(&store, &[card_row(1, t - 100, 0)]);
     let resp = client
-        .push(pb::PushRequest {
-            view: "card".into(),
-            columns: Some(older),
-            ..Default::default()
-        })
+        .push(columnar("card", older))
         .await
         .unwrap()
         .into_inner();
@@ -346,9 +349,9 @@ both_backends!(async fn columnar_push_stores_each_row_as_given(env) {
         merchant_row("m2", t, 1.5, None),
     ];
     let resp = client
-        .push(pb::PushRequest {
-            view: "merchant".into(),
-            columns: Some(pb::PushColumns {
+        .push(columnar(
+            "merchant",
+            pb::PushColumns {
                 string_keys: vec!["m1".into(), "m2".into()],
                 event_time_unix_micros: vec![t, t],
                 features: vec![
@@ -365,9 +368,8 @@ both_backends!(async fn columnar_push_stores_each_row_as_given(env) {
                     },
                 ],
                 ..Default::default()
-            }),
-            ..Default::default()
-        })
+            },
+        ))
         .await
         .unwrap()
         .into_inner();
@@ -449,11 +451,7 @@ both_backends!(async fn columnar_push_refuses_lists_that_do_not_line_up(env) {
         let mut c = good();
         edit(&mut c);
         let e = client
-            .push(pb::PushRequest {
-                view: "card".into(),
-                columns: Some(c),
-                ..Default::default()
-            })
+            .push(columnar("card", c))
             .await
             .unwrap_err();
         assert_eq!(e.code(), code, "{what}: {e:?}");
@@ -462,10 +460,8 @@ both_backends!(async fn columnar_push_refuses_lists_that_do_not_line_up(env) {
     // Rows and columns in one push.
     let e = client
         .push(pb::PushRequest {
-            view: "card".into(),
             rows: vec![push_row(3, t, 1.0)],
-            columns: Some(good()),
-            ..Default::default()
+            ..columnar("card", good())
         })
         .await
         .unwrap_err();
@@ -478,11 +474,7 @@ both_backends!(async fn columnar_push_refuses_lists_that_do_not_line_up(env) {
     );
     // The unedited push is written.
     client
-        .push(pb::PushRequest {
-            view: "card".into(),
-            columns: Some(good()),
-            ..Default::default()
-        })
+        .push(columnar("card", good()))
         .await
         .unwrap();
     assert_eq!(store.scan_view("card").unwrap().count(), 2);
