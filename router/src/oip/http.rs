@@ -1,5 +1,6 @@
 //! The REST mirror of the Open Inference Protocol (`/v2/...`), plus `/metrics`,
 //! `/healthz` and `/readyz`. Errors are `{"error": "..."}` with a 4xx/5xx status.
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -25,10 +26,10 @@ pub struct HttpState {
     /// Model serving (absent for `--role features`).
     pub core: Option<Core>,
     /// Renders the Prometheus text of the process.
-    pub metrics: std::sync::Arc<dyn Fn() -> String + Send + Sync>,
+    pub metrics: Arc<dyn Fn() -> String + Send + Sync>,
     /// Whether every configured deployment can answer (`Err` names what cannot);
     /// the server wires it to the decision engine, when this process has one.
-    pub deployments_ready: Option<std::sync::Arc<dyn Fn() -> Result<(), String> + Send + Sync>>,
+    pub deployments_ready: Option<Arc<dyn Fn() -> Result<(), String> + Send + Sync>>,
 }
 
 impl IntoResponse for RouterError {
@@ -51,13 +52,12 @@ pub fn router(state: HttpState) -> Router {
     // handler and its `State` extractor), one reference count instead of one per
     // field.
     let Some(limit) = state.core.as_ref().map(|c| c.limits.max_message_bytes) else {
-        return ops.with_state(std::sync::Arc::new(state));
+        return ops.with_state(Arc::new(state));
     };
-    ops.merge(oip_routes(limit))
-        .with_state(std::sync::Arc::new(state))
+    ops.merge(oip_routes(limit)).with_state(Arc::new(state))
 }
 
-fn oip_routes(limit: usize) -> Router<std::sync::Arc<HttpState>> {
+fn oip_routes(limit: usize) -> Router<Arc<HttpState>> {
     Router::new()
         .route("/v2", get(server_metadata))
         .route("/v2/health/live", get(|| async { StatusCode::OK }))
@@ -97,7 +97,7 @@ async fn server_metadata() -> Json<Value> {
 /// Ready when every loaded model has a ready version and, where this process takes
 /// decisions, every `[[decisions.deployments]]` entry can answer from a model
 /// (its model served, a ready version, a usable input spec); 503 naming what cannot.
-async fn ready(State(s): State<std::sync::Arc<HttpState>>) -> Response {
+async fn ready(State(s): State<Arc<HttpState>>) -> Response {
     let Some(core) = s.core.as_ref() else {
         return (StatusCode::OK, "ready").into_response();
     };
@@ -110,7 +110,7 @@ async fn ready(State(s): State<std::sync::Arc<HttpState>>) -> Response {
     }
 }
 
-async fn metrics(State(s): State<std::sync::Arc<HttpState>>) -> Response {
+async fn metrics(State(s): State<Arc<HttpState>>) -> Response {
     (
         [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         (s.metrics)(),
@@ -125,23 +125,16 @@ fn tensor_json(name: &str, dt: &str, dims: &[usize]) -> Value {
     json!({ "name": name, "datatype": dt, "shape": shape })
 }
 
-async fn model_metadata(
-    s: State<std::sync::Arc<HttpState>>,
-    Path(model): Path<String>,
-) -> HttpResult {
+async fn model_metadata(s: State<Arc<HttpState>>, Path(model): Path<String>) -> HttpResult {
     metadata(s, model, String::new()).await
 }
 async fn model_metadata_v(
-    s: State<std::sync::Arc<HttpState>>,
+    s: State<Arc<HttpState>>,
     Path((model, version)): Path<(String, String)>,
 ) -> HttpResult {
     metadata(s, model, version).await
 }
-async fn metadata(
-    State(s): State<std::sync::Arc<HttpState>>,
-    model: String,
-    version: String,
-) -> HttpResult {
+async fn metadata(State(s): State<Arc<HttpState>>, model: String, version: String) -> HttpResult {
     let h = core(&s)?
         .repo
         .get(&model, parse_version(&model, &version)?)?;
@@ -157,20 +150,16 @@ async fn metadata(
     .into_response())
 }
 
-async fn model_ready(s: State<std::sync::Arc<HttpState>>, Path(model): Path<String>) -> HttpResult {
+async fn model_ready(s: State<Arc<HttpState>>, Path(model): Path<String>) -> HttpResult {
     readiness(s, model, String::new()).await
 }
 async fn model_ready_v(
-    s: State<std::sync::Arc<HttpState>>,
+    s: State<Arc<HttpState>>,
     Path((model, version)): Path<(String, String)>,
 ) -> HttpResult {
     readiness(s, model, version).await
 }
-async fn readiness(
-    State(s): State<std::sync::Arc<HttpState>>,
-    model: String,
-    version: String,
-) -> HttpResult {
+async fn readiness(State(s): State<Arc<HttpState>>, model: String, version: String) -> HttpResult {
     core(&s)?
         .repo
         .get(&model, parse_version(&model, &version)?)?;
@@ -325,7 +314,7 @@ fn arrival(a: ArrivedAt) -> std::time::Instant {
 }
 
 async fn infer(
-    s: State<std::sync::Arc<HttpState>>,
+    s: State<Arc<HttpState>>,
     Path(model): Path<String>,
     arrived: ArrivedAt,
     headers: HeaderMap,
@@ -334,7 +323,7 @@ async fn infer(
     do_infer(s, model, String::new(), (arrival(arrived), headers), body).await
 }
 async fn infer_v(
-    s: State<std::sync::Arc<HttpState>>,
+    s: State<Arc<HttpState>>,
     Path((model, version)): Path<(String, String)>,
     arrived: ArrivedAt,
     headers: HeaderMap,
@@ -344,7 +333,7 @@ async fn infer_v(
 }
 
 async fn do_infer(
-    State(s): State<std::sync::Arc<HttpState>>,
+    State(s): State<Arc<HttpState>>,
     model: String,
     version: String,
     (arrival, headers): (std::time::Instant, HeaderMap),
@@ -410,10 +399,7 @@ async fn do_infer(
     Ok(Json(body).into_response())
 }
 
-async fn config(
-    State(s): State<std::sync::Arc<HttpState>>,
-    Path(model): Path<String>,
-) -> HttpResult {
+async fn config(State(s): State<Arc<HttpState>>, Path(model): Path<String>) -> HttpResult {
     let h = core(&s)?.repo.get(&model, None)?;
     let c = &h.config;
     Ok(Json(json!({
@@ -457,17 +443,14 @@ fn stats_json(s: &HttpState, model: &str) -> HttpResult {
     Ok(Json(json!({ "model_stats": list })).into_response())
 }
 
-async fn stats(
-    State(s): State<std::sync::Arc<HttpState>>,
-    Path(model): Path<String>,
-) -> HttpResult {
+async fn stats(State(s): State<Arc<HttpState>>, Path(model): Path<String>) -> HttpResult {
     stats_json(&s, &model)
 }
-async fn stats_all(State(s): State<std::sync::Arc<HttpState>>) -> HttpResult {
+async fn stats_all(State(s): State<Arc<HttpState>>) -> HttpResult {
     stats_json(&s, "")
 }
 
-async fn index(State(s): State<std::sync::Arc<HttpState>>) -> HttpResult {
+async fn index(State(s): State<Arc<HttpState>>) -> HttpResult {
     Ok(Json(Value::Array(
         core(&s)?
             .repo
