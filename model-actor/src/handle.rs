@@ -257,7 +257,7 @@ impl VersionHandle {
         let run = std::panic::catch_unwind(AssertUnwindSafe(|| {
             forward(&mut **model, batch, &rows, &self.stats, &self.meters)
         }));
-        let Ok((compute, result)) = run else {
+        let Ok((compute, done, result)) = run else {
             // The instance may be left broken: no further call uses it.
             *instance = None;
             let e = ModelError::Compute("the forward pass panicked".into());
@@ -269,7 +269,7 @@ impl VersionHandle {
         drop(instance);
         self.queue.observe(batch.rows, compute);
         Some(match result {
-            Ok((cols, mut parts)) => answer(Instant::now(), deadline, &self.meters, || Output {
+            Ok((cols, mut parts)) => answer(done, deadline, &self.meters, || Output {
                 data: parts.pop().unwrap_or_default(),
                 rows: batch.rows,
                 cols,

@@ -30,6 +30,10 @@ impl Batch {
 
 /// What a forward pass returns: `rows * cols` outputs and where the time went
 /// (the three parts Triton's statistics report).
+///
+/// The three times are the model's own split of its forward pass; a model that does
+/// not split it reports all three as zero, and the whole pass, as timed around
+/// `forward`, is counted as `infer`.
 #[derive(Debug, Clone, Default)]
 pub struct Forward {
     pub data: Vec<f32>,

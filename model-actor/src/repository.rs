@@ -52,6 +52,11 @@ impl ServedModel {
     /// deadline refuses only when every replica is busy; ties go round-robin.
     pub fn pick(&self, version: u64) -> Option<&Arc<VersionHandle>> {
         let r = self.replicas.get(&version)?;
+        if let [only] = r.as_slice() {
+            // No choice to make: no shared counter to move (a write every core's
+            // cache would pass around, per request).
+            return Some(only);
+        }
         let n = r.len().max(1);
         let start = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         (0..n)

@@ -99,11 +99,11 @@ impl Runner {
             self.stats.queue.add(1, waited);
             self.meters.queue_wait.record(waited.as_secs_f64());
         }
-        let (compute, result) = forward(&mut *self.model, &batch, &rows, &self.stats, &self.meters);
+        let (compute, done, result) =
+            forward(&mut *self.model, &batch, &rows, &self.stats, &self.meters);
         self.queue.finished(self.slot, Some((total, compute)));
         match result {
             Ok((cols, parts)) => {
-                let done = Instant::now();
                 for (p, data) in items.into_iter().zip(parts) {
                     tracing::trace!(parent: &p.span, rows = p.rows, batch_rows = batch.rows, "computed");
                     let answer = answer(done, p.deadline, &self.meters, || Output {
@@ -137,19 +137,20 @@ impl Runner {
 pub(crate) type Split = (usize, Vec<Vec<f32>>);
 
 /// The forward pass of `batch`, which holds the rows of requests of `rows` rows
-/// each, in order: its time, and the output's columns and each request's part of
-/// it. The time, the batch size and the split of the time go to `stats` and
-/// `meters`.
+/// each, in order: its time, when it ended, and the output's columns and each
+/// request's part of it. The time, the batch size and the split of the time go to
+/// `stats` and `meters`.
 pub(crate) fn forward(
     model: &mut dyn Model,
     batch: &Batch,
     rows: &[usize],
     stats: &VersionStats,
     meters: &Meters,
-) -> (Duration, Result<Split, ModelError>) {
+) -> (Duration, Instant, Result<Split, ModelError>) {
     let started = Instant::now();
     let result = model.forward(batch);
-    let compute = started.elapsed();
+    let done = Instant::now();
+    let compute = done - started;
     meters.compute.record(compute.as_secs_f64());
     meters.batch_size.record(batch.rows as f64);
     let result = result.and_then(|f| {
@@ -160,16 +161,18 @@ pub(crate) fn forward(
                 batch.rows
             ))
         })?;
+        // A model that does not time its parts (all three zero) spent it all computing.
+        let unsplit = f.input.is_zero() && f.infer.is_zero() && f.output.is_zero();
         stats.record_batch(
             rows.len() as u64,
             batch.rows as u64,
             f.input,
-            f.infer,
+            if unsplit { compute } else { f.infer },
             f.output,
         );
         Ok((f.cols, parts))
     });
-    (compute, result)
+    (compute, done, result)
 }
 
 /// What a caller whose answer was ready at `done` gets: the output, or, when that

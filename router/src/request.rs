@@ -9,15 +9,17 @@ use crate::error::RouterError;
 /// caller's own mistakes at debug (they are the caller's to log). The request id
 /// is a field of the line itself, so a warn line carries it even when the
 /// per-request span (debug level: free when debug is off) is not recorded.
+/// The latency is read only when the line is written (the common answer's line is
+/// at debug, off by default).
 pub fn log_result<T>(result: &Result<T, RouterError>, started: Instant, request_id: &str) {
-    let us = started.elapsed().as_micros() as u64;
+    let us = || started.elapsed().as_micros() as u64;
     match result {
-        Ok(_) => tracing::debug!(request_id, latency_us = us, "answered"),
+        Ok(_) => tracing::debug!(request_id, latency_us = us(), "answered"),
         Err(e) if e.is_server_side() => {
-            tracing::warn!(request_id, latency_us = us, code = e.code_label(), error = %e.message(), "request failed")
+            tracing::warn!(request_id, latency_us = us(), code = e.code_label(), error = %e.message(), "request failed")
         }
         Err(e) => {
-            tracing::debug!(request_id, latency_us = us, code = e.code_label(), error = %e.message(), "request rejected")
+            tracing::debug!(request_id, latency_us = us(), code = e.code_label(), error = %e.message(), "request rejected")
         }
     }
 }
@@ -83,11 +85,14 @@ pub fn deadline(
     arrival.checked_add(budget).unwrap_or(arrival)
 }
 
-/// A request whose deadline has passed before its work started (it waited longer
-/// than its budget before a handler ran): answered DEADLINE_EXCEEDED at once,
-/// without doing the work, saying how late it is.
-pub fn check_not_expired(arrival: Instant, deadline: Instant) -> Result<(), RouterError> {
-    let now = Instant::now();
+/// A request whose deadline has passed before its work started at `now` (it waited
+/// longer than its budget before a handler ran): answered DEADLINE_EXCEEDED at
+/// once, without doing the work, saying how late it is.
+pub fn check_not_expired(
+    arrival: Instant,
+    deadline: Instant,
+    now: Instant,
+) -> Result<(), RouterError> {
     if now < deadline {
         return Ok(());
     }
@@ -98,10 +103,9 @@ pub fn check_not_expired(arrival: Instant, deadline: Instant) -> Result<(), Rout
     )))
 }
 
-/// An answer that is ready only after the deadline is not an answer: the caller
-/// has stopped waiting, and it must not count as served.
-pub fn check_in_time(arrival: Instant, deadline: Instant) -> Result<(), RouterError> {
-    let now = Instant::now();
+/// An answer that is ready (at `now`) only after the deadline is not an answer: the
+/// caller has stopped waiting, and it must not count as served.
+pub fn check_in_time(arrival: Instant, deadline: Instant, now: Instant) -> Result<(), RouterError> {
     if now <= deadline {
         return Ok(());
     }
@@ -160,23 +164,31 @@ mod tests {
         // A request that waited 30 ms before its handler with a 20 ms budget is
         // already late; one with 50 ms is not, and has 20 ms left.
         let arrived = Instant::now() - ms(30);
-        let e = check_not_expired(arrived, deadline(arrived, Some(ms(20)), ms(1000), ms(1000)))
-            .unwrap_err();
+        let now = Instant::now();
+        let e = check_not_expired(
+            arrived,
+            deadline(arrived, Some(ms(20)), ms(1000), ms(1000)),
+            now,
+        )
+        .unwrap_err();
         assert_eq!(e.code(), tonic::Code::DeadlineExceeded);
         assert!(
             e.message().contains("20.000 ms after its arrival passed"),
             "{e}"
         );
-        assert!(
-            check_not_expired(arrived, deadline(arrived, Some(ms(50)), ms(1000), ms(1000))).is_ok()
-        );
-        let e = check_in_time(arrived, arrived + ms(10)).unwrap_err();
+        assert!(check_not_expired(
+            arrived,
+            deadline(arrived, Some(ms(50)), ms(1000), ms(1000)),
+            now
+        )
+        .is_ok());
+        let e = check_in_time(arrived, arrived + ms(10), now).unwrap_err();
         assert!(
             e.message()
                 .starts_with("deadline exceeded: the answer was ready 2"),
             "{e}"
         );
-        assert!(check_in_time(arrived, arrived + ms(60)).is_ok());
+        assert!(check_in_time(arrived, arrived + ms(60), now).is_ok());
     }
 
     #[test]

@@ -455,7 +455,7 @@ impl Engine {
         let items = stages::validate(reqs, self.cfg.max_batch_items)?;
         let model = &reqs[0].model;
         let spec = self.spec_of(model)?;
-        if let Err(late) = crate::request::check_not_expired(arrival, deadline) {
+        if let Err(late) = crate::request::check_not_expired(arrival, deadline, started) {
             for it in &items {
                 let mut o = Outcome::new(it.req, model, Role::Primary, self.cfg.default_decision);
                 o.timings.total = us(arrival.elapsed());
@@ -503,7 +503,7 @@ impl Engine {
             }
         });
         let mut outcomes = futures::future::join_all(futs).await;
-        let in_time = crate::request::check_in_time(arrival, deadline);
+        let in_time = crate::request::check_in_time(arrival, deadline, Instant::now());
         for o in &mut outcomes {
             if let Err(late) = &in_time {
                 stages::mark_late(o, late);

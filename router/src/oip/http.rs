@@ -6,7 +6,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -305,38 +305,57 @@ impl InferRequestJson {
 
 pub(crate) type Body = Result<Bytes, BytesRejection>;
 
-/// When the request arrived (stamped by the server's outermost layer; now, when
-/// the router is called without it).
-type ArrivedAt = Option<axum::Extension<crate::arrival::Arrival>>;
+/// What an inference request's head says about its time: when it arrived (stamped
+/// by the server's outermost layer; now, when the router is called without it) and
+/// its `x-mesh-timeout-ms`, the REST analogue of `grpc-timeout` (ignored unless a
+/// whole number of milliseconds). Read from the request's parts in place: axum's
+/// `HeaderMap` extractor copies every header of every request.
+struct Timing {
+    arrival: std::time::Instant,
+    timeout: Option<Duration>,
+}
 
-fn arrival(a: ArrivedAt) -> std::time::Instant {
-    a.map_or_else(std::time::Instant::now, |a| a.0 .0)
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Timing {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(Self {
+            arrival: crate::arrival::Arrival::of(&parts.extensions),
+            timeout: parts
+                .headers
+                .get("x-mesh-timeout-ms")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(Duration::from_millis),
+        })
+    }
 }
 
 async fn infer(
     s: State<Arc<HttpState>>,
     Path(model): Path<String>,
-    arrived: ArrivedAt,
-    headers: HeaderMap,
+    timing: Timing,
     body: Body,
 ) -> HttpResult {
-    do_infer(s, model, String::new(), (arrival(arrived), headers), body).await
+    do_infer(s, model, String::new(), timing, body).await
 }
 async fn infer_v(
     s: State<Arc<HttpState>>,
     Path((model, version)): Path<(String, String)>,
-    arrived: ArrivedAt,
-    headers: HeaderMap,
+    timing: Timing,
     body: Body,
 ) -> HttpResult {
-    do_infer(s, model, version, (arrival(arrived), headers), body).await
+    do_infer(s, model, version, timing, body).await
 }
 
 async fn do_infer(
     State(s): State<Arc<HttpState>>,
     model: String,
     version: String,
-    (arrival, headers): (std::time::Instant, HeaderMap),
+    Timing { arrival, timeout }: Timing,
     body: Body,
 ) -> HttpResult {
     let body = body.map_err(|e| match e.status() {
@@ -350,12 +369,6 @@ async fn do_infer(
         },
     })?;
     let req = parse_infer_body(&body)?;
-    // Optional per-request timeout in milliseconds, the REST analogue of grpc-timeout.
-    let timeout = headers
-        .get("x-mesh-timeout-ms")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .map(Duration::from_millis);
     let v = parse_version(&model, &version)?;
     let (h, out) = core(&s)?
         .infer(

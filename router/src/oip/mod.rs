@@ -95,20 +95,42 @@ impl Core {
                 handle.config.batching.default_timeout(),
                 self.limits.max_timeout,
             );
-            crate::request::check_not_expired(arrival, deadline)?;
+            crate::request::check_not_expired(arrival, deadline, handler)?;
             let batch = make_batch(&handle)?;
             validate = handler.elapsed();
             let out = handle.infer(batch, Some(deadline)).await?;
-            crate::request::check_in_time(arrival, deadline)?;
-            Ok::<_, RouterError>((handle, out))
+            let done = Instant::now();
+            crate::request::check_in_time(arrival, deadline, done)?;
+            Ok::<_, RouterError>((handle, out, done))
         }
         .instrument(span.clone())
         .await;
         span.in_scope(|| log_result(&result, started, &id));
-        match &result {
-            Ok((h, _)) => {
+        match result {
+            Ok((h, out, done)) => {
                 // The common case touches only this thread's cached handles.
-                crate::telemetry::record_ok(h.name(), Some(h.version), protocol, started.elapsed());
+                crate::telemetry::record_ok(h.name(), Some(h.version), protocol, done - started);
+                if let Some(log) = &self.log {
+                    let us = |d: Duration| d.as_micros() as u64;
+                    let stages = mesh_prediction_log::StageMicros {
+                        validate: us(validate),
+                        queue: us(out.queue),
+                        compute: us(out.compute),
+                        total: us(done - started),
+                        ..Default::default()
+                    };
+                    crate::plog::record_oip(
+                        log,
+                        protocol,
+                        &id,
+                        h.name(),
+                        out.version,
+                        &out.data,
+                        out.cols,
+                        stages,
+                    );
+                }
+                Ok((h, out))
             }
             Err(e) => {
                 // Unknown model names are client input: keep them out of label values.
@@ -127,29 +149,9 @@ impl Core {
                     .increment(1);
                 histogram!(names::REQUEST_DURATION, "model" => model_label, "protocol" => protocol)
                     .record(started.elapsed().as_secs_f64());
+                Err(e)
             }
         }
-        if let (Some(log), Ok((h, out))) = (&self.log, &result) {
-            let us = |d: Duration| d.as_micros() as u64;
-            let stages = mesh_prediction_log::StageMicros {
-                validate: us(validate),
-                queue: us(out.queue),
-                compute: us(out.compute),
-                total: us(started.elapsed()),
-                ..Default::default()
-            };
-            crate::plog::record_oip(
-                log,
-                protocol,
-                &id,
-                h.name(),
-                out.version,
-                &out.data,
-                out.cols,
-                stages,
-            );
-        }
-        result
     }
 
     /// Whether every loaded model has a ready version (and there is at least one).
