@@ -217,6 +217,35 @@ mod tests {
     }
 
     #[test]
+    fn a_shape_that_is_not_rows_of_the_models_width_is_refused() {
+        for shape in [
+            vec![2],
+            vec![2, 3],
+            vec![2, -2],
+            vec![1, 2, 1],
+            vec![0, 2],
+            vec![-1, 2],
+        ] {
+            let e = to_batch(
+                &cfg(),
+                vec![input(shape.clone(), Elements::Fp32(vec![0.0; 4]))],
+            )
+            .unwrap_err();
+            assert!(
+                e.message().contains(&format!(
+                    "has shape {shape:?}, but the model expects [N, 2]"
+                )),
+                "{shape:?}: {e}"
+            );
+        }
+        assert!(to_batch(
+            &cfg(),
+            vec![input(vec![1, 2], Elements::Fp32(vec![0.0; 2]))]
+        )
+        .is_ok());
+    }
+
+    #[test]
     fn every_datatype_decodes_from_raw() {
         assert_eq!(
             Elements::from_raw(DataType::Fp32, &1.5f32.to_le_bytes()),
