@@ -109,12 +109,19 @@ fn decide_body(rng: &mut impl Rng, i: u64, args: &BenchArgs) -> Encoded {
     fn string_len(s: &[u8]) -> usize {
         1 + encoded_len_varint(s.len() as u64) + s.len()
     }
-    // One map entry of field `tag`: key (1) and a value written by `value` of
-    // `value_len` bytes including its own key.
+    // One map entry of field `tag`: its key (1), then, written by the caller, its
+    // value (2) of `value_len` bytes including the value's own key.
     fn entry(tag: u32, key: &[u8], value_len: usize, b: &mut bytes::BytesMut) {
         encode_key(tag, WireType::LengthDelimited, b);
         encode_varint((string_len(key) + value_len) as u64, b);
         string(1, key, b);
+    }
+    // A map entry whose value is a message of `len` bytes: the entry and the value's
+    // key and length; the caller writes the message's fields.
+    fn message_entry(tag: u32, key: &[u8], len: usize, b: &mut bytes::BytesMut) {
+        entry(tag, key, 1 + encoded_len_varint(len as u64) + len, b);
+        encode_key(2, WireType::LengthDelimited, b);
+        encode_varint(len as u64, b);
     }
     fn double(tag: u32, name: &[u8], v: f64, b: &mut bytes::BytesMut) {
         entry(tag, name, 9, b);
@@ -145,26 +152,10 @@ fn decide_body(rng: &mut impl Rng, i: u64, args: &BenchArgs) -> Encoded {
     }
     string(2, args.model.as_bytes(), &mut b);
     // entities: card_id -> EntityKey { int64_key (1) }, merchant_id -> { string_key (2) }.
-    let card_key = 1 + encoded_len_varint(card as u64);
-    entry(
-        4,
-        b"card_id",
-        1 + encoded_len_varint(card_key as u64) + card_key,
-        &mut b,
-    );
-    encode_key(2, WireType::LengthDelimited, &mut b);
-    encode_varint(card_key as u64, &mut b);
+    message_entry(4, b"card_id", 1 + encoded_len_varint(card as u64), &mut b);
     encode_key(1, WireType::Varint, &mut b);
     encode_varint(card as u64, &mut b);
-    let merchant_key = string_len(merchant);
-    entry(
-        4,
-        b"merchant_id",
-        1 + encoded_len_varint(merchant_key as u64) + merchant_key,
-        &mut b,
-    );
-    encode_key(2, WireType::LengthDelimited, &mut b);
-    encode_varint(merchant_key as u64, &mut b);
+    message_entry(4, b"merchant_id", string_len(merchant), &mut b);
     string(2, merchant, &mut b);
     for name in names {
         double(5, name.as_bytes(), rng.random::<f64>() * 2.0 - 1.0, &mut b);
