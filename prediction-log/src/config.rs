@@ -31,14 +31,15 @@ pub struct LogConfig {
     pub fsync: bool,
     /// Which features are logged. Default all.
     pub features: FeatureLogging,
-    /// How many nice steps the writer and closer threads run below the serving threads
+    /// How many nice steps the writer thread (and the encoder and closer, where they do
+    /// not run under `SCHED_IDLE`, `encoder_idle`) runs below the serving threads
     /// (Linux, where nice is per thread; the sum is capped at 19): 0 runs them like the
     /// serving threads. Default 10: the log's CPU work waits for the serving threads, yet
     /// still gets about a tenth of a busy core's time against each of them, so it keeps up
     /// near saturation instead of falling behind and dropping.
     pub writer_nice: i32,
-    /// Run the writer and closer threads under Linux's `SCHED_IDLE` too, instead of
-    /// `writer_nice` (the encoder runs there by default, `encoder_idle`): they take only
+    /// Run the writer thread under Linux's `SCHED_IDLE` too, instead of `writer_nice`
+    /// (the encoder and closer run there by default, `encoder_idle`): it takes only
     /// CPU time no other thread wants, and a serving thread that wakes takes the CPU back
     /// at once. Under `writer_nice`, a serving thread that wakes while the writer works
     /// may wait for the next scheduler tick (up to 4 ms on a 250 Hz kernel), but the
@@ -50,20 +51,27 @@ pub struct LogConfig {
     /// is set once, at start. Where it cannot be set, `writer_nice` applies. Default
     /// false.
     pub writer_idle: bool,
-    /// Run the Parquet encoder thread (column builders, slice encoding and compression,
-    /// the footer at close) under Linux's `SCHED_IDLE`: the log's heaviest CPU work then
-    /// takes only CPU time no other thread wants, and a serving thread that wakes takes
-    /// the CPU back at once. The writer thread, which appends every record to the wal
-    /// (a few µs each) and so decides what is kept, stays at `writer_nice`: a starved
-    /// encoder never drops a record (see `encoder_backlog`). Where `SCHED_IDLE` cannot
-    /// be set, `writer_nice` applies. Default true.
+    /// Run the log's Parquet work under Linux's `SCHED_IDLE`: the encoder thread (column
+    /// builders, slice encoding and compression, the footer at close) and the closer
+    /// thread (which converts a segment the encoder gave up from its wal, a long burst of
+    /// CPU at the roll). That work then takes only CPU time no other thread wants, and a
+    /// serving thread that wakes takes the CPU back at once. At a nice value instead, a
+    /// thread in a long burst keeps the CPU for the rest of its scheduler slice: with the
+    /// closer at `writer_nice`, serving threads waited up to 3 ms to run (`perf sched`,
+    /// the server on a core of its own at 85% busy). The writer thread, which appends
+    /// every record to the wal (a few µs each) and so decides what is kept, stays at
+    /// `writer_nice`: a starved encoder or closer never drops a record, nor holds up the
+    /// writer (see `encoder_backlog`). Where `SCHED_IDLE` cannot be set, `writer_nice`
+    /// applies. Default true.
     pub encoder_idle: bool,
     /// Records that may wait for the Parquet encoder. When the encoder falls this far
     /// behind (a machine with no idle CPU starves a `SCHED_IDLE` thread), the open
     /// segment's Parquet file is given up and the segment is converted from its wal when
-    /// it rolls, by the closer thread at `writer_nice`: more work at the roll, no record
-    /// lost. Counted in `mesh_log_encoder_behind_segments_total`. Default 8 192
-    /// (16 slices); at least 1.
+    /// it rolls, by the closer thread: more work at the roll, no record lost. Counted in
+    /// `mesh_log_encoder_behind_segments_total`. Rolled segments wait for the closer as
+    /// wal files, in order, as long as it is busy or starved
+    /// (`mesh_log_segments_waiting_for_closer`; on disk, not in memory), and a shutdown
+    /// converts them all. Default 8 192 (16 slices); at least 1.
     pub encoder_backlog: usize,
 }
 

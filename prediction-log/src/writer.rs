@@ -17,7 +17,8 @@
 //!   behind, the writer gives up that segment's Parquet file and the closer converts the
 //!   segment from its wal instead.
 //! - The closer thread converts such segments (and those whose Parquet file could not be
-//!   written) from their wal, at `writer_nice`.
+//!   written) from their wal, under `SCHED_IDLE` with the encoder. The writer never waits
+//!   for it: rolled segments its queue has no room for wait in order, each with its wal.
 //!
 //! The request path never waits for the disk: when [`LogConfig::channel_capacity`]
 //! records wait in the queue, a record is dropped and counted
@@ -477,6 +478,10 @@ struct Writer<'a> {
     written: u64,
     enc_tx: Option<SyncSender<EncMsg>>,
     close_tx: Option<SyncSender<CloseJob>>,
+    /// Rolled segments the closer's queue had no room for, oldest first: the writer
+    /// never waits for a conversion (the closer runs idle, and may be starved for a
+    /// while); each keeps its wal until the closer takes it.
+    to_close: std::collections::VecDeque<CloseJob>,
     error_reported: bool,
     /// The empty buffer the next take leaves in the queue.
     spare: Vec<u8>,
@@ -690,12 +695,37 @@ impl Writer<'_> {
             }
             give_up(Some(flag));
         }
-        let job = CloseJob { id: seg.id, wal };
-        if let Some(tx) = &self.close_tx {
-            if tx.send(job).is_err() {
-                tracing::error!("prediction log closer stopped; the wal stays for recovery");
+        self.to_close.push_back(CloseJob { id: seg.id, wal });
+        self.hand_to_closer(false);
+    }
+
+    /// Hands the closer the segments waiting for it: as many as its queue takes, or,
+    /// with `wait` (at shutdown), all of them. Without a closer the wals stay, and the
+    /// next start converts them.
+    fn hand_to_closer(&mut self, wait: bool) {
+        let Some(tx) = &self.close_tx else {
+            self.to_close.clear();
+            return;
+        };
+        while let Some(job) = self.to_close.pop_front() {
+            let sent = if wait {
+                tx.send(job).map_err(|e| TrySendError::Disconnected(e.0))
+            } else {
+                tx.try_send(job)
+            };
+            match sent {
+                Ok(()) => {}
+                Err(TrySendError::Full(job)) => {
+                    self.to_close.push_front(job);
+                    break;
+                }
+                Err(TrySendError::Disconnected(_)) => {
+                    tracing::error!("prediction log closer stopped; the wal stays for recovery");
+                    self.to_close.clear();
+                }
             }
         }
+        metrics::gauge!("mesh_log_segments_waiting_for_closer").set(self.to_close.len() as f64);
     }
 }
 
@@ -888,7 +918,7 @@ fn writer_main(cfg: LogConfig, rx: Receiver<Msg>, shared: &Shared) {
             std::thread::Builder::new()
                 .name("plog-closer".into())
                 .spawn_scoped(scope, move || {
-                    close_main(dir, close_rx, shared, (nice, idle))
+                    close_main(dir, close_rx, shared, (nice, encoder_idle))
                 })
         };
         let encoder = {
@@ -914,6 +944,7 @@ fn writer_main(cfg: LogConfig, rx: Receiver<Msg>, shared: &Shared) {
             written: 0,
             enc_tx: Some(enc_tx),
             close_tx: Some(close_tx),
+            to_close: std::collections::VecDeque::new(),
             error_reported: false,
             spare: Vec::new(),
             recycled: Some(recycle_rx),
@@ -941,6 +972,7 @@ fn writer_main(cfg: LogConfig, rx: Receiver<Msg>, shared: &Shared) {
             }
         }
         w.roll();
+        w.hand_to_closer(true);
         // Closes the encoder's channel, then the closer's (once the encoder is done with
         // its copy); the scope joins both.
         w.enc_tx = None;
@@ -988,6 +1020,7 @@ fn run(w: &mut Writer<'_>, rx: &Receiver<Msg>) -> MetricsReported {
             {
                 w.roll();
             }
+            w.hand_to_closer(false);
             reported.report(w.shared);
             w.error_reported = false;
             next_tick = Instant::now() + flush_interval;
@@ -1060,6 +1093,7 @@ mod tests {
             written: 0,
             enc_tx: Some(enc_tx),
             close_tx: Some(close_tx),
+            to_close: std::collections::VecDeque::new(),
             error_reported: false,
             spare: Vec::new(),
             recycled: None,
@@ -1174,6 +1208,54 @@ mod tests {
             .unwrap();
         assert_eq!(crate::parquet_io::read_parquet(&path).unwrap(), recs);
         assert_eq!(shared.stats().written, 10);
+    }
+
+    /// A closer that falls behind (it runs idle, and a busy machine starves it) never
+    /// holds up the writer: the segments its queue has no room for wait in roll order,
+    /// each with its wal, and are handed over as room comes; at shutdown, all of them.
+    #[test]
+    fn a_closer_that_falls_behind_never_holds_up_the_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = Shared::new(1024);
+        // A backlog of one: the encoder (nobody takes its queue) gives up every
+        // segment, so every roll goes to the closer, whose queue holds two.
+        let (mut w, _enc_rx, close_rx) = writer(dir.path(), &shared, 1);
+        let recs = records(21);
+        let segments: Vec<&[PredictionRecord]> = recs.chunks(3).collect();
+        for seg in &segments[..4] {
+            feed(&mut w, seg, 1);
+            w.roll();
+        }
+        assert_eq!(shared.stats().written, 12);
+        assert_eq!(
+            w.to_close.len(),
+            2,
+            "two wait while the closer's queue is full"
+        );
+        let mut jobs: Vec<CloseJob> = close_rx.try_iter().collect();
+        assert_eq!(jobs.len(), 2);
+        w.hand_to_closer(false);
+        assert!(w.to_close.is_empty());
+        jobs.extend(close_rx.try_iter());
+        assert_eq!(jobs.len(), 4);
+        // Three more with nobody taking: the shutdown hands over the one left waiting.
+        for seg in &segments[4..] {
+            feed(&mut w, seg, 1);
+            w.roll();
+        }
+        assert_eq!(w.to_close.len(), 1);
+        let taker = std::thread::spawn(move || close_rx.iter().take(3).collect::<Vec<_>>());
+        w.hand_to_closer(true);
+        jobs.extend(taker.join().unwrap());
+        assert!(w.to_close.is_empty());
+        assert_eq!(shared.stats().written, 21);
+        for (job, seg) in jobs.iter().zip(&segments) {
+            let path = segment::convert_wal(dir.path(), &job.id, &job.wal)
+                .unwrap()
+                .unwrap();
+            assert_eq!(crate::parquet_io::read_parquet(&path).unwrap(), *seg);
+        }
+        assert_eq!(jobs.len(), segments.len());
     }
 
     /// One take whose frames cross a date and the segment size: each frame goes to the
