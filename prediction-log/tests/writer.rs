@@ -569,11 +569,12 @@ async fn threads_of_a_log(
     found
 }
 
-/// By default the writer and the closer run `writer_nice` steps below the thread that
-/// started the log (Linux: nice is per thread), and the Parquet encoder under SCHED_IDLE.
+/// By default the writer runs `writer_nice` steps below the thread that started the log
+/// (Linux: nice is per thread), and the Parquet work (the encoder and the closer) under
+/// SCHED_IDLE.
 #[cfg(target_os = "linux")]
 #[tokio::test]
-async fn the_writer_runs_nicer_than_the_serving_threads_and_the_encoder_under_sched_idle() {
+async fn the_writer_runs_nicer_than_the_serving_threads_and_the_parquet_work_under_sched_idle() {
     let _one = ONE_LOG_AT_A_TIME.lock().await;
     let own = stat_field(std::path::Path::new("/proc/thread-self"), NICE);
     let dir = tempfile::tempdir().unwrap();
@@ -583,7 +584,7 @@ async fn the_writer_runs_nicer_than_the_serving_threads_and_the_encoder_under_sc
     let nice = (own + 6).min(19);
     let want = |name: &str| match name {
         // Under SCHED_IDLE the nice value is not used; it keeps the one it inherited.
-        "plog-encoder" => vec![own, SCHED_IDLE],
+        "plog-encoder" | "plog-closer" => vec![own, SCHED_IDLE],
         _ => vec![nice, SCHED_OTHER],
     };
     let found = threads_of_a_log(c, want).await;
@@ -594,7 +595,8 @@ async fn the_writer_runs_nicer_than_the_serving_threads_and_the_encoder_under_sc
     }
 }
 
-/// With `encoder_idle` off, the encoder runs at `writer_nice` like the others.
+/// With `encoder_idle` off, the encoder and the closer run at `writer_nice` like the
+/// writer.
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn the_encoder_runs_at_writer_nice_when_encoder_idle_is_off() {
