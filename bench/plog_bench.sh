@@ -7,7 +7,9 @@
 # server's own p99 and p99.9 (arrival to answer, as the answers' timings carry it),
 # the load generator's send lag p99 (how late it sent: inside every latency above),
 # throughput, errors, the log's dropped and written
-# records (from /metrics), and the CPU the server and its log threads used.
+# records and the segments whose Parquet file the encoder gave up ("behind": the
+# closer converted them from their wal; from /metrics), and the CPU the server and its
+# log threads used.
 #
 #   bench/plog_bench.sh [MESH_BIN]       (default $MESH_BIN, else $CARGO_TARGET_DIR/release/mesh)
 #
@@ -120,13 +122,17 @@ for r in $(seq "$ROUNDS"); do
     for mode in $order; do
         name=log-$mode-$r
         serve "$name" "$mode"
-        bench "$name-warmup" 2 --concurrency 8
+        # Warm-up at the measured rate: at saturation (a closed loop), it would starve
+        # the log's idle-class encoder for its seconds, and the segment it gave up
+        # would be converted inside the measured run.
+        bench "$name-warmup" 2 --rate "$RATE" --concurrency "$CONCURRENCY"
         read -r cpu0 log0 < <(cpu)
         bench "$name" "$SECS" --rate "$RATE" --concurrency "$CONCURRENCY" --warmup "$WARMUP"
         read -r cpu1 log1 < <(cpu)
         sleep 0.5 # one flush tick, so the written count is current
-        printf '{"mode": "%s", "dropped": %s, "written": %s, "cpu_s": %s, "log_cpu_s": %s}\n' "$mode" \
+        printf '{"mode": "%s", "dropped": %s, "written": %s, "behind": %s, "cpu_s": %s, "log_cpu_s": %s}\n' "$mode" \
             "$(metric mesh_log_dropped_records_total)" "$(metric mesh_log_written_records_total)" \
+            "$(metric mesh_log_encoder_behind_segments_total)" \
             "$(python3 -c "print(round($cpu1 - $cpu0, 3))")" "$(python3 -c "print(round($log1 - $log0, 3))")" >"$OUT/$name.server.json"
         stop
         runs+=("$name")
@@ -137,7 +143,7 @@ python3 - "$OUT" "$RATE" "$WARMUP" "${runs[@]}" <<'PY'
 import json, statistics, sys
 out, rate, warmup, runs = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4:]
 print(f"\nDecide, open loop at {rate:.0f} req/s, prediction log on vs off (latency in µs from the intended send time)")
-print(f"{'run':<12}{'req/s':>8}{'p50':>7}{'p99':>8}{'p99.9':>8}{'max':>8}{'1s p99 med':>11}{'1s p99 max':>11}{'srv p99':>8}{'srv p99.9':>10}{'lag p99':>8}{'errors':>8}{'dropped':>9}{'written':>9}{'cpu %':>7}{'log cpu %':>10}")
+print(f"{'run':<12}{'req/s':>8}{'p50':>7}{'p99':>8}{'p99.9':>8}{'max':>8}{'1s p99 med':>11}{'1s p99 max':>11}{'srv p99':>8}{'srv p99.9':>10}{'lag p99':>8}{'errors':>8}{'dropped':>9}{'written':>9}{'behind':>7}{'cpu %':>7}{'log cpu %':>10}")
 p99 = {"on": [], "off": []}
 sec_med = {"on": [], "off": []}
 srv_p99 = {"on": [], "off": []}
@@ -150,6 +156,9 @@ for n in runs:
     p99[mode].append(r["p99_us"])
     dropped = "-" if mode == "off" else f"{s['dropped']:.0f}"
     written = "-" if mode == "off" else f"{s['written']:.0f}"
+    # Segments whose Parquet file the encoder gave up (converted from the wal by the
+    # closer instead): a sign that the log's threads found no idle CPU.
+    behind = "-" if mode == "off" else f"{s.get('behind', 0):.0f}"
     # The p99 of each second of the run: its median says how the run went most of
     # the time, its max whether the run's p99 came from a few bad seconds.
     # The CPU was read around the bench command, whose warm-up ran at the same rate.
@@ -164,7 +173,7 @@ for n in runs:
     srv_sec_med[mode].append(statistics.median(srv_secs))
     print(f"{n:<12}{r['throughput']:>8.0f}{r['p50_us']:>7}{r['p99_us']:>8}{r['p999_us']:>8}{r['max_us']:>8}"
           f"{statistics.median(secs):>11.0f}{secs[-1]:>11}{srv['p99_us']:>8}{srv['p999_us']:>10}{r.get('send_lag_p99_us', 0):>8}{errors:>8}"
-          f"{dropped:>9}{written:>9}{100 * s['cpu_s'] / busy:>7.0f}{100 * s['log_cpu_s'] / busy:>10.1f}")
+          f"{dropped:>9}{written:>9}{behind:>7}{100 * s['cpu_s'] / busy:>7.0f}{100 * s['log_cpu_s'] / busy:>10.1f}")
 if p99["on"] and p99["off"]:
     on, off = statistics.median(p99["on"]), statistics.median(p99["off"])
     print(f"median p99: log on {on:.0f} µs, log off {off:.0f} µs, on/off {on / off:.3f}")
