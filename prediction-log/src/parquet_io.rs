@@ -11,13 +11,14 @@ use crate::record::{
     FeatureUsed, LoggedFeature, PredictionRecord, Protocol, RecordRef, Role, StageMicros,
 };
 use arrow_array::builder::{
-    Float64Builder, Int64Builder, StringBuilder, TimestampMicrosecondBuilder,
+    ArrayBuilder, Float64Builder, Int64Builder, PrimitiveBuilder, StringBuilder,
+    TimestampMicrosecondBuilder,
 };
 use arrow_array::cast::AsArray;
-use arrow_array::types::{Float64Type, Int64Type, TimestampMicrosecondType};
+use arrow_array::types::{ArrowPrimitiveType, Float64Type, Int64Type, TimestampMicrosecondType};
 use arrow_array::{
-    Array, ArrayRef, Float64Array, Int64Array, ListArray, RecordBatch, StringArray, StructArray,
-    TimestampMicrosecondArray,
+    Array, ArrayRef, Float64Array, Int64Array, ListArray, PrimitiveArray, RecordBatch, StringArray,
+    StructArray, TimestampMicrosecondArray,
 };
 use arrow_buffer::{NullBuffer, OffsetBuffer};
 use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
@@ -172,25 +173,53 @@ impl BatchBuilder {
     pub(crate) fn finish(&mut self) -> Result<RecordBatch> {
         self.rows = 0;
         let mut columns: Vec<ArrayRef> = vec![
-            Arc::new(self.request_id.finish()),
-            Arc::new(self.ts.finish()),
-            Arc::new(self.model.finish()),
-            Arc::new(self.version.finish()),
-            Arc::new(self.role.finish()),
+            Arc::new(finish_strings(&mut self.request_id)),
+            Arc::new(finish_primitive(&mut self.ts)),
+            Arc::new(finish_strings(&mut self.model)),
+            Arc::new(finish_strings(&mut self.version)),
+            Arc::new(finish_strings(&mut self.role)),
             Arc::new(self.keys.finish()?),
             Arc::new(self.features.finish()?),
-            Arc::new(self.score.finish()),
-            Arc::new(self.decision.finish()),
-            Arc::new(self.source.finish()),
-            Arc::new(self.protocol.finish()),
+            Arc::new(finish_primitive(&mut self.score)),
+            Arc::new(finish_strings(&mut self.decision)),
+            Arc::new(finish_strings(&mut self.source)),
+            Arc::new(finish_strings(&mut self.protocol)),
         ];
         columns.extend(
             self.stages
                 .iter_mut()
-                .map(|b| Arc::new(b.finish()) as ArrayRef),
+                .map(|b| Arc::new(finish_primitive(b)) as ArrayRef),
         );
         Ok(RecordBatch::try_new(schema(), columns)?)
     }
+}
+
+/// Finishes `b` into its array and leaves it empty with the room it had filled. Arrow's
+/// `finish` leaves a builder no room at all, so every slice grew each buffer again from
+/// nothing, reallocating and copying as it went: `benches/encode.rs` is 2-7% faster
+/// this way (three alternating rounds). The Parquet writer's own buffers still grow
+/// per page; those are its own.
+fn finish_strings(b: &mut StringBuilder) -> StringArray {
+    let (items, bytes) = (b.len(), b.values_slice().len());
+    let array = b.finish();
+    *b = StringBuilder::with_capacity(items, bytes);
+    array
+}
+
+/// [`finish_strings`] for a builder of fixed-width values (of the same data type: a
+/// timestamp keeps its time zone).
+fn finish_primitive<T: ArrowPrimitiveType>(b: &mut PrimitiveBuilder<T>) -> PrimitiveArray<T> {
+    let items = b.len();
+    let array = b.finish();
+    *b = PrimitiveBuilder::<T>::with_capacity(items).with_data_type(array.data_type().clone());
+    array
+}
+
+/// A list's offsets and validity as they were, leaving empty ones with the same room.
+fn take_room<T: Clone>(v: &mut Vec<T>, first: &[T]) -> Vec<T> {
+    let mut room = Vec::with_capacity(v.len());
+    room.extend_from_slice(first);
+    std::mem::replace(v, room)
 }
 
 /// Builds the `entity_keys` column: per record, a list of (key, value) structs.
@@ -226,13 +255,13 @@ impl KeysBuilder {
 
     /// The list column of the records appended so far; starts over empty.
     fn finish(&mut self) -> Result<ListArray> {
-        let offsets = std::mem::replace(&mut self.offsets, vec![0]);
+        let offsets = take_room(&mut self.offsets, &[0]);
         self.count = 0;
         let keys_struct = StructArray::try_new(
             key_fields(),
             vec![
-                Arc::new(self.key.finish()) as ArrayRef,
-                Arc::new(self.value.finish()),
+                Arc::new(finish_strings(&mut self.key)) as ArrayRef,
+                Arc::new(finish_strings(&mut self.value)),
             ],
             None,
         )?;
@@ -288,16 +317,16 @@ impl FeaturesBuilder {
 
     /// The list column of the records appended so far; starts over empty.
     fn finish(&mut self) -> Result<ListArray> {
-        let offsets = std::mem::replace(&mut self.offsets, vec![0]);
-        let valid = std::mem::take(&mut self.valid);
+        let offsets = take_room(&mut self.offsets, &[0]);
+        let valid = take_room(&mut self.valid, &[]);
         self.count = 0;
         let feat_struct = StructArray::try_new(
             feature_fields(),
             vec![
-                Arc::new(self.name.finish()) as ArrayRef,
-                Arc::new(self.value.finish()),
-                Arc::new(self.status.finish()),
-                Arc::new(self.time.finish()),
+                Arc::new(finish_strings(&mut self.name)) as ArrayRef,
+                Arc::new(finish_primitive(&mut self.value)),
+                Arc::new(finish_strings(&mut self.status)),
+                Arc::new(finish_primitive(&mut self.time)),
             ],
             None,
         )?;
