@@ -252,6 +252,7 @@ impl PredictionLog {
         metrics::counter!("mesh_log_dropped_records_total").increment(0);
         metrics::counter!("mesh_log_lost_records_total").increment(0);
         metrics::counter!("mesh_log_encoder_behind_segments_total").increment(0);
+        metrics::gauge!("mesh_log_segments_waiting_for_closer").set(0.0);
         let (tx, rx) = mpsc::sync_channel(16);
         let (done_tx, done_rx) = watch::channel(false);
         let shared = Arc::new(Shared::new(config.channel_capacity));
