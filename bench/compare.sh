@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Issue 13's figures side by side in one run, one table per question:
-#   1. the prediction log on vs off, Decide at 50 % of saturation   (bench/plog_bench.sh)
+#   1. the prediction log on vs off, Decide at 50 % of saturation   (bench/plog_bench.sh),
+#      then again with the server and the load generator on cores of their own
+#      (PLOG_PINNED=0 skips that)
 #   2. overload at 1x, 2x, 4x of saturation with a 50 ms deadline   (bench/overload_bench.sh)
 #   3. OIP gRPC and REST against do-nothing servers                  (bench/oip_compare.sh)
 #   4. feature lookups in process, with a writer                     (feature-store/benches/lookup.rs)
@@ -55,7 +57,14 @@ for p in $ONLY; do
     case $p in
         plog)
             part "Prediction log on vs off (Decide, open loop at ${PCT:-50}% of saturation)"
-            OUT=$OUT/plog bench/plog_bench.sh "$MESH_BIN" ;;
+            OUT=$OUT/plog bench/plog_bench.sh "$MESH_BIN"
+            # The same with the server on a core of its own and the load generator on
+            # another, as a client on another machine would see it: the log's cost to
+            # the server's core, without the load generator competing for it.
+            if [ "$(nproc)" -ge 2 ] && [ "${PLOG_PINNED:-1}" != 0 ]; then
+                part "Prediction log on vs off, the server on core 1, the load generator on core 0"
+                OUT=$OUT/plog-pinned SERVER_CPUS=1 BENCH_CPUS=0 bench/plog_bench.sh "$MESH_BIN"
+            fi ;;
         overload)
             part "Overload: useful answers within a ${DEADLINE_MS:-50} ms deadline"
             OUT=$OUT/overload bench/overload_bench.sh "$MESH_BIN" ;;
