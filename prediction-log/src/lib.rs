@@ -23,7 +23,7 @@ mod error;
 pub mod join;
 pub mod lock;
 mod parquet_io;
-mod priority;
+pub mod priority;
 mod reader;
 mod record;
 mod segment;

@@ -1,6 +1,7 @@
 //! Running the log's threads below the serving threads: the writer and the closer take
 //! CPU only when the serving threads leave some, so a burst of log work delays the log,
-//! never a request.
+//! never a request. [`set_current_thread_idle`] is also how the router runs its other
+//! housekeeping threads (the metrics upkeep).
 
 /// Lowers the calling thread below the serving threads as `LogConfig` asks: under
 /// `SCHED_IDLE` when `idle` (falling back to `nice` where that cannot be set), else
@@ -17,8 +18,11 @@ pub(crate) fn lower_for_log(nice: i32, idle: bool) {
 }
 
 /// Puts the calling thread under `SCHED_IDLE` (Linux): it runs only when no other thread
-/// of the machine wants the CPU, and any thread that wakes preempts it at once.
-fn set_current_thread_idle() -> Result<(), String> {
+/// of the machine wants the CPU, and any thread that wakes preempts it at once. (Not
+/// starved outright: under contention it keeps a sliver of a core, about 0.3% against
+/// each busy thread.) A thread cannot leave `SCHED_IDLE` again without `CAP_SYS_NICE`.
+/// Elsewhere than Linux, an error that says so.
+pub fn set_current_thread_idle() -> Result<(), String> {
     #[cfg(target_os = "linux")]
     {
         use thread_priority::{
