@@ -218,7 +218,12 @@ mod tests {
                     let comm = std::fs::read_to_string(t.join("comm")).ok()?;
                     (comm.trim_end() == "metrics-upkeep").then_some(())?;
                     let stat = std::fs::read_to_string(t.join("stat")).ok()?;
-                    stat.rsplit_once(") ")?.1.split_whitespace().nth(41 - 3)?.parse().ok()
+                    stat.rsplit_once(") ")?
+                        .1
+                        .split_whitespace()
+                        .nth(41 - 3)?
+                        .parse()
+                        .ok()
                 })
                 .collect()
         };
@@ -231,7 +236,11 @@ mod tests {
             std::thread::sleep(Duration::from_millis(20));
             found = upkeep();
         }
-        assert_eq!(found, [SCHED_IDLE], "policies of the metrics-upkeep threads");
+        assert_eq!(
+            found,
+            [SCHED_IDLE],
+            "policies of the metrics-upkeep threads"
+        );
     }
 
     /// Each thread keeps its own handles; what they count is one series.
