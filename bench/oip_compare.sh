@@ -10,7 +10,12 @@
 # example repository (BASELINE, default `inline_below_us = 0`: every request queued
 # for a runner thread): the baseline for that setting, in the same run.
 # Rounds alternate the servers (ROUNDS, default 2); the table shows the median of
-# the rounds and the spread.
+# the rounds and the spread. Concurrency 1 runs C1_RUNS (default 5) shorter runs of
+# C1_SECONDS (default 2) a round instead of one, each on new connections: on this
+# 2-core virtual machine one connection's latency at concurrency 1 settles in one of
+# two modes (about 37 or 75 µs p50 for the same server, by where the scheduler put
+# the connection's thread against the load generator's), and one run per round
+# compared whichever modes the servers happened to draw.
 #
 #   bench/oip_compare.sh      (builds what it needs in release)
 #
@@ -25,6 +30,8 @@ OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
 ROUNDS=${ROUNDS:-2}
 SECONDS_EACH=${SECONDS_EACH:-5}
+C1_RUNS=${C1_RUNS:-5}
+C1_SECONDS=${C1_SECONDS:-2}
 for tool in h2load wrk; do
     command -v $tool >/dev/null || { echo "oip_compare.sh: $tool missing (apt-get install nghttp2-client wrk)" >&2; exit 1; }
 done
@@ -78,23 +85,25 @@ local f = io.open("$OUT/body.json", "r"); wrk.body = f:read("*a"); f:close()
 LUA
 
 # h2load: concurrency c as streams over up to 4 connections.
-grpc_run() { # name port c
+grpc_run() { # name port c [seconds run]
     local conns=$(( $3 < 4 ? $3 : 4 ))
     local streams=$(( $3 / conns ))
-    h2load -D "$SECONDS_EACH" -c "$conns" -m "$streams" -d "$OUT/body.bin" \
+    local f=$OUT/h2-$1-c$3-r$r${5:+-$5}.txt
+    h2load -D "${4:-$SECONDS_EACH}" -c "$conns" -m "$streams" -d "$OUT/body.bin" \
         -H content-type:application/grpc -H te:trailers \
-        "http://127.0.0.1:$2/inference.GRPCInferenceService/ModelInfer" >"$OUT/h2-$1-c$3-r$r.txt" 2>&1 || true
-    awk '/finished in/ {gsub(",","",$4); print $4}' "$OUT/h2-$1-c$3-r$r.txt"
+        "http://127.0.0.1:$2/inference.GRPCInferenceService/ModelInfer" >"$f" 2>&1 || true
+    awk '/finished in/ {gsub(",","",$4); print $4}' "$f"
 }
 grpc_p50() { # name port
     "$MESH_BIN" bench --addr "http://127.0.0.1:$2" --target infer --concurrency 1 \
         --seconds "$SECONDS_EACH" --json >"$OUT/bench-$1-r$r.json" 2>/dev/null || true
     "$VENV/bin/python" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["p50_us"])' "$OUT/bench-$1-r$r.json" 2>/dev/null || echo nan
 }
-rest_run() { # name port c -> "req/s p50_us"
-    wrk -t 1 -c "$3" -d "${SECONDS_EACH}s" --latency -s "$OUT/post.lua" \
-        "http://127.0.0.1:$2/v2/models/fraud_mlp/infer" >"$OUT/wrk-$1-c$3-r$r.txt" 2>&1 || true
-    "$VENV/bin/python" - "$OUT/wrk-$1-c$3-r$r.txt" <<'PY'
+rest_run() { # name port c [seconds run] -> "req/s p50_us"
+    local f=$OUT/wrk-$1-c$3-r$r${5:+-$5}.txt
+    wrk -t 1 -c "$3" -d "${4:-$SECONDS_EACH}s" --latency -s "$OUT/post.lua" \
+        "http://127.0.0.1:$2/v2/models/fraud_mlp/infer" >"$f" 2>&1 || true
+    "$VENV/bin/python" - "$f" <<'PY'
 import re, sys
 t = open(sys.argv[1]).read()
 rps = re.search(r"Requests/sec:\s+([\d.]+)", t)
@@ -107,7 +116,16 @@ PY
 
 : >"$OUT/results.txt"
 for r in $(seq "$ROUNDS"); do
-    for c in 1 8 32; do
+    # Concurrency 1: short runs on new connections, the servers taking turns.
+    for k in $(seq "$C1_RUNS"); do
+        for s in "mesh $((P+1))" "null $((P+11))" "base $((P+21))"; do
+            set -- $s; echo "grpc $1 c1 $(grpc_run "$1" "$2" 1 "$C1_SECONDS" "$k")" >>"$OUT/results.txt"
+        done
+        for s in "mesh $((P+0))" "null $((P+12))" "base $((P+20))"; do
+            set -- $s; echo "rest $1 c1 $(rest_run "$1" "$2" 1 "$C1_SECONDS" "$k")" >>"$OUT/results.txt"
+        done
+    done
+    for c in 8 32; do
         for s in "mesh $((P+1))" "null $((P+11))" "base $((P+21))"; do
             set -- $s; echo "grpc $1 c$c $(grpc_run "$1" "$2" "$c")" >>"$OUT/results.txt"
         done
