@@ -100,7 +100,13 @@ struct Converted {
 /// rename, fsync of the directory), up to its last whole frame, one frame at a time: the
 /// memory it takes is a slice of rows and the encoded row group, not the segment. With
 /// `skip_existing`, a segment whose Parquet file exists is left as it is.
-fn convert(dir: &Path, id: &str, wal: &Path, skip_existing: bool) -> Result<Converted> {
+fn convert(
+    dir: &Path,
+    id: &str,
+    wal: &Path,
+    skip_existing: bool,
+    between: &mut dyn FnMut(),
+) -> Result<Converted> {
     let mut open: Option<(String, OpenParquet)> = None;
     let mut already = false;
     let scanned = scan_wal(wal, 0, |rec| {
@@ -119,7 +125,9 @@ fn convert(dir: &Path, id: &str, wal: &Path, skip_existing: bool) -> Result<Conv
                 &mut open.insert((date, f)).1
             }
         };
-        file.append(&rec.view()).map(|()| true)
+        file.append(&rec.view())?;
+        between();
+        Ok(true)
     });
     let scanned = match scanned {
         Ok(s) => s,
@@ -145,8 +153,13 @@ fn convert(dir: &Path, id: &str, wal: &Path, skip_existing: bool) -> Result<Conv
 /// Converts the wal of segment `id` into its Parquet file, up to its last whole frame;
 /// `None` when it holds no record. For a segment whose Parquet file was not written while
 /// it was open.
-pub(crate) fn convert_wal(dir: &Path, id: &str, wal: &Path) -> Result<Option<PathBuf>> {
-    convert(dir, id, wal, false).map(|c| c.path)
+pub(crate) fn convert_wal(
+    dir: &Path,
+    id: &str,
+    wal: &Path,
+    between: &mut dyn FnMut(),
+) -> Result<Option<PathBuf>> {
+    convert(dir, id, wal, false, between).map(|c| c.path)
 }
 
 /// What [`recover`] did.
@@ -179,7 +192,7 @@ pub fn recover(dir: &Path) -> Result<RecoveryReport> {
         for wal in wals {
             let Some(id) = id_of_wal(&wal) else { continue };
             report.wal_files += 1;
-            let c = convert(dir, &id, &wal, true)?;
+            let c = convert(dir, &id, &wal, true, &mut || ())?;
             if c.already {
                 report.already_converted += 1;
             } else {
@@ -278,15 +291,18 @@ mod tests {
     }
 
     /// A conversion streams the wal frame by frame into the Parquet file, across many
-    /// slices, up to the last whole frame; it skips a segment already converted after
-    /// reading only its first record.
+    /// slices, up to the last whole frame, with a call between records (where the
+    /// closer naps); it skips a segment already converted after reading only its first
+    /// record.
     #[test]
     fn a_wal_converts_frame_by_frame_up_to_its_last_whole_frame() {
         let dir = tempfile::tempdir().unwrap();
         let id = segment_id(now_us(), 0);
         let n = crate::parquet_io::SLICE_ROWS * 3 + 11;
         let (wal, recs) = torn_wal(dir.path(), &id, n);
-        let c = convert(dir.path(), &id, &wal, true).unwrap();
+        let mut between = 0;
+        let c = convert(dir.path(), &id, &wal, true, &mut || between += 1).unwrap();
+        assert_eq!(between, n - 1, "one call after each record");
         assert!(!c.already);
         assert_eq!(c.records, n - 1);
         assert!(c.trailing_bytes > 0);
@@ -295,7 +311,7 @@ mod tests {
             crate::parquet_io::read_parquet(&path).unwrap(),
             recs[..n - 1]
         );
-        let again = convert(dir.path(), &id, &wal, true).unwrap();
+        let again = convert(dir.path(), &id, &wal, true, &mut || ()).unwrap();
         assert!(again.already && again.path.is_none());
         assert_eq!(again.records, 1, "stopped at the first record");
         // No temp file is left in the partition.

@@ -745,8 +745,10 @@ fn segment_closed(shared: &Shared, wal: &std::path::Path, path: Option<PathBuf>)
 /// The closer thread: converts rolled segments that have no Parquet file from their wal.
 fn close_main(dir: PathBuf, rx: Receiver<CloseJob>, shared: &Shared, (nice, idle): (i32, bool)) {
     crate::priority::lower_for_log(nice, idle);
+    let mut pace = crate::priority::Pace::new();
     while let Ok(job) = rx.recv() {
-        match segment::convert_wal(&dir, &job.id, &job.wal) {
+        pace.rest();
+        match segment::convert_wal(&dir, &job.id, &job.wal, &mut || pace.tick()) {
             Ok(path) => segment_closed(shared, &job.wal, path),
             Err(e) => {
                 metrics::counter!("mesh_log_convert_errors_total").increment(1);
@@ -774,8 +776,9 @@ impl Encoding {
         }
     }
 
-    /// Decodes `frames` (sealed wal frames) into the Parquet file's column builders.
-    fn append_frames(&mut self, frames: &[u8]) {
+    /// Decodes `frames` (sealed wal frames) into the Parquet file's column builders,
+    /// napping between records as `pace` says.
+    fn append_frames(&mut self, frames: &[u8], pace: &mut crate::priority::Pace) {
         if self.gave_up.load(Ordering::Acquire) {
             return self.drop_file();
         }
@@ -793,6 +796,7 @@ impl Encoding {
                 failed = Some(e);
                 break;
             }
+            pace.tick();
         }
         if let Some(e) = failed {
             self.failed(&e);
@@ -820,6 +824,7 @@ fn encode_main(
 ) {
     crate::priority::lower_for_log(nice, idle);
     let mut current: Option<Encoding> = None;
+    let mut pace = crate::priority::Pace::new();
     loop {
         let mut taken = 0usize;
         while taken < ROUND_RECORDS {
@@ -857,7 +862,7 @@ fn encode_main(
                 EncMsg::Frames { mut buf, records } => {
                     taken += records;
                     if let Some(c) = current.as_mut() {
-                        c.append_frames(&buf);
+                        c.append_frames(&buf, &mut pace);
                     }
                     shared.enc_queued.fetch_sub(records, Ordering::Relaxed);
                     if buf.capacity() <= KEEP_BUFFER_BYTES {
@@ -897,6 +902,7 @@ fn encode_main(
             } else {
                 DRAIN_INTERVAL
             });
+            pace.rest();
         }
     }
 }
@@ -1204,7 +1210,7 @@ mod tests {
         let job = close_rx
             .try_recv()
             .expect("the closer converts the segment");
-        let path = segment::convert_wal(dir.path(), &job.id, &job.wal)
+        let path = segment::convert_wal(dir.path(), &job.id, &job.wal, &mut || ())
             .unwrap()
             .unwrap();
         assert_eq!(crate::parquet_io::read_parquet(&path).unwrap(), recs);
@@ -1251,7 +1257,7 @@ mod tests {
         assert!(w.to_close.is_empty());
         assert_eq!(shared.stats().written, 21);
         for (job, seg) in jobs.iter().zip(&segments) {
-            let path = segment::convert_wal(dir.path(), &job.id, &job.wal)
+            let path = segment::convert_wal(dir.path(), &job.id, &job.wal, &mut || ())
                 .unwrap()
                 .unwrap();
             assert_eq!(crate::parquet_io::read_parquet(&path).unwrap(), *seg);
@@ -1435,7 +1441,7 @@ mod tests {
         let wal = wal_of(dir.path(), &id, &recs);
         // The encoder's file of the same segment, still open.
         let held = segment::open_parquet(dir.path(), &date, &id).unwrap();
-        let path = segment::convert_wal(dir.path(), &id, &wal)
+        let path = segment::convert_wal(dir.path(), &id, &wal, &mut || ())
             .unwrap()
             .unwrap();
         assert_eq!(path, segment::parquet_path(dir.path(), &date, &id));
