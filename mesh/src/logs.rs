@@ -1,4 +1,4 @@
-//! `mesh logs join` and `mesh logs tail`: the command line of the prediction log's
+//! `mesh logs join`, `mesh logs tail` and `mesh logs convert`: the command line of the prediction log's
 //! [`commands`](mesh_prediction_log::commands).
 use std::path::PathBuf;
 
@@ -11,6 +11,31 @@ pub enum LogsCommand {
     Join(JoinArgs),
     /// Show the newest records as they are written.
     Tail(TailArgs),
+    /// Build the Parquet files of closed segments a `parquet = "deferred"` log left as wal files.
+    Convert(ConvertArgs),
+}
+
+/// `mesh logs convert`: converts the closed segments waiting in `<logs>/_wal/closed/`
+/// into Parquet files (oldest first), beside the serving writer and other converters.
+#[derive(Debug, Clone, Args)]
+pub struct ConvertArgs {
+    /// Prediction log directory (the writer's `dir`; a copy or a shared mount of it works).
+    #[arg(long)]
+    pub logs: PathBuf,
+    /// Keep converting closed segments as they appear, until Ctrl-C or SIGTERM (which
+    /// let the segment in progress finish).
+    #[arg(long)]
+    pub watch: bool,
+    /// How often to look for new closed segments with --watch, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub interval_ms: u64,
+    /// Run under SCHED_IDLE (Linux): only CPU time no other thread wants, for a
+    /// converter on the serving machine.
+    #[arg(long)]
+    pub idle: bool,
+    /// One JSON object per converted segment.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `mesh logs join`: per model version, role and protocol, how the predictions did against
@@ -98,6 +123,45 @@ pub fn run(command: LogsCommand) -> anyhow::Result<()> {
             &mut out,
             &|| false,
         )?,
+        LogsCommand::Convert(a) => {
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            if a.watch {
+                stop_on_signal(stop.clone())?;
+            }
+            commands::run_convert(
+                &commands::ConvertArgs {
+                    logs: a.logs,
+                    watch: a.watch,
+                    interval_ms: a.interval_ms,
+                    idle: a.idle,
+                    json: a.json,
+                },
+                &mut out,
+                &|| stop.load(std::sync::atomic::Ordering::Relaxed),
+            )?
+        }
     }
+    Ok(())
+}
+
+/// Sets `stop` on Ctrl-C or SIGTERM, from a thread of its own.
+fn stop_on_signal(stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()?;
+    let mut term = rt.block_on(async {
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    })?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            rt.block_on(async {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            });
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        })?;
     Ok(())
 }

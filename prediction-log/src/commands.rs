@@ -1,5 +1,6 @@
-//! What `mesh logs join` and `mesh logs tail` do, as library functions that write to
-//! any `Write` (the binary parses the command line into these argument structs).
+//! What `mesh logs join`, `mesh logs tail` and `mesh logs convert` do, as library
+//! functions that write to any `Write` (the binary parses the command line into these
+//! argument structs).
 
 use crate::error::{LogError, Result};
 use crate::join::{join, JoinOptions, JoinReport};
@@ -126,6 +127,99 @@ pub fn run_tail(args: &TailArgs, out: &mut dyn Write, stop: &dyn Fn() -> bool) -
         if !print_records(&recs, args.json, out)? {
             return Ok(());
         }
+    }
+    Ok(())
+}
+
+/// `mesh logs convert`: builds the Parquet files of the closed segments a writer with
+/// `parquet = "deferred"` left in `_wal/closed/`.
+#[derive(Debug, Clone)]
+pub struct ConvertArgs {
+    /// Prediction log directory (the writer's `dir`).
+    pub logs: PathBuf,
+    /// Keep converting new closed segments as they appear, until stopped.
+    pub watch: bool,
+    /// How often to look for new ones with `watch`, in milliseconds.
+    pub interval_ms: u64,
+    /// Run under Linux's `SCHED_IDLE` (only CPU time no other thread wants), for a
+    /// converter on the serving machine.
+    pub idle: bool,
+    /// One JSON object per converted segment instead of a line of text.
+    pub json: bool,
+}
+
+/// Converts every closed segment waiting in `args.logs` (oldest first), printing one
+/// line per segment and a summary; with `watch`, again every `interval_ms` until
+/// `stop()` returns true. Safe beside the serving writer (it never touches the open
+/// segment) and beside other converters (each segment's lock decides who converts it).
+pub fn run_convert(args: &ConvertArgs, out: &mut dyn Write, stop: &dyn Fn() -> bool) -> Result<()> {
+    if !args.logs.is_dir() {
+        return Err(LogError::Config(format!(
+            "{} is not a directory (the prediction log's `dir`)",
+            args.logs.display()
+        )));
+    }
+    if args.idle {
+        if let Err(e) = crate::priority::set_current_thread_idle() {
+            tracing::warn!(error = %e, "could not run under SCHED_IDLE; converting at normal priority");
+        }
+    }
+    let started = std::time::Instant::now();
+    let (mut segments, mut records) = (0u64, 0u64);
+    loop {
+        let mut failed = None;
+        crate::segment::convert_closed(&args.logs, |c| {
+            segments += 1;
+            records += c.records as u64;
+            let line = if args.json {
+                serde_json::to_string(c).unwrap_or_default()
+            } else {
+                format!(
+                    "converted {}: {} records, wal {} bytes -> {}",
+                    c.id,
+                    c.records,
+                    c.wal_bytes,
+                    c.path.as_ref().map_or_else(
+                        || "no file (nothing to write)".to_string(),
+                        |p| p.display().to_string()
+                    )
+                )
+            };
+            if failed.is_none() {
+                if let Err(e) = writeln!(out, "{line}") {
+                    failed = Some(e);
+                }
+            }
+        })?;
+        if let Some(e) = failed {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                return Ok(());
+            }
+            return Err(LogError::io("stdout", e));
+        }
+        if !args.watch || stop() {
+            break;
+        }
+        let until = std::time::Instant::now() + Duration::from_millis(args.interval_ms.max(10));
+        while !stop() && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if stop() {
+            break;
+        }
+    }
+    if !args.json {
+        let secs = started.elapsed().as_secs_f64();
+        writeln!(
+            out,
+            "{segments} segments, {records} records converted in {secs:.2} s{}",
+            if secs > 0.0 && records > 0 && !args.watch {
+                format!(" ({:.0} records/s)", records as f64 / secs)
+            } else {
+                String::new()
+            }
+        )
+        .map_err(|e| LogError::io("stdout", e))?;
     }
     Ok(())
 }

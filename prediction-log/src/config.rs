@@ -73,6 +73,46 @@ pub struct LogConfig {
     /// (`mesh_log_segments_waiting_for_closer`; on disk, not in memory), and a shutdown
     /// converts them all. Default 8 192 (16 slices); at least 1.
     pub encoder_backlog: usize,
+    /// When the Parquet files are built. Default [`ParquetMode::Inline`].
+    pub parquet: ParquetMode,
+    /// With [`ParquetMode::Deferred`]: the most bytes of closed segments that may wait
+    /// as wal files in `_wal/closed/` for a converter. Past it, the writer hands the
+    /// oldest to its own closer (under `SCHED_IDLE`), so the disk a log without a
+    /// converter takes stays bounded. Default 1 GiB (16 segments of the default size);
+    /// at least `segment_max_bytes`.
+    pub deferred_max_bytes: u64,
+}
+
+/// When the log builds its Parquet files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ParquetMode {
+    /// As records arrive, by the encoder thread of the serving process (the file is in
+    /// place when the segment rolls). The default.
+    #[default]
+    Inline,
+    /// Not in the serving process: a rolled segment stays as its wal file, in
+    /// `_wal/closed/`, until `mesh logs convert` (or
+    /// [`convert_closed`](crate::convert_closed)) converts it, in another process, on
+    /// this machine or on one that shares the directory. The serving process then does
+    /// only the wal's share of the log's work (a fifth of it). Past
+    /// [`LogConfig::deferred_max_bytes`] waiting, the writer's own closer converts the
+    /// oldest. Records in closed segments are read by `include_wal` readers, `mesh logs
+    /// tail` and `mesh logs join --include-wal`, not yet by Parquet readers.
+    Deferred,
+}
+
+impl std::str::FromStr for ParquetMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "inline" => Ok(Self::Inline),
+            "deferred" => Ok(Self::Deferred),
+            other => Err(format!(
+                "{other:?} is not a Parquet mode: \"inline\" (the serving process builds the files) or \"deferred\" (`mesh logs convert` does)"
+            )),
+        }
+    }
 }
 
 impl LogConfig {
@@ -89,6 +129,8 @@ impl LogConfig {
             writer_idle: false,
             encoder_idle: true,
             encoder_backlog: 8192,
+            parquet: ParquetMode::Inline,
+            deferred_max_bytes: 1 << 30,
         }
     }
 
@@ -107,6 +149,12 @@ impl LogConfig {
             return Err(LogError::Config(
                 "segment_max_bytes must be at least 1".into(),
             ));
+        }
+        if self.deferred_max_bytes < self.segment_max_bytes {
+            return Err(LogError::Config(format!(
+                "deferred_max_bytes {} is below segment_max_bytes {}: at least one closed segment must fit",
+                self.deferred_max_bytes, self.segment_max_bytes
+            )));
         }
         if self.segment_max_age.is_zero() || self.flush_interval.is_zero() {
             return Err(LogError::Config(
@@ -139,7 +187,10 @@ mod tests {
     fn out_of_range_settings_are_refused_naming_the_field() {
         LogConfig::new("d").validate().unwrap();
         type Set = fn(&mut LogConfig);
-        let cases: [(&str, Set); 4] = [
+        let cases: [(&str, Set); 5] = [
+            ("deferred_max_bytes", |c| {
+                c.deferred_max_bytes = c.segment_max_bytes - 1
+            }),
             ("channel_capacity", |c| c.channel_capacity = 0),
             ("encoder_backlog", |c| c.encoder_backlog = 0),
             ("segment_max_bytes", |c| c.segment_max_bytes = 0),
@@ -151,5 +202,14 @@ mod tests {
             let e = c.validate().unwrap_err().to_string();
             assert!(e.contains(field), "{field}: {e}");
         }
+    }
+
+    #[test]
+    fn parquet_modes_parse_and_an_unknown_one_is_named() {
+        assert_eq!("inline".parse::<ParquetMode>(), Ok(ParquetMode::Inline));
+        assert_eq!("deferred".parse::<ParquetMode>(), Ok(ParquetMode::Deferred));
+        assert_eq!(ParquetMode::default(), ParquetMode::Inline);
+        let e = "later".parse::<ParquetMode>().unwrap_err();
+        assert!(e.contains("\"later\"") && e.contains("deferred"), "{e}");
     }
 }

@@ -30,7 +30,7 @@ mod segment;
 mod wal;
 mod writer;
 
-pub use config::LogConfig;
+pub use config::{LogConfig, ParquetMode};
 pub use error::{LogError, Result};
 pub use join::{join, JoinOptions, JoinReport};
 pub use parquet_io::{read_parquet, schema, write_parquet};
@@ -39,5 +39,7 @@ pub use record::{
     date_of_us, now_us, source, status, FeatureLogging, FeatureUsed, LoggedFeature,
     PredictionRecord, Protocol, RecordRef, Role, StageMicros, VersionText,
 };
-pub use segment::{parquet_files, recover, wal_files, RecoveryReport};
+pub use segment::{
+    convert_closed, parquet_files, recover, wal_files, ConvertedSegment, RecoveryReport,
+};
 pub use writer::{LogStats, PredictionLog, PredictionLogHandle, WriterTask};

@@ -3,7 +3,7 @@
 use crate::error::Result;
 use crate::parquet_io::read_parquet;
 use crate::record::PredictionRecord;
-use crate::segment::{id_of_wal, parquet_files, wal_files};
+use crate::segment::{id_of_parquet, id_of_wal, parquet_files, wal_files};
 use crate::wal::read_wal_from;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -19,30 +19,67 @@ pub struct ReadOptions {
 
 /// Calls `f` with every record of `dir`, file by file, oldest segment first.
 pub fn scan(dir: &Path, opts: ReadOptions, mut f: impl FnMut(PredictionRecord)) -> Result<()> {
-    for p in parquet_files(dir)? {
-        read_parquet(&p)?.into_iter().for_each(&mut f);
+    for_each_file(dir, opts, |recs| recs.into_iter().for_each(&mut f))
+}
+
+/// Calls `f` with the records of each file of `dir`: the Parquet segments, then (with
+/// `include_wal`) the wal files, each record once even while a segment is converted
+/// beside the read (by the writer, or by `mesh logs convert`): the wals are listed
+/// first, a wal whose Parquet file is listed is skipped (the file is renamed into place
+/// before the wal is removed), and a wal removed before it could be read is read from
+/// its Parquet file.
+fn for_each_file(
+    dir: &Path,
+    opts: ReadOptions,
+    mut f: impl FnMut(Vec<PredictionRecord>),
+) -> Result<()> {
+    let wals = if opts.include_wal {
+        wal_files(dir)?
+    } else {
+        Vec::new()
+    };
+    let parquet = parquet_files(dir)?;
+    let converted: HashSet<&str> = parquet.iter().filter_map(|p| id_of_parquet(p)).collect();
+    for p in &parquet {
+        f(read_parquet(p)?);
     }
-    if opts.include_wal {
-        for w in wal_files(dir)? {
-            match read_wal_from(&w, 0) {
-                Ok(c) => c.records.into_iter().for_each(&mut f),
-                // Converted and removed between listing and reading: its Parquet file was
-                // either listed above or appeared too late; either way not an error.
-                Err(crate::error::LogError::Io { source, .. })
-                    if source.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
+    for w in wals {
+        let Some(id) = id_of_wal(&w) else { continue };
+        if converted.contains(id.as_str()) {
+            continue;
+        }
+        match read_wal_from(&w, 0) {
+            Ok(c) => f(c.records),
+            Err(crate::error::LogError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                // Converted and removed since the listing.
+                if let Some(p) = parquet_files(dir)?
+                    .into_iter()
+                    .find(|p| id_of_parquet(p) == Some(id.as_str()))
+                {
+                    f(read_parquet(&p)?);
+                }
             }
+            Err(e) => return Err(e),
         }
     }
     Ok(())
 }
 
 /// Records in `dir`'s write-ahead files: written by a running writer (its open
-/// segment) or left by a crash, and not yet in a Parquet file, so readers of the
-/// Parquet files (and a join without `include_wal`) do not see them.
+/// segment), waiting for a deferred conversion, or left by a crash, and not yet in a
+/// Parquet file, so readers of the Parquet files (and a join without `include_wal`) do
+/// not see them.
 pub fn wal_record_count(dir: &Path) -> Result<u64> {
     let mut n = 0u64;
-    for w in wal_files(dir)? {
+    let wals = wal_files(dir)?;
+    let parquet = parquet_files(dir)?;
+    let converted: HashSet<&str> = parquet.iter().filter_map(|p| id_of_parquet(p)).collect();
+    for w in wals {
+        if id_of_wal(&w).is_some_and(|id| converted.contains(id.as_str())) {
+            continue;
+        }
         match read_wal_from(&w, 0) {
             Ok(c) => n += c.records.len() as u64,
             Err(crate::error::LogError::Io { source, .. })
@@ -126,13 +163,7 @@ impl Tailer {
             if self.known_parquet.contains(&p) {
                 continue;
             }
-            let id = p
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(|n| n.strip_prefix("part-"))
-                .and_then(|n| n.strip_suffix(".parquet"))
-                .map(str::to_string)
-                .unwrap_or_default();
+            let id = id_of_parquet(&p).unwrap_or_default().to_string();
             if current.iter().any(|(c, _)| *c == id) {
                 continue; // renamed into place, wal not yet removed: next poll
             }

@@ -2,6 +2,8 @@
 //!
 //! ```text
 //! <dir>/_wal/seg-<id>.wal                         the open segment (and, after a crash, leftovers)
+//! <dir>/_wal/closed/seg-<id>.wal                  rolled segments waiting for conversion
+//!                                                 (`parquet = deferred`)
 //! <dir>/date=YYYY-MM-DD/part-<id>.parquet         closed segments, one date each
 //! <dir>/date=YYYY-MM-DD/.part-<id>.parquet.tmp    the open segment's Parquet file
 //! <dir>/date=YYYY-MM-DD/.part-<id>.wal.parquet.tmp a conversion from the wal in progress
@@ -33,10 +35,31 @@ pub(crate) fn wal_path(dir: &Path, id: &str) -> PathBuf {
     wal_dir(dir).join(format!("seg-{id}.wal"))
 }
 
+/// Where rolled segments wait for their conversion when it is deferred
+/// ([`crate::ParquetMode::Deferred`]): a segment there is closed, and no writer appends
+/// to it again, so another process may convert it ([`convert_closed`]).
+pub(crate) fn closed_dir(dir: &Path) -> PathBuf {
+    wal_dir(dir).join(CLOSED_DIR)
+}
+
+pub(crate) const CLOSED_DIR: &str = "closed";
+
+pub(crate) fn closed_wal_path(dir: &Path, id: &str) -> PathBuf {
+    closed_dir(dir).join(format!("seg-{id}.wal"))
+}
+
 /// Id of a wal file name `seg-<id>.wal`.
 pub(crate) fn id_of_wal(path: &Path) -> Option<String> {
     let name = path.file_name()?.to_str()?;
     Some(name.strip_prefix("seg-")?.strip_suffix(".wal")?.to_string())
+}
+
+/// Id of a closed segment's file name `part-<id>.parquet`.
+pub(crate) fn id_of_parquet(path: &Path) -> Option<&str> {
+    path.file_name()?
+        .to_str()?
+        .strip_prefix("part-")?
+        .strip_suffix(".parquet")
 }
 
 pub(crate) fn parquet_path(dir: &Path, date: &str, id: &str) -> PathBuf {
@@ -179,28 +202,34 @@ pub struct RecoveryReport {
 
 /// Converts every leftover wal file of `dir` into a Parquet segment and removes half-written
 /// temp files. Run at start (by `PredictionLog::start`) while no other writer uses `dir`.
+/// Rolled segments waiting in `_wal/closed/` (deferred conversion) are converted too; one
+/// that another process is converting right now is left to it.
 pub fn recover(dir: &Path) -> Result<RecoveryReport> {
+    recover_keeping(dir, false)
+}
+
+/// [`recover`], leaving the closed segments of a deferred conversion in place with
+/// `keep_closed` (they wait for `mesh logs convert` or the writer's bound).
+pub(crate) fn recover_keeping(dir: &Path, keep_closed: bool) -> Result<RecoveryReport> {
     let mut report = RecoveryReport::default();
-    let wdir = wal_dir(dir);
-    if wdir.is_dir() {
-        let mut wals: Vec<PathBuf> = fs::read_dir(&wdir)
-            .map_err(|e| LogError::io(&wdir, e))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "wal"))
-            .collect();
-        wals.sort();
-        for wal in wals {
-            let Some(id) = id_of_wal(&wal) else { continue };
-            report.wal_files += 1;
-            let c = convert(dir, &id, &wal, true, &mut || ())?;
-            if c.already {
-                report.already_converted += 1;
-            } else {
-                report.torn_bytes += c.trailing_bytes;
-                report.records += c.records;
-            }
-            fs::remove_file(&wal).map_err(|e| LogError::io(&wal, e))?;
+    let mut wals = list_wals(&wal_dir(dir))?;
+    if !keep_closed {
+        wals.extend(list_wals(&closed_dir(dir))?);
+    }
+    for wal in wals {
+        let Some(id) = id_of_wal(&wal) else { continue };
+        let Some(_lock) = lock_segment(&wal)? else {
+            continue;
+        };
+        report.wal_files += 1;
+        let c = convert(dir, &id, &wal, true, &mut || ())?;
+        if c.already {
+            report.already_converted += 1;
+        } else {
+            report.torn_bytes += c.trailing_bytes;
+            report.records += c.records;
         }
+        fs::remove_file(&wal).map_err(|e| LogError::io(&wal, e))?;
     }
     for part_dir in partition_dirs(dir)? {
         for entry in fs::read_dir(&part_dir).map_err(|e| LogError::io(&part_dir, e))? {
@@ -208,6 +237,16 @@ pub fn recover(dir: &Path) -> Result<RecoveryReport> {
             let name = entry.file_name();
             let name = name.to_string_lossy();
             if name.starts_with(".part-") && name.ends_with(".parquet.tmp") {
+                // A conversion of a closed segment by another process (`mesh logs
+                // convert`) holds that segment's lock while it writes its temp file.
+                let converting = name
+                    .strip_prefix(".part-")
+                    .and_then(|n| n.strip_suffix(".wal.parquet.tmp"))
+                    .map(|id| closed_wal_path(dir, id))
+                    .is_some_and(|w| matches!(lock_segment(&w), Ok(None)));
+                if converting {
+                    continue;
+                }
                 let p = entry.path();
                 fs::remove_file(&p).map_err(|e| LogError::io(&p, e))?;
                 report.temp_files_removed += 1;
@@ -215,6 +254,117 @@ pub fn recover(dir: &Path) -> Result<RecoveryReport> {
         }
     }
     Ok(report)
+}
+
+/// The `seg-*.wal` files of one directory, sorted; none when it does not exist.
+fn list_wals(wdir: &Path) -> Result<Vec<PathBuf>> {
+    if !wdir.is_dir() {
+        return Ok(Vec::new());
+    }
+    let mut wals: Vec<PathBuf> = fs::read_dir(wdir)
+        .map_err(|e| LogError::io(wdir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "wal") && p.is_file())
+        .collect();
+    wals.sort();
+    Ok(wals)
+}
+
+/// Takes the conversion lock of a segment's wal (an exclusive `flock` on the file
+/// itself, released when the returned file is dropped, or by the OS when the holder
+/// dies). `None` when another process holds it, or when the wal is gone (converted
+/// and removed by whoever held it).
+fn lock_segment(wal: &Path) -> Result<Option<fs::File>> {
+    let file = match fs::File::open(wal) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(LogError::io(wal, e)),
+    };
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(fs::TryLockError::WouldBlock) => return Ok(None),
+        Err(fs::TryLockError::Error(e)) => return Err(LogError::io(wal, e)),
+    }
+    // Locked the file, but was it removed while we waited for the lock? Then the
+    // holder converted it already.
+    match fs::metadata(wal) {
+        Ok(_) => Ok(Some(file)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(LogError::io(wal, e)),
+    }
+}
+
+/// One closed segment converted by [`convert_closed_segment`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ConvertedSegment {
+    /// The segment's id (its wal's and its Parquet file's names carry it).
+    pub id: String,
+    /// The Parquet file written; `None` for a wal without a record, or one whose
+    /// Parquet file existed already.
+    pub path: Option<PathBuf>,
+    /// Records written into the Parquet file.
+    pub records: usize,
+    /// The wal's size.
+    pub wal_bytes: u64,
+    /// Bytes after the wal's last whole frame (dropped).
+    pub torn_bytes: u64,
+}
+
+/// Converts one closed segment's wal into its Parquet file and removes the wal, under
+/// the segment's lock: `None` when another process is converting it or has done so
+/// (the wal is gone). Safe to run from several processes at once: each segment is
+/// converted once.
+pub(crate) fn convert_closed_segment(
+    dir: &Path,
+    id: &str,
+    wal: &Path,
+    between: &mut dyn FnMut(),
+) -> Result<Option<ConvertedSegment>> {
+    let Some(_lock) = lock_segment(wal)? else {
+        return Ok(None);
+    };
+    let wal_bytes = fs::metadata(wal).map(|m| m.len()).unwrap_or(0);
+    let c = convert(dir, id, wal, true, between)?;
+    fs::remove_file(wal).map_err(|e| LogError::io(wal, e))?;
+    Ok(Some(ConvertedSegment {
+        id: id.to_string(),
+        path: c.path,
+        records: if c.already { 0 } else { c.records },
+        wal_bytes,
+        torn_bytes: c.trailing_bytes,
+    }))
+}
+
+/// Converts every closed segment waiting in `dir`'s `_wal/closed/` (deferred
+/// conversion), oldest first, calling `each` after each one. Runs beside a serving
+/// writer, and beside other converters: a segment another one holds is skipped. The
+/// open segment is never touched (it is not in `_wal/closed/` until it rolls).
+pub fn convert_closed(
+    dir: &Path,
+    mut each: impl FnMut(&ConvertedSegment),
+) -> Result<Vec<ConvertedSegment>> {
+    let mut done = Vec::new();
+    for wal in list_wals(&closed_dir(dir))? {
+        let Some(id) = id_of_wal(&wal) else { continue };
+        if let Some(c) = convert_closed_segment(dir, &id, &wal, &mut || ())? {
+            each(&c);
+            done.push(c);
+        }
+    }
+    Ok(done)
+}
+
+/// The closed segments waiting for conversion in `dir` (deferred conversion), oldest
+/// first, with their sizes.
+pub(crate) fn closed_segments(dir: &Path) -> Result<Vec<(String, PathBuf, u64)>> {
+    Ok(list_wals(&closed_dir(dir))?
+        .into_iter()
+        .filter_map(|w| {
+            let id = id_of_wal(&w)?;
+            let len = fs::metadata(&w).map(|m| m.len()).ok()?;
+            Some((id, w, len))
+        })
+        .collect())
 }
 
 /// The `date=...` directories of `dir`, sorted.
@@ -252,18 +402,12 @@ pub fn parquet_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-/// Wal files of `dir` (open or left over), oldest first.
+/// Wal files of `dir` (the open segment, closed segments waiting for a deferred
+/// conversion, leftovers of a crash), oldest first (by segment id).
 pub fn wal_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let wdir = wal_dir(dir);
-    if !wdir.is_dir() {
-        return Ok(Vec::new());
-    }
-    let mut out: Vec<PathBuf> = fs::read_dir(&wdir)
-        .map_err(|e| LogError::io(&wdir, e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "wal"))
-        .collect();
-    out.sort();
+    let mut out = list_wals(&wal_dir(dir))?;
+    out.extend(list_wals(&closed_dir(dir))?);
+    out.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
     Ok(out)
 }
 

@@ -29,7 +29,7 @@
 //! threads: their work, spread thin, uses the CPU the serving threads leave.
 
 use crate::codec;
-use crate::config::LogConfig;
+use crate::config::{LogConfig, ParquetMode};
 use crate::error::{LogError, Result};
 use crate::parquet_io::OpenParquet;
 use crate::record::{
@@ -145,6 +145,7 @@ struct Shared {
     lost: AtomicU64,
     segments: AtomicU64,
     encoder_behind: AtomicU64,
+    deferred: AtomicU64,
 }
 
 /// A snapshot of the writer's counters (since this process started the log).
@@ -166,6 +167,9 @@ pub struct LogStats {
     /// Segments whose Parquet file the encoder gave up because it fell
     /// `encoder_backlog` records behind; each was converted from its wal at close.
     pub encoder_behind: u64,
+    /// With `parquet = deferred`: closed segments waiting in `_wal/closed/` for a
+    /// converter, as the writer last counted them (at a roll or a flush tick).
+    pub deferred: u64,
 }
 
 impl Shared {
@@ -180,6 +184,7 @@ impl Shared {
             lost: AtomicU64::new(0),
             segments: AtomicU64::new(0),
             encoder_behind: AtomicU64::new(0),
+            deferred: AtomicU64::new(0),
         }
     }
 
@@ -192,6 +197,7 @@ impl Shared {
             lost: self.lost.load(Ordering::Relaxed),
             segments: self.segments.load(Ordering::Relaxed),
             encoder_behind: self.encoder_behind.load(Ordering::Relaxed),
+            deferred: self.deferred.load(Ordering::Relaxed),
         }
     }
 }
@@ -234,9 +240,20 @@ impl PredictionLog {
     pub fn start(config: LogConfig) -> Result<(PredictionLogHandle, WriterTask)> {
         config.validate()?;
         let lock = crate::lock::DirLock::acquire(&config.dir)?;
-        let wdir = segment::wal_dir(&config.dir);
+        let deferred = config.parquet == ParquetMode::Deferred;
+        let wdir = if deferred {
+            segment::closed_dir(&config.dir)
+        } else {
+            segment::wal_dir(&config.dir)
+        };
         std::fs::create_dir_all(&wdir).map_err(|e| LogError::io(&wdir, e))?;
-        let recovered = segment::recover(&config.dir)?;
+        let recovered = segment::recover_keeping(&config.dir, deferred)?;
+        // Closed segments a previous run left for a converter count against the bound.
+        let waiting = if deferred {
+            segment::closed_segments(&config.dir)?
+        } else {
+            Vec::new()
+        };
         if recovered.wal_files > 0 {
             tracing::info!(
                 wal_files = recovered.wal_files,
@@ -253,16 +270,20 @@ impl PredictionLog {
         metrics::counter!("mesh_log_lost_records_total").increment(0);
         metrics::counter!("mesh_log_encoder_behind_segments_total").increment(0);
         metrics::gauge!("mesh_log_segments_waiting_for_closer").set(0.0);
+        metrics::counter!("mesh_log_deferred_bound_segments_total").increment(0);
         let (tx, rx) = mpsc::sync_channel(16);
         let (done_tx, done_rx) = watch::channel(false);
         let shared = Arc::new(Shared::new(config.channel_capacity));
+        shared
+            .deferred
+            .store(waiting.len() as u64, Ordering::Relaxed);
         let features = config.features;
         let thread = {
             let shared = shared.clone();
             std::thread::Builder::new()
                 .name("plog-writer".into())
                 .spawn(move || {
-                    writer_main(config, rx, &shared);
+                    writer_main(config, rx, &shared, waiting);
                     // Released only after the last segment is closed and converted.
                     drop(lock);
                     let _ = done_tx.send(true);
@@ -469,6 +490,9 @@ enum EncMsg {
 struct CloseJob {
     id: String,
     wal: PathBuf,
+    /// A closed segment of a deferred conversion (in `_wal/closed/`): converted under
+    /// its lock, since `mesh logs convert` may be at it too.
+    closed: bool,
 }
 
 struct Writer<'a> {
@@ -483,6 +507,9 @@ struct Writer<'a> {
     /// never waits for a conversion (the closer runs idle, and may be starved for a
     /// while); each keeps its wal until the closer takes it.
     to_close: std::collections::VecDeque<CloseJob>,
+    /// With `parquet = deferred`: closed segments waiting in `_wal/closed/` for a
+    /// converter, oldest first, with their sizes.
+    deferred: std::collections::VecDeque<(CloseJob, u64)>,
     error_reported: bool,
     /// The empty buffer the next take leaves in the queue.
     spare: Vec<u8>,
@@ -684,7 +711,29 @@ impl Writer<'_> {
         self.flush();
         let Some(seg) = self.open.take() else { return };
         let wal = seg.wal.path().to_path_buf();
+        let bytes = seg.wal.bytes();
         drop(seg.wal);
+        if self.cfg.parquet == ParquetMode::Deferred {
+            // Closed: it moves to where converters look. The rename is atomic; if a
+            // crash loses it, the segment is back among the open ones and the next start
+            // converts it.
+            let closed = segment::closed_wal_path(&self.cfg.dir, &seg.id);
+            match std::fs::rename(&wal, &closed) {
+                Ok(()) => {
+                    let job = CloseJob {
+                        id: seg.id,
+                        wal: closed,
+                        closed: true,
+                    };
+                    self.deferred.push_back((job, bytes));
+                    return self.bound_deferred();
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, wal = %wal.display(),
+                        "could not move a rolled segment to _wal/closed; converting it here");
+                }
+            }
+        }
         if let Some(flag) = seg.encoding {
             if !flag.load(Ordering::Acquire) {
                 let finish = EncMsg::Finish { wal: wal.clone() };
@@ -696,7 +745,31 @@ impl Writer<'_> {
             }
             give_up(Some(flag));
         }
-        self.to_close.push_back(CloseJob { id: seg.id, wal });
+        self.to_close.push_back(CloseJob {
+            id: seg.id,
+            wal,
+            closed: false,
+        });
+        self.hand_to_closer(false);
+    }
+
+    /// Forgets the closed segments a converter has taken, and hands the oldest of the
+    /// rest to the closer while they take more than `deferred_max_bytes`.
+    fn bound_deferred(&mut self) {
+        self.deferred.retain(|(job, _)| job.wal.exists());
+        let mut total: u64 = self.deferred.iter().map(|(_, b)| b).sum();
+        while total > self.cfg.deferred_max_bytes {
+            let Some((job, bytes)) = self.deferred.pop_front() else {
+                break;
+            };
+            total -= bytes;
+            metrics::counter!("mesh_log_deferred_bound_segments_total").increment(1);
+            self.to_close.push_back(job);
+        }
+        let n = self.deferred.len() as u64;
+        self.shared.deferred.store(n, Ordering::Relaxed);
+        metrics::gauge!("mesh_log_deferred_segments").set(n as f64);
+        metrics::gauge!("mesh_log_deferred_bytes").set(total as f64);
         self.hand_to_closer(false);
     }
 
@@ -748,6 +821,23 @@ fn close_main(dir: PathBuf, rx: Receiver<CloseJob>, shared: &Shared, (nice, idle
     let mut pace = crate::priority::Pace::new();
     while let Ok(job) = rx.recv() {
         pace.rest();
+        if job.closed {
+            match segment::convert_closed_segment(&dir, &job.id, &job.wal, &mut || pace.tick()) {
+                Ok(Some(c)) => {
+                    shared.segments.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!("mesh_log_segments_total").increment(1);
+                    tracing::debug!(id = %c.id, records = c.records, "closed segment converted");
+                }
+                // Another process converts it, or has.
+                Ok(None) => {}
+                Err(e) => {
+                    metrics::counter!("mesh_log_convert_errors_total").increment(1);
+                    tracing::error!(error = %e, wal = %job.wal.display(),
+                        "could not convert a closed segment to Parquet; its wal stays for `mesh logs convert` or the next start");
+                }
+            }
+            continue;
+        }
         match segment::convert_wal(&dir, &job.id, &job.wal, &mut || pace.tick()) {
             Ok(path) => segment_closed(shared, &job.wal, path),
             Err(e) => {
@@ -888,7 +978,12 @@ fn encode_main(
                         }
                     }
                     // The writer handed this segment over: convert it from its wal.
-                    if close_tx.send(CloseJob { id: c.id, wal }).is_err() {
+                    let job = CloseJob {
+                        id: c.id,
+                        wal,
+                        closed: false,
+                    };
+                    if close_tx.send(job).is_err() {
                         tracing::error!(
                             "prediction log closer stopped; the wal stays for recovery"
                         );
@@ -907,7 +1002,14 @@ fn encode_main(
     }
 }
 
-fn writer_main(cfg: LogConfig, rx: Receiver<Msg>, shared: &Shared) {
+/// `waiting`: the closed segments a previous run left for a converter (deferred
+/// conversion), oldest first, with their sizes.
+fn writer_main(
+    cfg: LogConfig,
+    rx: Receiver<Msg>,
+    shared: &Shared,
+    waiting: Vec<(String, PathBuf, u64)>,
+) {
     let (close_tx, close_rx) = mpsc::sync_channel::<CloseJob>(2);
     // The backlog is bounded in records (`Shared::enc_queued`); each message carries at
     // least one, besides a segment's start and finish.
@@ -916,6 +1018,7 @@ fn writer_main(cfg: LogConfig, rx: Receiver<Msg>, shared: &Shared) {
     let dir = cfg.dir.clone();
     let (nice, idle) = (cfg.writer_nice, cfg.writer_idle);
     let encoder_idle = idle || cfg.encoder_idle;
+    let inline = cfg.parquet == ParquetMode::Inline;
     std::thread::scope(|scope| {
         // The closer and the encoder start before the writer lowers itself: a thread
         // inherits its parent's nice value, and each lowers itself once from the serving
@@ -928,7 +1031,8 @@ fn writer_main(cfg: LogConfig, rx: Receiver<Msg>, shared: &Shared) {
                     close_main(dir, close_rx, shared, (nice, encoder_idle))
                 })
         };
-        let encoder = {
+        // Deferred conversion: no encoder; segments roll as their wal.
+        let encoder = inline.then(|| {
             let close_tx = close_tx.clone();
             std::thread::Builder::new()
                 .name("plog-encoder".into())
@@ -941,7 +1045,7 @@ fn writer_main(cfg: LogConfig, rx: Receiver<Msg>, shared: &Shared) {
                         (nice, encoder_idle),
                     )
                 })
-        };
+        });
         crate::priority::lower_for_log(nice, idle);
         let mut w = Writer {
             cfg,
@@ -952,6 +1056,7 @@ fn writer_main(cfg: LogConfig, rx: Receiver<Msg>, shared: &Shared) {
             enc_tx: Some(enc_tx),
             close_tx: Some(close_tx),
             to_close: std::collections::VecDeque::new(),
+            deferred: std::collections::VecDeque::new(),
             error_reported: false,
             spare: Vec::new(),
             recycled: Some(recycle_rx),
@@ -962,11 +1067,30 @@ fn writer_main(cfg: LogConfig, rx: Receiver<Msg>, shared: &Shared) {
             );
             w.close_tx = None;
         }
-        if encoder.is_err() {
-            tracing::error!(
-                "could not start the prediction log encoder thread; segments are converted from their wal when they roll"
-            );
-            w.enc_tx = None;
+        match encoder {
+            Some(Ok(_)) => {}
+            Some(Err(_)) => {
+                tracing::error!(
+                    "could not start the prediction log encoder thread; segments are converted from their wal when they roll"
+                );
+                w.enc_tx = None;
+            }
+            None => {
+                w.enc_tx = None;
+                w.recycled = None;
+                w.deferred = waiting
+                    .into_iter()
+                    .map(|(id, wal, bytes)| {
+                        let job = CloseJob {
+                            id,
+                            wal,
+                            closed: true,
+                        };
+                        (job, bytes)
+                    })
+                    .collect();
+                w.bound_deferred();
+            }
         }
         let mut reported = run(&mut w, &rx);
         // Everything accepted before the shutdown is written, and whatever is still
@@ -980,6 +1104,17 @@ fn writer_main(cfg: LogConfig, rx: Receiver<Msg>, shared: &Shared) {
         }
         w.roll();
         w.hand_to_closer(true);
+        w.deferred.retain(|(job, _)| job.wal.exists());
+        shared
+            .deferred
+            .store(w.deferred.len() as u64, Ordering::Relaxed);
+        if !w.deferred.is_empty() {
+            tracing::info!(
+                segments = w.deferred.len(),
+                dir = %segment::closed_dir(&w.cfg.dir).display(),
+                "prediction log: closed segments wait for `mesh logs convert`"
+            );
+        }
         // Closes the encoder's channel, then the closer's (once the encoder is done with
         // its copy); the scope joins both.
         w.enc_tx = None;
@@ -1027,7 +1162,11 @@ fn run(w: &mut Writer<'_>, rx: &Receiver<Msg>) -> MetricsReported {
             {
                 w.roll();
             }
-            w.hand_to_closer(false);
+            if w.deferred.is_empty() {
+                w.hand_to_closer(false);
+            } else {
+                w.bound_deferred();
+            }
             reported.report(w.shared);
             w.error_reported = false;
             next_tick = Instant::now() + flush_interval;
@@ -1101,6 +1240,7 @@ mod tests {
             enc_tx: Some(enc_tx),
             close_tx: Some(close_tx),
             to_close: std::collections::VecDeque::new(),
+            deferred: std::collections::VecDeque::new(),
             error_reported: false,
             spare: Vec::new(),
             recycled: None,

@@ -48,6 +48,8 @@
 //! features = "all"              # all | none | a sample rate such as 0.1
 //! flush_interval = "200ms"      # the crash loss window (was flush_interval_ms)
 //! channel_capacity = 65536
+//! parquet = "inline"            # inline | deferred (`mesh logs convert` builds the files)
+//! deferred_max_bytes = 1073741824  # deferred: closed segments waiting before the server converts
 //! ```
 //!
 //! `[decisions]`: see [`crate::decide::config`]; `[decisions.stack]`: see

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use mesh_prediction_log::{
-    now_us, source, FeatureLogging, FeatureUsed, LogConfig, PredictionLog, PredictionLogHandle,
-    Protocol, RecordRef, Role, StageMicros, VersionText, WriterTask,
+    now_us, source, FeatureLogging, FeatureUsed, LogConfig, ParquetMode, PredictionLog,
+    PredictionLogHandle, Protocol, RecordRef, Role, StageMicros, VersionText, WriterTask,
 };
 use serde::Deserialize;
 
@@ -39,6 +39,14 @@ pub struct PredictionLogConfig {
     /// Records that may wait for the encoder before the open segment's Parquet file is
     /// given up and built from its wal at close (`LogConfig::encoder_backlog`).
     pub encoder_backlog: usize,
+    /// When the Parquet files are built: "inline" (by the serving process, the default)
+    /// or "deferred" (closed segments wait as wal files for `mesh logs convert`;
+    /// `LogConfig::parquet`).
+    pub parquet: ParquetMode,
+    /// With `parquet = "deferred"`: bytes of closed segments that may wait for a
+    /// converter before the server converts the oldest itself
+    /// (`LogConfig::deferred_max_bytes`).
+    pub deferred_max_bytes: u64,
 }
 
 /// `[prediction_log]` as written, old spellings included.
@@ -62,6 +70,10 @@ struct PredictionLogFile {
     encoder_idle: bool,
     #[serde(default = "default_encoder_backlog")]
     encoder_backlog: usize,
+    #[serde(default)]
+    parquet: Option<String>,
+    #[serde(default = "default_deferred_max_bytes")]
+    deferred_max_bytes: u64,
 }
 
 impl TryFrom<PredictionLogFile> for PredictionLogConfig {
@@ -87,6 +99,19 @@ impl TryFrom<PredictionLogFile> for PredictionLogConfig {
                     .into(),
             );
         }
+        let parquet = match f.parquet.as_deref() {
+            None => ParquetMode::default(),
+            Some(p) => p
+                .parse::<ParquetMode>()
+                .map_err(|e| format!("[prediction_log] parquet = {p:?}: {e}"))?,
+        };
+        let segment_max_bytes = LogConfig::new("").segment_max_bytes;
+        if f.deferred_max_bytes < segment_max_bytes {
+            return Err(format!(
+                "[prediction_log] deferred_max_bytes = {}: must be at least one segment ({segment_max_bytes} bytes)",
+                f.deferred_max_bytes
+            ));
+        }
         Ok(Self {
             dir: f.dir,
             features: f.features,
@@ -96,6 +121,8 @@ impl TryFrom<PredictionLogFile> for PredictionLogConfig {
             writer_idle: f.writer_idle,
             encoder_idle: f.encoder_idle,
             encoder_backlog: f.encoder_backlog,
+            parquet,
+            deferred_max_bytes: f.deferred_max_bytes,
         })
     }
 }
@@ -121,6 +148,9 @@ fn default_encoder_idle() -> bool {
 fn default_encoder_backlog() -> usize {
     LogConfig::new("").encoder_backlog
 }
+fn default_deferred_max_bytes() -> u64 {
+    LogConfig::new("").deferred_max_bytes
+}
 
 /// Starts the writer.
 pub fn start(cfg: &PredictionLogConfig) -> Result<(PredictionLogHandle, WriterTask), RouterError> {
@@ -135,6 +165,8 @@ pub fn start(cfg: &PredictionLogConfig) -> Result<(PredictionLogHandle, WriterTa
     c.writer_idle = cfg.writer_idle;
     c.encoder_idle = cfg.encoder_idle;
     c.encoder_backlog = cfg.encoder_backlog;
+    c.parquet = cfg.parquet;
+    c.deferred_max_bytes = cfg.deferred_max_bytes;
     PredictionLog::start(c)
         .map_err(|e| RouterError::Internal(format!("prediction log at {}: {e}", cfg.dir.display())))
 }
@@ -233,6 +265,21 @@ mod tests {
             let e = parse(&format!("dir = \"d\"\nwriter_nice = {bad}")).unwrap_err();
             assert!(e.contains("writer_nice") && e.contains(bad), "{e}");
         }
+    }
+
+    #[test]
+    fn parquet_is_inline_unless_deferred_and_the_bound_holds_a_segment() {
+        let c = parse("dir = \"d\"").unwrap();
+        assert_eq!(c.parquet, ParquetMode::Inline);
+        assert_eq!(c.deferred_max_bytes, LogConfig::new("d").deferred_max_bytes);
+        let c =
+            parse("dir = \"d\"\nparquet = \"deferred\"\ndeferred_max_bytes = 134217728").unwrap();
+        assert_eq!(c.parquet, ParquetMode::Deferred);
+        assert_eq!(c.deferred_max_bytes, 128 << 20);
+        let e = parse("dir = \"d\"\nparquet = \"later\"").unwrap_err();
+        assert!(e.contains("parquet") && e.contains("later"), "{e}");
+        let e = parse("dir = \"d\"\ndeferred_max_bytes = 1000").unwrap_err();
+        assert!(e.contains("deferred_max_bytes = 1000"), "{e}");
     }
 
     #[test]
