@@ -26,6 +26,11 @@
 # WORKERS: the servers' `[server] worker_threads` (default: the config's, one per core).
 # SERVER_CPUS, BENCH_CPUS: run the server and the load generator on these CPUs
 # (`taskset -c` lists, e.g. SERVER_CPUS=1 BENCH_CPUS=0: each on a core of its own).
+# DEFERRED=1: a third mode in each round, "def", the log on with `parquet =
+# "deferred"` (the serving process writes only the wal; closed segments wait for
+# `mesh logs convert`). After each such run, `mesh logs convert` (in this script,
+# with the server stopped, as a converter elsewhere would) builds the Parquet files,
+# and the table shows its records/s and whether every written record reached one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-${MESH_BIN:-${CARGO_TARGET_DIR:-target}/release/mesh}}
@@ -61,8 +66,9 @@ serve() { # name on|off
     if [ -n "${WORKERS:-}" ]; then sed -i "/^\[server\]/a worker_threads = $WORKERS" "$cfg"; fi
     if [ "$2" = off ]; then
         sed -i '/^\[prediction_log\]/,/^$/d' "$cfg"
-    elif [ -n "${LOG_CONFIG:-}" ]; then
-        sed -i "/^\[prediction_log\]/a $LOG_CONFIG" "$cfg"
+    else
+        if [ -n "${LOG_CONFIG:-}" ]; then sed -i "/^\[prediction_log\]/a $LOG_CONFIG" "$cfg"; fi
+        if [ "$2" = def ]; then sed -i '/^\[prediction_log\]/a parquet = "deferred"' "$cfg"; fi
     fi
     for p in "$PORT" "$HTTP_PORT"; do
         if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "port $p is already in use: set PORT" >&2; exit 1; fi
@@ -119,6 +125,7 @@ fi
 runs=()
 for r in $(seq "$ROUNDS"); do
     if [ $((r % 2)) -eq 1 ]; then order="on off"; else order="off on"; fi
+    if [ "${DEFERRED:-0}" = 1 ]; then order="${order/ / def }"; fi
     for mode in $order; do
         name=log-$mode-$r
         serve "$name" "$mode"
@@ -130,11 +137,26 @@ for r in $(seq "$ROUNDS"); do
         bench "$name" "$SECS" --rate "$RATE" --concurrency "$CONCURRENCY" --warmup "$WARMUP"
         read -r cpu1 log1 < <(cpu)
         sleep 0.5 # one flush tick, so the written count is current
-        printf '{"mode": "%s", "dropped": %s, "written": %s, "behind": %s, "cpu_s": %s, "log_cpu_s": %s}\n' "$mode" \
+        printf '{"mode": "%s", "dropped": %s, "written": %s, "behind": %s, "cpu_s": %s, "log_cpu_s": %s' "$mode" \
             "$(metric mesh_log_dropped_records_total)" "$(metric mesh_log_written_records_total)" \
             "$(metric mesh_log_encoder_behind_segments_total)" \
             "$(python3 -c "print(round($cpu1 - $cpu0, 3))")" "$(python3 -c "print(round($log1 - $log0, 3))")" >"$OUT/$name.server.json"
         stop
+        if [ "$mode" = def ]; then
+            # The Parquet work the serving process left: done here, the server stopped,
+            # as a converter on another machine would do it. Every record the log
+            # took (warm-up and run) must reach a Parquet file.
+            t0=$(date +%s.%N)
+            "$BIN" logs convert --logs "$DATA/predictions-$name" --json >"$OUT/$name.convert.jsonl"
+            t1=$(date +%s.%N)
+            python3 - "$OUT/$name.convert.jsonl" "$t0" "$t1" "$DATA/predictions-$name" >>"$OUT/$name.server.json" <<'PY'
+import glob, json, os, sys
+segs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+waiting = len(glob.glob(os.path.join(sys.argv[4], "_wal", "**", "*.wal"), recursive=True))
+print(f', "converted": {sum(s["records"] for s in segs)}, "convert_s": {float(sys.argv[3]) - float(sys.argv[2]):.3f}, "wal_left": {waiting}')
+PY
+        fi
+        echo "}" >>"$OUT/$name.server.json"
         runs+=("$name")
     done
 done
@@ -144,10 +166,12 @@ import json, statistics, sys
 out, rate, warmup, runs = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4:]
 print(f"\nDecide, open loop at {rate:.0f} req/s, prediction log on vs off (latency in µs from the intended send time)")
 print(f"{'run':<12}{'req/s':>8}{'p50':>7}{'p99':>8}{'p99.9':>8}{'max':>8}{'1s p99 med':>11}{'1s p99 max':>11}{'srv p99':>8}{'srv p99.9':>10}{'lag p99':>8}{'errors':>8}{'dropped':>9}{'written':>9}{'behind':>7}{'cpu %':>7}{'log cpu %':>10}")
-p99 = {"on": [], "off": []}
-sec_med = {"on": [], "off": []}
-srv_p99 = {"on": [], "off": []}
-srv_sec_med = {"on": [], "off": []}
+modes = ("on", "def", "off")
+p99 = {m: [] for m in modes}
+sec_med = {m: [] for m in modes}
+srv_p99 = {m: [] for m in modes}
+srv_sec_med = {m: [] for m in modes}
+converts = []
 for n in runs:
     r = json.load(open(f"{out}/{n}.json"))
     s = json.load(open(f"{out}/{n}.server.json"))
@@ -174,16 +198,30 @@ for n in runs:
     print(f"{n:<12}{r['throughput']:>8.0f}{r['p50_us']:>7}{r['p99_us']:>8}{r['p999_us']:>8}{r['max_us']:>8}"
           f"{statistics.median(secs):>11.0f}{secs[-1]:>11}{srv['p99_us']:>8}{srv['p999_us']:>10}{r.get('send_lag_p99_us', 0):>8}{errors:>8}"
           f"{dropped:>9}{written:>9}{behind:>7}{100 * s['cpu_s'] / busy:>7.0f}{100 * s['log_cpu_s'] / busy:>10.1f}")
-if p99["on"] and p99["off"]:
-    on, off = statistics.median(p99["on"]), statistics.median(p99["off"])
-    print(f"median p99: log on {on:.0f} µs, log off {off:.0f} µs, on/off {on / off:.3f}")
+    if "converted" in s:
+        converts.append((n, s))
+names = {"on": "log on", "def": "log on, Parquet deferred"}
+for m in ("on", "def"):
+    if not (p99[m] and p99["off"]):
+        continue
+    print(f"{names[m]} against log off:")
+    on, off = statistics.median(p99[m]), statistics.median(p99["off"])
+    print(f"  median p99: {on:.0f} µs against {off:.0f} µs, {m}/off {on / off:.3f}")
     # Less moved by one stalled second (this machine stalls whole processes now and
     # then): the median over the runs of each run's median per-second p99.
-    on, off = statistics.median(sec_med["on"]), statistics.median(sec_med["off"])
-    print(f"median of the per-second p99 medians: log on {on:.0f} µs, log off {off:.0f} µs, on/off {on / off:.3f}")
-    on, off = statistics.median(srv_p99["on"]), statistics.median(srv_p99["off"])
-    print(f"median server p99 (arrival to answer): log on {on:.0f} µs, log off {off:.0f} µs, on/off {on / max(off, 1):.3f}")
-    on, off = statistics.median(srv_sec_med["on"]), statistics.median(srv_sec_med["off"])
-    print(f"median of the per-second server p99 medians: log on {on:.0f} µs, log off {off:.0f} µs, on/off {on / max(off, 1):.3f}")
+    on, off = statistics.median(sec_med[m]), statistics.median(sec_med["off"])
+    print(f"  median of the per-second p99 medians: {on:.0f} µs against {off:.0f} µs, {m}/off {on / off:.3f}")
+    on, off = statistics.median(srv_p99[m]), statistics.median(srv_p99["off"])
+    print(f"  median server p99 (arrival to answer): {on:.0f} µs against {off:.0f} µs, {m}/off {on / max(off, 1):.3f}")
+    on, off = statistics.median(srv_sec_med[m]), statistics.median(srv_sec_med["off"])
+    print(f"  median of the per-second server p99 medians: {on:.0f} µs against {off:.0f} µs, {m}/off {on / max(off, 1):.3f}")
+for n, s in converts:
+    # `written` was read before the server's shutdown, which writes what was still
+    # queued: every record written reaches a Parquet file when converted >= written
+    # and no wal is left.
+    ok = s["converted"] >= s["written"] and s["wal_left"] == 0
+    rps = s["converted"] / s["convert_s"] if s["convert_s"] > 0 else 0
+    print(f"{n}: mesh logs convert afterwards: {s['converted']} records in {s['convert_s']:.2f} s ({rps:,.0f} records/s), "
+          f"{s['wal_left']} wal files left: {'every written record is in Parquet' if ok else 'RECORDS MISSING'}")
 print(f"raw output in {out}")
 PY
