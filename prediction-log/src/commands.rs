@@ -212,7 +212,8 @@ pub fn run_convert(args: &ConvertArgs, out: &mut dyn Write, stop: &dyn Fn() -> b
         let secs = started.elapsed().as_secs_f64();
         writeln!(
             out,
-            "{segments} segments, {records} records converted in {secs:.2} s{}",
+            "{segments} segment{}, {records} records converted in {secs:.2} s{}",
+            if segments == 1 { "" } else { "s" },
             if secs > 0.0 && records > 0 && !args.watch {
                 format!(" ({:.0} records/s)", records as f64 / secs)
             } else {

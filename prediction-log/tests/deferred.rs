@@ -249,6 +249,7 @@ async fn cli_convert_prints_each_segment_and_a_summary() {
     log.shutdown().await.unwrap();
     writer.join().unwrap();
     let n = closed_wals(dir.path()).len();
+    assert!(n >= 2, "{n} closed segments");
     let mut args = ConvertArgs {
         logs: dir.path().to_path_buf(),
         watch: false,

@@ -68,3 +68,87 @@ def test_log_join_matches_duckdb(tmp_path, samples):
         capture_output=True, text=True,
     )
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_deferred_parquet_waits_for_mesh_logs_convert(tmp_path, samples):
+    """With `parquet = "deferred"` the serving process builds no Parquet file: what it
+    logged waits in `_wal/closed/` (a join with --include-wal already counts it), until
+    `mesh logs convert` (another process) builds the files DuckDB reads."""
+    x, _ = samples
+    repo = copy_repo(tmp_path / "models")
+    logs = tmp_path / "predictions"
+    cfg = tmp_path / "mesh.toml"
+    cfg.write_text(f'[prediction_log]\ndir = "{logs}"\nflush_interval = "50ms"\nparquet = "deferred"\n')
+    m = Mesh(repo, "--config", str(cfg))
+    try:
+        c = grpcclient.InferenceServerClient(m.grpc)
+        for i in range(200):
+            inp = grpcclient.InferInput("input", [1, 32], "FP32")
+            inp.set_data_from_numpy(x[i : i + 1])
+            c.infer("fraud_mlp", [inp], request_id=f"txn-{i}")
+    finally:
+        m.stop()  # SIGTERM: drains the log; the open segment rolls into _wal/closed/
+    assert not list(logs.glob("**/*.parquet"))
+    closed = list((logs / "_wal" / "closed").glob("seg-*.wal"))
+    assert len(closed) == 1, closed
+    lab = tmp_path / "labels.csv"
+    lab.write_text("request_id,label\n" + "\n".join(f"txn-{i},{i % 2}" for i in range(200)) + "\n")
+
+    def join(*extra):
+        out = subprocess.run(
+            [mesh_binary(), "logs", "join", "--logs", str(logs), "--labels", str(lab), "--json", *extra],
+            check=True, capture_output=True, text=True,
+        ).stdout
+        return sum(g["predictions"] for g in json.loads(out)["groups"])
+
+    assert join() == 0
+    assert join("--include-wal") == 200
+    out = subprocess.run(
+        [mesh_binary(), "logs", "convert", "--logs", str(logs)], check=True, capture_output=True, text=True
+    ).stdout
+    assert out.splitlines()[-1].startswith("1 segment, 200 records converted"), out
+    assert not list((logs / "_wal").glob("**/*.wal"))
+    n = duckdb.connect().execute(
+        "SELECT count(*) FROM read_parquet($g, hive_partitioning = true)", {"g": f"{logs}/**/*.parquet"}
+    ).fetchone()[0]
+    assert n == 200
+    assert join() == 200
+
+
+def test_convert_watch_follows_a_serving_log_and_stops_on_sigterm(tmp_path, samples):
+    """`mesh logs convert --watch` beside a serving mesh: the segment the server closes
+    at shutdown becomes a Parquet file without another command, and SIGTERM ends the
+    converter cleanly with its summary."""
+    import signal
+    import time
+
+    x, _ = samples
+    repo = copy_repo(tmp_path / "models")
+    logs = tmp_path / "predictions"
+    cfg = tmp_path / "mesh.toml"
+    cfg.write_text(f'[prediction_log]\ndir = "{logs}"\nflush_interval = "50ms"\nparquet = "deferred"\n')
+    m = Mesh(repo, "--config", str(cfg))
+    watcher = None
+    try:
+        watcher = subprocess.Popen(
+            [mesh_binary(), "logs", "convert", "--logs", str(logs), "--watch", "--interval-ms", "50"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        c = grpcclient.InferenceServerClient(m.grpc)
+        for i in range(50):
+            inp = grpcclient.InferInput("input", [1, 32], "FP32")
+            inp.set_data_from_numpy(x[i : i + 1])
+            c.infer("fraud_mlp", [inp], request_id=f"txn-{i}")
+        time.sleep(0.3)
+        assert not list(logs.glob("**/*.parquet")), "the open segment is never converted"
+    finally:
+        m.stop()
+    deadline = time.time() + 20
+    while not list(logs.glob("**/*.parquet")) and time.time() < deadline:
+        time.sleep(0.05)
+    assert list(logs.glob("**/*.parquet"))
+    watcher.send_signal(signal.SIGTERM)
+    out, err = watcher.communicate(timeout=20)
+    assert watcher.returncode == 0, err
+    assert out.splitlines()[-1].startswith("1 segment, 50 records converted"), out
+    assert not list((logs / "_wal").glob("**/*.wal"))
