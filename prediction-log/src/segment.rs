@@ -243,7 +243,7 @@ pub(crate) fn recover_keeping(dir: &Path, keep_closed: bool) -> Result<RecoveryR
                     .strip_prefix(".part-")
                     .and_then(|n| n.strip_suffix(".wal.parquet.tmp"))
                     .map(|id| closed_wal_path(dir, id))
-                    .is_some_and(|w| matches!(lock_segment(&w), Ok(None)));
+                    .is_some_and(|w| w.exists() && matches!(lock_segment(&w), Ok(None)));
                 if converting {
                     continue;
                 }

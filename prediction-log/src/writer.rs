@@ -271,6 +271,9 @@ impl PredictionLog {
         metrics::counter!("mesh_log_encoder_behind_segments_total").increment(0);
         metrics::gauge!("mesh_log_segments_waiting_for_closer").set(0.0);
         metrics::counter!("mesh_log_deferred_bound_segments_total").increment(0);
+        metrics::gauge!("mesh_log_deferred_segments").set(waiting.len() as f64);
+        metrics::gauge!("mesh_log_deferred_bytes")
+            .set(waiting.iter().map(|(_, _, b)| *b).sum::<u64>() as f64);
         let (tx, rx) = mpsc::sync_channel(16);
         let (done_tx, done_rx) = watch::channel(false);
         let shared = Arc::new(Shared::new(config.channel_capacity));

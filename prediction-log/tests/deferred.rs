@@ -200,7 +200,8 @@ async fn a_restart_converts_open_leftovers_and_leaves_closed_segments_waiting() 
 }
 
 /// A closed segment whose lock another process holds (it is converting it) is left
-/// alone, by the converters and by recovery at start, and so is its temp file.
+/// alone, by the converters and by recovery at start, and so is its temp file; a
+/// temp file whose conversion no one holds is removed.
 #[tokio::test]
 async fn a_segment_being_converted_elsewhere_is_left_alone() {
     let dir = tempfile::tempdir().unwrap();
@@ -221,14 +222,18 @@ async fn a_segment_being_converted_elsewhere_is_left_alone() {
     std::fs::create_dir_all(&part).unwrap();
     let tmp = part.join(format!(".part-{id}.wal.parquet.tmp"));
     std::fs::write(&tmp, b"half written").unwrap();
+    // A temp file of a conversion no one holds (its wal is gone) is removed at start.
+    let stale = part.join(".part-0000000000000001-1-000000.wal.parquet.tmp");
+    std::fs::write(&stale, b"left by a crash").unwrap();
 
     let done = convert_closed(dir.path(), |_| ()).unwrap();
     assert_eq!(done.len(), closed.len() - 1);
     assert!(closed[0].exists());
     let (log, writer) = PredictionLog::start(LogConfig::new(dir.path())).unwrap();
     assert_eq!(writer.recovered.wal_files, 0);
-    assert_eq!(writer.recovered.temp_files_removed, 0);
+    assert_eq!(writer.recovered.temp_files_removed, 1);
     assert!(tmp.exists() && closed[0].exists());
+    assert!(!stale.exists());
     log.shutdown().await.unwrap();
     writer.join().unwrap();
 
