@@ -150,7 +150,9 @@ pub struct ConvertArgs {
 
 /// Converts every closed segment waiting in `args.logs` (oldest first), printing one
 /// line per segment and a summary; with `watch`, again every `interval_ms` until
-/// `stop()` returns true. Safe beside the serving writer (it never touches the open
+/// `stop()` returns true. A segment that cannot be converted is named on stderr and
+/// left as it is while the others are converted; the run then ends in an error that
+/// names it (with `watch`, only if the last pass still failed on it). Safe beside the serving writer (it never touches the open
 /// segment) and beside other converters (each segment's lock decides who converts it).
 pub fn run_convert(args: &ConvertArgs, out: &mut dyn Write, stop: &dyn Fn() -> bool) -> Result<()> {
     if !args.logs.is_dir() {
@@ -166,9 +168,21 @@ pub fn run_convert(args: &ConvertArgs, out: &mut dyn Write, stop: &dyn Fn() -> b
     }
     let started = std::time::Instant::now();
     let (mut segments, mut records) = (0u64, 0u64);
+    let mut bad: Vec<String> = Vec::new();
     loop {
         let mut failed = None;
+        bad.clear();
         crate::segment::convert_closed(&args.logs, |c| {
+            let c = match c {
+                Ok(c) => c,
+                Err((wal, e)) => {
+                    // Left as it is; the others are converted, and the next pass (or
+                    // run) tries it again.
+                    eprintln!("could not convert {}: {e}", wal.display());
+                    bad.push(wal.display().to_string());
+                    return;
+                }
+            };
             segments += 1;
             records += c.records as u64;
             let line = if args.json {
@@ -221,6 +235,13 @@ pub fn run_convert(args: &ConvertArgs, out: &mut dyn Write, stop: &dyn Fn() -> b
             }
         )
         .map_err(|e| LogError::io("stdout", e))?;
+    }
+    if !bad.is_empty() {
+        return Err(LogError::Config(format!(
+            "{} closed segment(s) could not be converted and stay as wal files: {}",
+            bad.len(),
+            bad.join(", ")
+        )));
     }
     Ok(())
 }

@@ -336,19 +336,26 @@ pub(crate) fn convert_closed_segment(
 }
 
 /// Converts every closed segment waiting in `dir`'s `_wal/closed/` (deferred
-/// conversion), oldest first, calling `each` after each one. Runs beside a serving
-/// writer, and beside other converters: a segment another one holds is skipped. The
-/// open segment is never touched (it is not in `_wal/closed/` until it rolls).
+/// conversion), oldest first, calling `each` with what became of each one. Runs beside
+/// a serving writer, and beside other converters: a segment another one holds is
+/// skipped. The open segment is never touched (it is not in `_wal/closed/` until it
+/// rolls). A segment that cannot be converted (its wal unreadable, a full disk) is
+/// passed to `each` with its error and left as it is, and the others are still
+/// converted; the error is `Err` only when `_wal/closed/` cannot be listed.
 pub fn convert_closed(
     dir: &Path,
-    mut each: impl FnMut(&ConvertedSegment),
+    mut each: impl FnMut(std::result::Result<&ConvertedSegment, (&Path, &LogError)>),
 ) -> Result<Vec<ConvertedSegment>> {
     let mut done = Vec::new();
     for wal in list_wals(&closed_dir(dir))? {
         let Some(id) = id_of_wal(&wal) else { continue };
-        if let Some(c) = convert_closed_segment(dir, &id, &wal, &mut || ())? {
-            each(&c);
-            done.push(c);
+        match convert_closed_segment(dir, &id, &wal, &mut || ()) {
+            Ok(Some(c)) => {
+                each(Ok(&c));
+                done.push(c);
+            }
+            Ok(None) => {}
+            Err(e) => each(Err((&wal, &e))),
         }
     }
     Ok(done)

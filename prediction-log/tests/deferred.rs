@@ -285,3 +285,44 @@ async fn cli_convert_prints_each_segment_and_a_summary() {
         "{e}"
     );
 }
+
+/// A closed segment that cannot be read does not stop the others: they are converted,
+/// it stays as it is, and the run ends in an error that names it.
+#[tokio::test]
+async fn an_unreadable_closed_segment_is_named_and_the_others_still_convert() {
+    use mesh_prediction_log::commands::{run_convert, ConvertArgs};
+    let dir = tempfile::tempdir().unwrap();
+    let (log, writer) = PredictionLog::start(deferred(dir.path(), 8_000)).unwrap();
+    let sent = write(&log, 0..200).await;
+    log.shutdown().await.unwrap();
+    writer.join().unwrap();
+    let n = closed_wals(dir.path()).len();
+    // Sorts first, so it is met before the good ones.
+    let bad = dir
+        .path()
+        .join("_wal/closed/seg-0000000000000000-1-000000.wal");
+    std::fs::write(&bad, b"not a wal at all").unwrap();
+    let mut errors = 0;
+    let done = convert_closed(dir.path(), |c| errors += usize::from(c.is_err())).unwrap();
+    assert_eq!((done.len(), errors), (n, 1));
+    assert_eq!(read_all(dir.path(), ReadOptions::default()).unwrap(), sent);
+    assert!(bad.exists());
+    let args = ConvertArgs {
+        logs: dir.path().to_path_buf(),
+        watch: false,
+        interval_ms: 10,
+        idle: false,
+        json: false,
+    };
+    let mut out = Vec::new();
+    let e = run_convert(&args, &mut out, &|| false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("1 closed segment(s)") && e.contains("seg-0000000000000000-1-000000.wal"),
+        "{e}"
+    );
+    assert!(String::from_utf8(out)
+        .unwrap()
+        .starts_with("0 segments, 0 records"));
+}
