@@ -29,8 +29,9 @@ pub struct ConvertArgs {
     /// How often to look for new closed segments with --watch, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub interval_ms: u64,
-    /// Run under SCHED_IDLE (Linux): only CPU time no other thread wants, for a
-    /// converter on the serving machine.
+    /// Run under SCHED_IDLE (Linux): only CPU time no other thread wants, in spells of
+    /// at most 200 µs with a 50 µs nap between them, for a converter on the serving
+    /// machine.
     #[arg(long)]
     pub idle: bool,
     /// One JSON object per converted segment.

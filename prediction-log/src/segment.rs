@@ -344,12 +344,22 @@ pub(crate) fn convert_closed_segment(
 /// converted; the error is `Err` only when `_wal/closed/` cannot be listed.
 pub fn convert_closed(
     dir: &Path,
+    each: impl FnMut(std::result::Result<&ConvertedSegment, (&Path, &LogError)>),
+) -> Result<Vec<ConvertedSegment>> {
+    convert_closed_with(dir, &mut || (), each)
+}
+
+/// [`convert_closed`], calling `between` after each record (where `mesh logs convert
+/// --idle` naps, as the log's encoder does).
+pub(crate) fn convert_closed_with(
+    dir: &Path,
+    between: &mut dyn FnMut(),
     mut each: impl FnMut(std::result::Result<&ConvertedSegment, (&Path, &LogError)>),
 ) -> Result<Vec<ConvertedSegment>> {
     let mut done = Vec::new();
     for wal in list_wals(&closed_dir(dir))? {
         let Some(id) = id_of_wal(&wal) else { continue };
-        match convert_closed_segment(dir, &id, &wal, &mut || ()) {
+        match convert_closed_segment(dir, &id, &wal, between) {
             Ok(Some(c)) => {
                 each(Ok(&c));
                 done.push(c);

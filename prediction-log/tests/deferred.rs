@@ -326,3 +326,40 @@ async fn an_unreadable_closed_segment_is_named_and_the_others_still_convert() {
         .unwrap()
         .starts_with("0 segments, 0 records"));
 }
+
+/// `--idle`: the converting thread runs under SCHED_IDLE (its naps are those of the
+/// encoder's `Pace`, tested with it) and still converts every record.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn cli_convert_idle_runs_under_sched_idle_and_converts_everything() {
+    use mesh_prediction_log::commands::{run_convert, ConvertArgs};
+    let dir = tempfile::tempdir().unwrap();
+    let (log, writer) = PredictionLog::start(deferred(dir.path(), 64_000)).unwrap();
+    let sent = write(&log, 0..3_000).await;
+    log.shutdown().await.unwrap();
+    writer.join().unwrap();
+    let args = ConvertArgs {
+        logs: dir.path().to_path_buf(),
+        watch: false,
+        interval_ms: 10,
+        idle: true,
+        json: true,
+    };
+    let policy = std::thread::spawn(move || {
+        run_convert(&args, &mut Vec::new(), &|| false).unwrap();
+        // Field 41 of /proc/<tid>/stat is the scheduling policy; 5 is SCHED_IDLE.
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+        let after = stat.rsplit(')').next().unwrap();
+        after
+            .split_whitespace()
+            .nth(41 - 3)
+            .unwrap()
+            .parse::<u32>()
+            .unwrap()
+    })
+    .join()
+    .unwrap();
+    assert_eq!(policy, 5);
+    assert!(closed_wals(dir.path()).is_empty());
+    assert_eq!(read_all(dir.path(), ReadOptions::default()).unwrap(), sent);
+}
