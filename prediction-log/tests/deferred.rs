@@ -6,9 +6,10 @@
 mod common;
 
 use common::record;
+use mesh_prediction_log::commands::ConvertArgs;
 use mesh_prediction_log::{
-    convert_closed, parquet_files, read_all, wal_files, LogConfig, ParquetMode, PredictionLog,
-    PredictionRecord, ReadOptions, Role, Tailer,
+    convert_closed, parquet_files, read_all, wal_files, LogConfig, LogStats, ParquetMode,
+    PredictionLog, PredictionRecord, ReadOptions, Role, Tailer,
 };
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,16 +50,34 @@ async fn write(
     sent
 }
 
+/// Runs a log with `cfg` through records `ids`, to its shutdown: what was sent, and the
+/// log's last counters.
+async fn logged(cfg: LogConfig, ids: std::ops::Range<u64>) -> (Vec<PredictionRecord>, LogStats) {
+    let (log, writer) = PredictionLog::start(cfg).unwrap();
+    let sent = write(&log, ids).await;
+    let stats = log.shutdown().await.unwrap();
+    writer.join().unwrap();
+    (sent, stats)
+}
+
+/// `mesh logs convert --logs dir`, once.
+fn convert_args(dir: &Path, idle: bool, json: bool) -> ConvertArgs {
+    ConvertArgs {
+        logs: dir.to_path_buf(),
+        watch: false,
+        interval_ms: 10,
+        idle,
+        json,
+    }
+}
+
 /// The serving process builds no Parquet file: every rolled segment, and the open one at
 /// shutdown, waits in `_wal/closed/`, readable with `include_wal`; a converter then
 /// turns them into Parquet files that hold every record once, in order.
 #[tokio::test]
 async fn rolled_segments_wait_as_wal_files_until_a_converter_builds_their_parquet() {
     let dir = tempfile::tempdir().unwrap();
-    let (log, writer) = PredictionLog::start(deferred(dir.path(), 8_000)).unwrap();
-    let sent = write(&log, 0..600).await;
-    let stats = log.shutdown().await.unwrap();
-    writer.join().unwrap();
+    let (sent, stats) = logged(deferred(dir.path(), 8_000), 0..600).await;
     assert_eq!(stats.written, 600);
     assert_eq!(stats.segments, 0, "the server converted nothing");
     assert!(parquet_files(dir.path()).unwrap().is_empty());
@@ -142,10 +161,7 @@ async fn past_the_bound_the_writer_converts_the_oldest_itself() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = deferred(dir.path(), 6_000);
     c.deferred_max_bytes = 12_000;
-    let (log, writer) = PredictionLog::start(c).unwrap();
-    let sent = write(&log, 0..800).await;
-    let stats = log.shutdown().await.unwrap();
-    writer.join().unwrap();
+    let (sent, stats) = logged(c, 0..800).await;
     let waiting: u64 = closed_wals(dir.path())
         .iter()
         .map(|w| std::fs::metadata(w).unwrap().len())
@@ -170,10 +186,7 @@ async fn past_the_bound_the_writer_converts_the_oldest_itself() {
 #[tokio::test]
 async fn a_restart_converts_open_leftovers_and_leaves_closed_segments_waiting() {
     let dir = tempfile::tempdir().unwrap();
-    let (log, writer) = PredictionLog::start(deferred(dir.path(), 8_000)).unwrap();
-    let sent = write(&log, 0..300).await;
-    log.shutdown().await.unwrap();
-    writer.join().unwrap();
+    let (sent, _) = logged(deferred(dir.path(), 8_000), 0..300).await;
     let closed = closed_wals(dir.path());
     assert!(closed.len() >= 3);
     let back = dir.path().join("_wal").join(closed[0].file_name().unwrap());
@@ -205,10 +218,7 @@ async fn a_restart_converts_open_leftovers_and_leaves_closed_segments_waiting() 
 #[tokio::test]
 async fn a_segment_being_converted_elsewhere_is_left_alone() {
     let dir = tempfile::tempdir().unwrap();
-    let (log, writer) = PredictionLog::start(deferred(dir.path(), 8_000)).unwrap();
-    let sent = write(&log, 0..200).await;
-    log.shutdown().await.unwrap();
-    writer.join().unwrap();
+    let (sent, _) = logged(deferred(dir.path(), 8_000), 0..200).await;
     let closed = closed_wals(dir.path());
     let held = std::fs::File::open(&closed[0]).unwrap();
     held.try_lock().unwrap();
@@ -247,21 +257,12 @@ async fn a_segment_being_converted_elsewhere_is_left_alone() {
 /// directory that is not there is an error that names it.
 #[tokio::test]
 async fn cli_convert_prints_each_segment_and_a_summary() {
-    use mesh_prediction_log::commands::{run_convert, ConvertArgs};
+    use mesh_prediction_log::commands::run_convert;
     let dir = tempfile::tempdir().unwrap();
-    let (log, writer) = PredictionLog::start(deferred(dir.path(), 8_000)).unwrap();
-    write(&log, 0..200).await;
-    log.shutdown().await.unwrap();
-    writer.join().unwrap();
+    logged(deferred(dir.path(), 8_000), 0..200).await;
     let n = closed_wals(dir.path()).len();
     assert!(n >= 2, "{n} closed segments");
-    let mut args = ConvertArgs {
-        logs: dir.path().to_path_buf(),
-        watch: false,
-        interval_ms: 10,
-        idle: false,
-        json: false,
-    };
+    let mut args = convert_args(dir.path(), false, false);
     let mut out = Vec::new();
     run_convert(&args, &mut out, &|| false).unwrap();
     let text = String::from_utf8(out).unwrap();
@@ -290,12 +291,9 @@ async fn cli_convert_prints_each_segment_and_a_summary() {
 /// it stays as it is, and the run ends in an error that names it.
 #[tokio::test]
 async fn an_unreadable_closed_segment_is_named_and_the_others_still_convert() {
-    use mesh_prediction_log::commands::{run_convert, ConvertArgs};
+    use mesh_prediction_log::commands::run_convert;
     let dir = tempfile::tempdir().unwrap();
-    let (log, writer) = PredictionLog::start(deferred(dir.path(), 8_000)).unwrap();
-    let sent = write(&log, 0..200).await;
-    log.shutdown().await.unwrap();
-    writer.join().unwrap();
+    let (sent, _) = logged(deferred(dir.path(), 8_000), 0..200).await;
     let n = closed_wals(dir.path()).len();
     // Sorts first, so it is met before the good ones.
     let bad = dir
@@ -307,13 +305,7 @@ async fn an_unreadable_closed_segment_is_named_and_the_others_still_convert() {
     assert_eq!((done.len(), errors), (n, 1));
     assert_eq!(read_all(dir.path(), ReadOptions::default()).unwrap(), sent);
     assert!(bad.exists());
-    let args = ConvertArgs {
-        logs: dir.path().to_path_buf(),
-        watch: false,
-        interval_ms: 10,
-        idle: false,
-        json: false,
-    };
+    let args = convert_args(dir.path(), false, false);
     let mut out = Vec::new();
     let e = run_convert(&args, &mut out, &|| false)
         .unwrap_err()
@@ -332,30 +324,14 @@ async fn an_unreadable_closed_segment_is_named_and_the_others_still_convert() {
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn cli_convert_idle_runs_under_sched_idle_and_converts_everything() {
-    use mesh_prediction_log::commands::{run_convert, ConvertArgs};
+    use mesh_prediction_log::commands::run_convert;
     let dir = tempfile::tempdir().unwrap();
-    let (log, writer) = PredictionLog::start(deferred(dir.path(), 64_000)).unwrap();
-    let sent = write(&log, 0..3_000).await;
-    log.shutdown().await.unwrap();
-    writer.join().unwrap();
-    let args = ConvertArgs {
-        logs: dir.path().to_path_buf(),
-        watch: false,
-        interval_ms: 10,
-        idle: true,
-        json: true,
-    };
+    let (sent, _) = logged(deferred(dir.path(), 64_000), 0..3_000).await;
+    let args = convert_args(dir.path(), true, true);
     let policy = std::thread::spawn(move || {
         run_convert(&args, &mut Vec::new(), &|| false).unwrap();
         // Field 41 of /proc/<tid>/stat is the scheduling policy; 5 is SCHED_IDLE.
-        let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
-        let after = stat.rsplit(')').next().unwrap();
-        after
-            .split_whitespace()
-            .nth(41 - 3)
-            .unwrap()
-            .parse::<u32>()
-            .unwrap()
+        common::stat_field(Path::new("/proc/thread-self"), 41)
     })
     .join()
     .unwrap();

@@ -4,6 +4,8 @@
 mod common;
 
 use common::record;
+#[cfg(target_os = "linux")]
+use common::stat_field;
 use mesh_prediction_log::{
     parquet_files, read_all, read_parquet, recover, wal_files, FeatureLogging, LogConfig,
     LoggedFeature, PredictionLog, PredictionLogHandle, Protocol, ReadOptions, RecordRef, Role,
@@ -485,19 +487,6 @@ impl WithTs for mesh_prediction_log::PredictionRecord {
         }
         self
     }
-}
-
-/// Field `i` (1-based, as in proc(5)) of a thread's /proc stat line.
-#[cfg(target_os = "linux")]
-fn stat_field(task: &std::path::Path, i: usize) -> i64 {
-    let stat = std::fs::read_to_string(task.join("stat")).unwrap();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .unwrap()
-        .1
-        .split_whitespace()
-        .collect();
-    fields[i - 3].parse().unwrap()
 }
 
 /// The log's threads of this process (`plog-writer`, `plog-closer`, `plog-encoder`), each

@@ -62,3 +62,15 @@ pub fn record(i: u64, version: &str, role: Role) -> PredictionRecord {
     };
     r
 }
+
+/// Field `i` (1-based, as in proc(5)) of a thread's /proc stat line.
+pub fn stat_field(task: &std::path::Path, i: usize) -> i64 {
+    let stat = std::fs::read_to_string(task.join("stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    fields[i - 3].parse().unwrap()
+}
