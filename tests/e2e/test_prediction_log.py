@@ -13,20 +13,31 @@ import tritonclient.grpc as grpcclient
 from conftest import ROOT, Mesh, copy_repo, mesh_binary
 
 
-def test_log_join_matches_duckdb(tmp_path, samples):
-    x, _ = samples
-    labels = np.loadtxt(ROOT / "tests/data/fraud-mlp/samples.csv", delimiter=",", skiprows=1, usecols=33)
+def logged_mesh(tmp_path, extra=""):
+    """A mesh serving a copy of the example models with its prediction log in
+    tmp_path/predictions (`extra`: more [prediction_log] lines): (mesh, log dir)."""
     repo = copy_repo(tmp_path / "models")
     logs = tmp_path / "predictions"
     cfg = tmp_path / "mesh.toml"
-    cfg.write_text(f'[prediction_log]\ndir = "{logs}"\nflush_interval = "50ms"\n')
-    m = Mesh(repo, "--config", str(cfg))
+    cfg.write_text(f'[prediction_log]\ndir = "{logs}"\nflush_interval = "50ms"\n{extra}')
+    return Mesh(repo, "--config", str(cfg)), logs
+
+
+def infer_rows(m, x, n):
+    """One OIP gRPC call per row of x[:n], with request ids txn-0, txn-1, ..."""
+    c = grpcclient.InferenceServerClient(m.grpc)
+    for i in range(n):
+        inp = grpcclient.InferInput("input", [1, 32], "FP32")
+        inp.set_data_from_numpy(x[i : i + 1])
+        c.infer("fraud_mlp", [inp], request_id=f"txn-{i}")
+
+
+def test_log_join_matches_duckdb(tmp_path, samples):
+    x, _ = samples
+    labels = np.loadtxt(ROOT / "tests/data/fraud-mlp/samples.csv", delimiter=",", skiprows=1, usecols=33)
+    m, logs = logged_mesh(tmp_path)
     try:
-        c = grpcclient.InferenceServerClient(m.grpc)
-        for i in range(len(x)):
-            inp = grpcclient.InferInput("input", [1, 32], "FP32")
-            inp.set_data_from_numpy(x[i : i + 1])
-            c.infer("fraud_mlp", [inp], request_id=f"txn-{i}")
+        infer_rows(m, x, len(x))
     finally:
         m.stop()  # SIGTERM: drains the log and closes the open segment
     # Outcomes arrive later: labels for 900 of the 1000, plus one unknown id and a duplicate.
@@ -75,17 +86,9 @@ def test_deferred_parquet_waits_for_mesh_logs_convert(tmp_path, samples):
     logged waits in `_wal/closed/` (a join with --include-wal already counts it), until
     `mesh logs convert` (another process) builds the files DuckDB reads."""
     x, _ = samples
-    repo = copy_repo(tmp_path / "models")
-    logs = tmp_path / "predictions"
-    cfg = tmp_path / "mesh.toml"
-    cfg.write_text(f'[prediction_log]\ndir = "{logs}"\nflush_interval = "50ms"\nparquet = "deferred"\n')
-    m = Mesh(repo, "--config", str(cfg))
+    m, logs = logged_mesh(tmp_path, 'parquet = "deferred"\n')
     try:
-        c = grpcclient.InferenceServerClient(m.grpc)
-        for i in range(200):
-            inp = grpcclient.InferInput("input", [1, 32], "FP32")
-            inp.set_data_from_numpy(x[i : i + 1])
-            c.infer("fraud_mlp", [inp], request_id=f"txn-{i}")
+        infer_rows(m, x, 200)
     finally:
         m.stop()  # SIGTERM: drains the log; the open segment rolls into _wal/closed/
     assert not list(logs.glob("**/*.parquet"))
@@ -123,22 +126,14 @@ def test_convert_watch_follows_a_serving_log_and_stops_on_sigterm(tmp_path, samp
     import time
 
     x, _ = samples
-    repo = copy_repo(tmp_path / "models")
-    logs = tmp_path / "predictions"
-    cfg = tmp_path / "mesh.toml"
-    cfg.write_text(f'[prediction_log]\ndir = "{logs}"\nflush_interval = "50ms"\nparquet = "deferred"\n')
-    m = Mesh(repo, "--config", str(cfg))
+    m, logs = logged_mesh(tmp_path, 'parquet = "deferred"\n')
     watcher = None
     try:
         watcher = subprocess.Popen(
             [mesh_binary(), "logs", "convert", "--logs", str(logs), "--watch", "--interval-ms", "50"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
-        c = grpcclient.InferenceServerClient(m.grpc)
-        for i in range(50):
-            inp = grpcclient.InferInput("input", [1, 32], "FP32")
-            inp.set_data_from_numpy(x[i : i + 1])
-            c.infer("fraud_mlp", [inp], request_id=f"txn-{i}")
+        infer_rows(m, x, 50)
         time.sleep(0.3)
         assert not list(logs.glob("**/*.parquet")), "the open segment is never converted"
     finally:
