@@ -17,39 +17,19 @@ pub struct ReadOptions {
     pub include_wal: bool,
 }
 
-/// Calls `f` with every record of `dir`, file by file, oldest segment first.
+/// Calls `f` with every record of `dir`, file by file, oldest segment first: the
+/// Parquet segments, then (with `include_wal`) the wal files. Each record comes once even
+/// while a segment is converted beside the read (by the writer, or by `mesh logs
+/// convert`): see [`listing`]; a wal removed before it could be read is read from its
+/// Parquet file.
 pub fn scan(dir: &Path, opts: ReadOptions, mut f: impl FnMut(PredictionRecord)) -> Result<()> {
-    for_each_file(dir, opts, |recs| recs.into_iter().for_each(&mut f))
-}
-
-/// Calls `f` with the records of each file of `dir`: the Parquet segments, then (with
-/// `include_wal`) the wal files, each record once even while a segment is converted
-/// beside the read (by the writer, or by `mesh logs convert`): the wals are listed
-/// first, a wal whose Parquet file is listed is skipped (the file is renamed into place
-/// before the wal is removed), and a wal removed before it could be read is read from
-/// its Parquet file.
-fn for_each_file(
-    dir: &Path,
-    opts: ReadOptions,
-    mut f: impl FnMut(Vec<PredictionRecord>),
-) -> Result<()> {
-    let wals = if opts.include_wal {
-        wal_files(dir)?
-    } else {
-        Vec::new()
-    };
-    let parquet = parquet_files(dir)?;
-    let converted: HashSet<&str> = parquet.iter().filter_map(|p| id_of_parquet(p)).collect();
+    let (parquet, wals) = listing(dir, opts.include_wal)?;
     for p in &parquet {
-        f(read_parquet(p)?);
+        read_parquet(p)?.into_iter().for_each(&mut f);
     }
-    for w in wals {
-        let Some(id) = id_of_wal(&w) else { continue };
-        if converted.contains(id.as_str()) {
-            continue;
-        }
+    for (id, w) in wals {
         match read_wal_from(&w, 0) {
-            Ok(c) => f(c.records),
+            Ok(c) => c.records.into_iter().for_each(&mut f),
             Err(crate::error::LogError::Io { source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound =>
             {
@@ -58,7 +38,7 @@ fn for_each_file(
                     .into_iter()
                     .find(|p| id_of_parquet(p) == Some(id.as_str()))
                 {
-                    f(read_parquet(&p)?);
+                    read_parquet(&p)?.into_iter().for_each(&mut f);
                 }
             }
             Err(e) => return Err(e),
@@ -67,19 +47,32 @@ fn for_each_file(
     Ok(())
 }
 
+/// A wal file with its segment id.
+type UnconvertedWal = (String, PathBuf);
+
+/// `dir`'s Parquet segments and (with `wals`) its wal files not yet converted, with
+/// their ids. The wals are listed first and a wal whose Parquet file is listed is left
+/// out: the file is renamed into place before the wal is removed, so a conversion
+/// between the two listings shows its segment once.
+fn listing(dir: &Path, wals: bool) -> Result<(Vec<PathBuf>, Vec<UnconvertedWal>)> {
+    let wals = if wals { wal_files(dir)? } else { Vec::new() };
+    let parquet = parquet_files(dir)?;
+    let converted: HashSet<&str> = parquet.iter().filter_map(|p| id_of_parquet(p)).collect();
+    let wals = wals
+        .into_iter()
+        .filter_map(|w| Some((id_of_wal(&w)?, w)))
+        .filter(|(id, _)| !converted.contains(id.as_str()))
+        .collect();
+    Ok((parquet, wals))
+}
+
 /// Records in `dir`'s write-ahead files: written by a running writer (its open
 /// segment), waiting for a deferred conversion, or left by a crash, and not yet in a
 /// Parquet file, so readers of the Parquet files (and a join without `include_wal`) do
 /// not see them.
 pub fn wal_record_count(dir: &Path) -> Result<u64> {
     let mut n = 0u64;
-    let wals = wal_files(dir)?;
-    let parquet = parquet_files(dir)?;
-    let converted: HashSet<&str> = parquet.iter().filter_map(|p| id_of_parquet(p)).collect();
-    for w in wals {
-        if id_of_wal(&w).is_some_and(|id| converted.contains(id.as_str())) {
-            continue;
-        }
+    for (_, w) in listing(dir, true)?.1 {
         match read_wal_from(&w, 0) {
             Ok(c) => n += c.records.len() as u64,
             Err(crate::error::LogError::Io { source, .. })

@@ -1107,10 +1107,7 @@ fn writer_main(
         }
         w.roll();
         w.hand_to_closer(true);
-        w.deferred.retain(|(job, _)| job.wal.exists());
-        shared
-            .deferred
-            .store(w.deferred.len() as u64, Ordering::Relaxed);
+        // The roll above counted what waits (`bound_deferred`).
         if !w.deferred.is_empty() {
             tracing::info!(
                 segments = w.deferred.len(),
