@@ -23,8 +23,9 @@ impl Model for Fake {
         1
     }
     fn forward(&mut self, b: &Batch) -> Result<Forward, ModelError> {
-        std::thread::sleep(self.delay);
+        // Recorded as the batch starts, so a test can wait for a runner to take it.
         self.seen.lock().push(b.data.clone());
+        std::thread::sleep(self.delay);
         Ok(Forward {
             data: b.data.chunks(2).map(|r| r[0] + r[1]).collect(),
             cols: 1,
@@ -222,6 +223,16 @@ async fn admission_refuses_at_once_what_cannot_be_answered_in_time() {
     let h1 = h.clone();
     let running = tokio::spawn(async move { h1.infer(row(1.0), in_secs(5)).await });
     until_in_flight(&h, 1).await;
+    // Taken by the runner, so that only the next one waits in the queue: in flight
+    // alone, it may still be queued, and two batches would be ahead.
+    let t = Instant::now();
+    while seen.lock().len() < 2 {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the runner never took it"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     let h2 = h.clone();
     let waiting = tokio::spawn(async move { h2.infer(row(2.0), in_secs(5)).await });
     until_in_flight(&h, 2).await;
