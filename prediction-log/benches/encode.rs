@@ -1,18 +1,23 @@
-//! The Parquet encoder alone: records/s through `write_parquet` (the column builders,
-//! the slices, the row groups, Snappy and the footer; the same writer the log's encoder
-//! thread fills as records arrive), with records shaped like the ones `mesh serve` logs
+//! The Parquet encoder alone: records/s through `write_parquet` (the log's own column
+//! writer, the one its encoder thread fills as records arrive: pages, dictionaries,
+//! Snappy, row groups and the footer), against `write_parquet_arrow` (the Arrow writer
+//! with the settings the log used before, as the baseline), in the same run, with records shaped like the ones `mesh serve` logs
 //! for the example spec's decisions: 30 features (the card and merchant views' values
 //! with their event times, request floats of full precision), two entity keys, a score,
-//! the stage times. Prints the file's size per record once.
+//! the stage times. The time measured is the thread's CPU time (elsewhere than Linux,
+//! wall time). Prints the file's size per record once.
 //!
 //! cargo bench -p mesh-prediction-log --bench encode
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use mesh_prediction_log::{
-    source, write_parquet, FeatureUsed, PredictionRecord, Protocol, Role, StageMicros,
+    source, write_parquet, write_parquet_arrow, FeatureUsed, PredictionRecord, Protocol, Role,
+    StageMicros,
 };
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+#[cfg(not(target_os = "linux"))]
+use std::time::Instant;
 
 /// The allocator `mesh serve` runs with: how the encoder's memory is reused, or given
 /// back and faulted in again, depends on it.
@@ -118,30 +123,55 @@ fn records() -> Vec<PredictionRecord> {
         .collect()
 }
 
+/// CPU time of this thread: what the encoding takes from the serving threads (the file's
+/// fsync at the end is a wait, not CPU, and its length is the disk's).
+#[cfg(target_os = "linux")]
+fn cpu_time() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn cpu_time() -> Duration {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed()
+}
+
+/// A function that writes records to a Parquet file.
+type WriteFn = fn(&std::path::Path, &[PredictionRecord]) -> mesh_prediction_log::Result<()>;
+
 fn encode(c: &mut Criterion) {
     let recs = records();
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("bench.parquet");
-    write_parquet(&path, &recs).expect("write");
-    let bytes = std::fs::metadata(&path).expect("metadata").len();
-    eprintln!(
-        "encode: {N} records of 30 features, {:.1} bytes a record",
-        bytes as f64 / N as f64
-    );
+    let writers: [(&str, WriteFn); 2] = [
+        ("log_writer", write_parquet),
+        ("arrow_writer_baseline", write_parquet_arrow),
+    ];
+    for (name, write) in writers {
+        write(&path, &recs).expect("write");
+        let bytes = std::fs::metadata(&path).expect("metadata").len();
+        eprintln!(
+            "encode: {name}: {N} records of 30 features, {:.1} bytes a record",
+            bytes as f64 / N as f64
+        );
+    }
     let mut g = c.benchmark_group("encode");
     g.sample_size(10).measurement_time(Duration::from_secs(15));
     g.throughput(Throughput::Elements(N as u64));
-    g.bench_function(format!("write_parquet_{N}_records_30_features"), |b| {
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                let t = Instant::now();
-                write_parquet(&path, &recs).expect("write");
-                total += t.elapsed();
-            }
-            total
-        })
-    });
+    for (name, write) in writers {
+        g.bench_function(format!("{name}_{N}_records_30_features"), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let t = cpu_time();
+                    write(&path, &recs).expect("write");
+                    total += cpu_time() - t;
+                }
+                total
+            })
+        });
+    }
     g.finish();
 }
 

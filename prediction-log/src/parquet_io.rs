@@ -28,7 +28,7 @@ use parquet::basic::Compression;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 /// The Parquet column of each stage: `<name>_us`, in [`StageMicros::NAMES`] order.
@@ -122,7 +122,6 @@ pub(crate) struct BatchBuilder {
     stages: [Int64Builder; 7],
     keys: KeysBuilder,
     features: FeaturesBuilder,
-    rows: usize,
 }
 
 impl BatchBuilder {
@@ -141,13 +140,7 @@ impl BatchBuilder {
             stages: std::array::from_fn(|_| Int64Builder::with_capacity(n)),
             keys: KeysBuilder::with_capacity(n),
             features: FeaturesBuilder::with_capacity(n),
-            rows: 0,
         }
-    }
-
-    /// Records appended since the last `finish`.
-    pub(crate) fn len(&self) -> usize {
-        self.rows
     }
 
     /// Appends one record to every column.
@@ -166,12 +159,10 @@ impl BatchBuilder {
         }
         self.keys.append(r);
         self.features.append(r);
-        self.rows += 1;
     }
 
     /// The batch of the records appended since the last call.
     pub(crate) fn finish(&mut self) -> Result<RecordBatch> {
-        self.rows = 0;
         let mut columns: Vec<ArrayRef> = vec![
             Arc::new(finish_strings(&mut self.request_id)),
             Arc::new(finish_primitive(&mut self.ts)),
@@ -360,130 +351,65 @@ fn no_dictionary() -> [ColumnPath; 4] {
     ]
 }
 
-/// Rows per row group: large enough for good compression, small enough that readers can
-/// stream a big segment, and that the open segment's writer holds (and writes out) one
-/// row group of a few MB at a time rather than the whole segment when it closes.
-const ROW_GROUP_ROWS: usize = 16 * 1024;
-
-/// Rows handed to the Parquet writer at a time by an [`OpenParquet`]: each slice is
-/// encoded and compressed when it fills, so the work is spread over the segment's life
-/// in pieces instead of done all at once when it closes. Small enough that a slice's
-/// encoding (one call into the Parquet writer, which the log's threads cannot split
-/// with a nap, `priority::Pace`) lasts a few hundred µs rather than 1-1.5 ms at 512:
-/// 5% more encoding work (`benches/encode.rs`: 90.1 and 90.9 against 85.8 and 85.8 ms
-/// for 32,768 records, alternating), the same file.
-pub(crate) const SLICE_ROWS: usize = 128;
-
-/// A Parquet file written while its segment is open: records go into column builders as
-/// they arrive, and every [`SLICE_ROWS`] rows into the file's row groups, so that closing
-/// it only has the last slice, the last row group and the footer left to write.
-pub(crate) struct OpenParquet {
-    path: PathBuf,
-    writer: ArrowWriter<File>,
-    builder: BatchBuilder,
-}
-
-impl OpenParquet {
-    /// Creates (or truncates) the file at `path`.
-    pub(crate) fn create(path: &Path) -> Result<Self> {
-        let file = File::options()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(path)
-            .map_err(|e| LogError::io(path, e))?;
-        let props = WriterProperties::builder()
-            .set_compression(Compression::SNAPPY)
-            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
-            .set_created_by("inference-mesh prediction-log".to_string());
-        // Columns whose values are almost all distinct go without a dictionary: every
-        // value would be hashed into it until it fills (1 MB) and the column falls
-        // back to plain anyway, with the dictionary page and its indices on top.
-        // Request ids (each is new; 100,000 records of 33 features wrote 5% smaller
-        // files, 2% faster), the timestamp and the score (microseconds and full
-        // doubles), and the features' values (request floats are all distinct). In
-        // `benches/encode.rs` (served decisions of 30 features), dropping the last three
-        // made the files 8% smaller (259 against 281 bytes a record) and the encoding
-        // 13% faster (medians of five alternating runs: 177 against 204 ms for 32,768
-        // records; every pair faster). The other strings repeat (names, statuses,
-        // versions) and keep theirs: plain, the files grew 1.6-2.8x; so do the event
-        // times (one per entity) and the stage times.
-        let props = no_dictionary()
-            .into_iter()
-            .fold(props, |p, c| p.set_column_dictionary_enabled(c, false));
-        // The feature list's columns carry no statistics. A row group's min and max of
-        // every feature's name, value, status or time, all features mixed, prune
-        // nothing, and computing them was a fifth of the encoding: 100,000 records of
-        // 40 features took 3.0 against 3.7 µs a record to write (eight alternating
-        // rounds), for files 0.1% smaller. `ts` and the other columns keep theirs.
-        let props = feature_fields()
-            .iter()
-            .fold(props, |p, leaf| {
-                p.set_column_statistics_enabled(
-                    feature_column(leaf.name()),
-                    EnabledStatistics::None,
-                )
-            })
-            .build();
-        let writer = ArrowWriter::try_new(file, schema(), Some(props))
-            .map_err(|e| LogError::parquet(path, e))?;
-        Ok(Self {
-            path: path.to_path_buf(),
-            writer,
-            builder: BatchBuilder::with_capacity(SLICE_ROWS),
+/// The Arrow writer's file of `records`, with the settings the log used before it wrote
+/// its columns itself ([`crate::parquet_write`]): the reference that the tests compare
+/// the log's files with, and the baseline of `benches/encode.rs`. Not used by the log.
+#[doc(hidden)]
+pub fn write_parquet_arrow(path: &Path, records: &[PredictionRecord]) -> Result<()> {
+    let file = File::create(path).map_err(|e| LogError::io(path, e))?;
+    let props = WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .set_max_row_group_row_count(Some(crate::parquet_write::ROW_GROUP_ROWS))
+        .set_created_by("inference-mesh prediction-log".to_string());
+    // Columns whose values are almost all distinct go without a dictionary: every
+    // value would be hashed into it until it fills (1 MB) and the column falls
+    // back to plain anyway, with the dictionary page and its indices on top.
+    // Request ids (each is new; 100,000 records of 33 features wrote 5% smaller
+    // files, 2% faster), the timestamp and the score (microseconds and full
+    // doubles), and the features' values (request floats are all distinct). In
+    // `benches/encode.rs` (served decisions of 30 features), dropping the last three
+    // made the files 8% smaller (259 against 281 bytes a record) and the encoding
+    // 13% faster (medians of five alternating runs: 177 against 204 ms for 32,768
+    // records; every pair faster). The other strings repeat (names, statuses,
+    // versions) and keep theirs: plain, the files grew 1.6-2.8x; so do the event
+    // times (one per entity) and the stage times.
+    let props = no_dictionary()
+        .into_iter()
+        .fold(props, |p, c| p.set_column_dictionary_enabled(c, false));
+    // The feature list's columns carry no statistics. A row group's min and max of
+    // every feature's name, value, status or time, all features mixed, prune
+    // nothing, and computing them was a fifth of the encoding: 100,000 records of
+    // 40 features took 3.0 against 3.7 µs a record to write (eight alternating
+    // rounds), for files 0.1% smaller. `ts` and the other columns keep theirs.
+    let props = feature_fields()
+        .iter()
+        .fold(props, |p, leaf| {
+            p.set_column_statistics_enabled(feature_column(leaf.name()), EnabledStatistics::None)
         })
-    }
-
-    pub(crate) fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Appends one record; every [`SLICE_ROWS`] records, encodes them into the file.
-    pub(crate) fn append<K: AsRef<str>, F: LoggedFeature>(
-        &mut self,
-        r: &RecordRef<'_, K, F>,
-    ) -> Result<()> {
-        self.builder.append(r);
-        if self.builder.len() >= SLICE_ROWS {
-            self.write_slice()?;
+        .build();
+    let mut writer = ArrowWriter::try_new(file, schema(), Some(props))
+        .map_err(|e| LogError::parquet(path, e))?;
+    let mut builder = BatchBuilder::with_capacity(ARROW_SLICE_ROWS);
+    for chunk in records.chunks(ARROW_SLICE_ROWS) {
+        for r in chunk {
+            builder.append(&r.view());
         }
-        Ok(())
+        writer
+            .write(&builder.finish()?)
+            .map_err(|e| LogError::parquet(path, e))?;
     }
-
-    fn write_slice(&mut self) -> Result<()> {
-        if self.builder.len() == 0 {
-            return Ok(());
-        }
-        let batch = self.builder.finish()?;
-        self.writer
-            .write(&batch)
-            .map_err(|e| LogError::parquet(&self.path, e))
-    }
-
-    /// Gives the file up: closes it without a footer and removes it (its rows are read
-    /// again from the wal).
-    pub(crate) fn discard(self) {
-        let Self { path, writer, .. } = self;
-        drop(writer);
-        let _ = std::fs::remove_file(path);
-    }
-
-    /// Writes what is left and the footer, and syncs the file to disk. The caller renames
-    /// it into place.
-    pub(crate) fn finish(mut self) -> Result<()> {
-        self.write_slice()?;
-        let file = self
-            .writer
-            .into_inner()
-            .map_err(|e| LogError::parquet(&self.path, e))?;
-        file.sync_all().map_err(|e| LogError::io(&self.path, e))
-    }
+    writer.close().map_err(|e| LogError::parquet(path, e))?;
+    Ok(())
 }
+
+/// Rows handed to the Arrow writer at a time by [`write_parquet_arrow`] (as the log's
+/// encoder did, so that the baseline is the work it did).
+const ARROW_SLICE_ROWS: usize = 128;
 
 /// Writes records to `path` as one Parquet file (Snappy, which every reader supports) and
 /// syncs it to disk. The caller renames it into place.
 pub fn write_parquet(path: &Path, records: &[PredictionRecord]) -> Result<()> {
-    let mut out = OpenParquet::create(path)?;
+    let mut out = crate::parquet_write::OpenParquet::create(path)?;
     for r in records {
         out.append(&r.view())?;
     }

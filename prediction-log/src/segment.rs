@@ -15,7 +15,7 @@
 //! `*.parquet`) never see anything but closed segments.
 
 use crate::error::{LogError, Result};
-use crate::parquet_io::OpenParquet;
+use crate::parquet_write::OpenParquet;
 use crate::record::date_of_us;
 use crate::wal::scan_wal;
 use std::fs;
@@ -459,7 +459,7 @@ mod tests {
     fn a_wal_converts_frame_by_frame_up_to_its_last_whole_frame() {
         let dir = tempfile::tempdir().unwrap();
         let id = segment_id(now_us(), 0);
-        let n = crate::parquet_io::SLICE_ROWS * 3 + 11;
+        let n = 3 * 128 + 11;
         let (wal, recs) = torn_wal(dir.path(), &id, n);
         let mut between = 0;
         let c = convert(dir.path(), &id, &wal, true, &mut || between += 1).unwrap();

@@ -31,7 +31,7 @@
 use crate::codec;
 use crate::config::{LogConfig, ParquetMode};
 use crate::error::{LogError, Result};
-use crate::parquet_io::OpenParquet;
+use crate::parquet_write::OpenParquet;
 use crate::record::{
     date_of_us, now_us, FeatureLogging, LoggedFeature, PredictionRecord, RecordRef,
 };
@@ -1592,9 +1592,9 @@ mod tests {
     /// The Parquet file filled as records arrive reads back like one written at once,
     /// across slices and with a part-filled last slice.
     #[test]
-    fn a_parquet_file_filled_slice_by_slice_holds_every_record_in_order() {
+    fn a_parquet_file_filled_row_group_by_row_group_holds_every_record_in_order() {
         let dir = tempfile::tempdir().unwrap();
-        let recs = records(crate::parquet_io::SLICE_ROWS * 3 + 17);
+        let recs = records(crate::parquet_write::ROW_GROUP_ROWS + 17);
         let date = date_of_us(recs[0].ts_us);
         let mut p = segment::open_parquet(dir.path(), &date, "x").unwrap();
         assert!(p
