@@ -1,4 +1,7 @@
-//! Records <-> Arrow record batches <-> Parquet files.
+//! The log's Arrow schema, and Parquet files read back into records (through Arrow
+//! record batches). The log writes its files with its own column writer
+//! ([`crate::parquet_write`]); [`write_parquet_arrow`] writes the same file through the
+//! Arrow writer, as the reference its tests and benchmark compare with.
 //!
 //! The layout is flat so any Parquet reader can use it as is: scalar columns, the stage
 //! timings as `<stage>_us` int64 columns, entity keys and features as lists of structs.

@@ -44,8 +44,8 @@ use std::sync::{Arc, OnceLock};
 /// row group of a few MB at a time rather than the whole segment when it closes.
 pub(crate) const ROW_GROUP_ROWS: usize = 16 * 1024;
 
-/// A column's page is encoded and compressed once its values (and dictionary indices)
-/// take this much: Snappy's own block size, so each page is one short spell of work
+/// A column's page is encoded and compressed once its values, dictionary indices and
+/// levels take this much (a column of nulls has levels only): Snappy's own block size, so each page is one short spell of work
 /// (tens of µs) rather than one per row group.
 const PAGE_BYTES: usize = 64 * 1024;
 
@@ -239,9 +239,13 @@ impl Hasher for IntHasher {
 /// A column's dictionary for one row group: the distinct values in the order first
 /// seen, their index, and per position in a record's list the index last used there.
 enum Dict {
+    /// `plain` is the dictionary page's body as it grows (each value's length, then
+    /// its bytes), and `spans` where each value's bytes are in it: the hint of a
+    /// feature's name is checked against bytes kept together, not one allocation each.
     Bytes {
         map: HashMap<Box<[u8]>, u32>,
-        values: Vec<Box<[u8]>>,
+        plain: Vec<u8>,
+        spans: Vec<(u32, u32)>,
     },
     Int {
         map: HashMap<i64, u32, BuildHasherDefault<IntHasher>>,
@@ -252,16 +256,17 @@ enum Dict {
 impl Dict {
     fn len(&self) -> usize {
         match self {
-            Dict::Bytes { values, .. } => values.len(),
+            Dict::Bytes { spans, .. } => spans.len(),
             Dict::Int { values, .. } => values.len(),
         }
     }
 
     fn clear(&mut self) {
         match self {
-            Dict::Bytes { map, values } => {
+            Dict::Bytes { map, plain, spans } => {
                 map.clear();
-                values.clear();
+                plain.clear();
+                spans.clear();
             }
             Dict::Int { map, values } => {
                 map.clear();
@@ -272,20 +277,10 @@ impl Dict {
 
     /// The dictionary page's body: its values, plain.
     fn plain(&self) -> Vec<u8> {
-        let mut out = Vec::new();
         match self {
-            Dict::Bytes { values, .. } => {
-                for v in values {
-                    put_plain_bytes(&mut out, v);
-                }
-            }
-            Dict::Int { values, .. } => {
-                for v in values {
-                    out.extend_from_slice(&v.to_le_bytes());
-                }
-            }
+            Dict::Bytes { plain, .. } => plain.clone(),
+            Dict::Int { values, .. } => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
         }
-        out
     }
 }
 
@@ -466,7 +461,8 @@ impl Column {
         let dict = match kind {
             Kind::DictBytes => Some(Dict::Bytes {
                 map: HashMap::new(),
-                values: Vec::new(),
+                plain: Vec::new(),
+                spans: Vec::new(),
             }),
             Kind::DictI64 => Some(Dict::Int {
                 map: HashMap::default(),
@@ -526,19 +522,26 @@ impl Column {
     #[inline]
     fn bytes(&mut self, slot: usize, v: &[u8], rep: i16) {
         self.levels(self.max_def, rep);
-        if let (false, Some(Dict::Bytes { map, values })) = (self.fell_back, &mut self.dict) {
+        if let (false, Some(Dict::Bytes { map, plain, spans })) = (self.fell_back, &mut self.dict) {
             if let Some(&h) = self.hints.get(slot) {
-                if values.get(h as usize).is_some_and(|s| same(s, v)) {
-                    self.idx.push(h);
-                    return;
+                if let Some(&(at, len)) = spans.get(h as usize) {
+                    if plain
+                        .get(at as usize..(at + len) as usize)
+                        .is_some_and(|s| same(s, v))
+                    {
+                        self.idx.push(h);
+                        return;
+                    }
                 }
             }
             let i = match map.get(v) {
                 Some(&i) => i,
                 None => {
-                    let i = values.len() as u32;
+                    let i = spans.len() as u32;
                     map.insert(v.into(), i);
-                    values.push(v.into());
+                    put_plain_bytes(plain, v);
+                    // Under DICT_BYTES plus one value: far below 4 GiB.
+                    spans.push(((plain.len() - v.len()) as u32, v.len() as u32));
                     self.dict_bytes += 4 + v.len();
                     if self.with_stats {
                         self.stats.bytes(v);
@@ -601,7 +604,9 @@ impl Column {
         if self.dict_bytes > DICT_BYTES && !self.fell_back {
             self.cut_page(snappy)?;
             self.fell_back = true;
-        } else if self.plain.len() + self.idx.len() >= PAGE_BYTES {
+        } else if self.plain.len() + self.idx.len() + self.def.runs.len() + self.rep.runs.len()
+            >= PAGE_BYTES
+        {
             self.cut_page(snappy)?;
         }
         Ok(())
@@ -621,6 +626,9 @@ impl Column {
         if self.max_def > 0 {
             self.def.write_to(body);
         }
+        // A page of nulls only, in a column with a dictionary, is a dictionary page of
+        // no index (and a chunk of nulls only has an empty dictionary), as the Arrow
+        // writer writes them.
         let dictionary = !self.idx.is_empty()
             || (self.dict.is_some() && !self.fell_back && self.plain.is_empty());
         let encoding = if dictionary {
@@ -714,10 +722,6 @@ impl Column {
             .set_data_page_offset(data_offset)
             .set_dictionary_page_offset(dictionary_offset);
         if self.with_stats {
-            if let Some(Dict::Bytes { values, .. }) = &self.dict {
-                // The dictionary's values were counted as they came.
-                debug_assert!(values.is_empty() || self.stats.bytes.is_some());
-            }
             meta = meta.set_statistics(self.stats.take(self.kind));
         }
         let metadata = meta.build()?;
@@ -760,7 +764,12 @@ fn same(a: &[u8], b: &[u8]) -> bool {
         return a == b;
     }
     if n < 8 {
-        return a.iter().zip(b).all(|(x, y)| x == y);
+        if n < 4 {
+            return a.iter().zip(b).all(|(x, y)| x == y);
+        }
+        let half =
+            |s: &[u8], at: usize| u32::from_le_bytes(s[at..at + 4].try_into().unwrap_or([0; 4]));
+        return half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4);
     }
     let word = |s: &[u8], at: usize| u64::from_le_bytes(s[at..at + 8].try_into().unwrap_or([0; 8]));
     let mut at = 0;
@@ -1235,6 +1244,53 @@ mod tests {
             "{:?}",
             keys.encodings().collect::<Vec<_>>()
         );
+    }
+
+    /// Pages are cut on levels too (a column of few values and many nulls holds
+    /// mostly levels), and hold a value larger than a page; both read back.
+    #[test]
+    fn pages_of_nulls_only_and_of_one_large_value_read_back() {
+        use parquet::file::reader::{FileReader, SerializedFileReader};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nulls.parquet");
+        let recs: Vec<_> = (0..300)
+            .map(|i| {
+                let mut r = crate::PredictionRecord::new(
+                    if i == 7 {
+                        "r".repeat(200_000)
+                    } else {
+                        format!("r{i}")
+                    },
+                    "m",
+                    "1",
+                    crate::Role::Primary,
+                );
+                // Alternating present and null values: one run of levels each.
+                r.features = Some(
+                    (0..400)
+                        .map(|j| crate::FeatureUsed {
+                            name: "f".into(),
+                            value: (j % 2 == 0 && i % 3 == 0).then_some(1.0),
+                            status: crate::status::NULL.into(),
+                            // One level run for each entry, a one-value dictionary.
+                            event_time_us: (j % 2 == 0).then_some(5),
+                        })
+                        .collect(),
+                );
+                r
+            })
+            .collect();
+        crate::write_parquet(&path, &recs).unwrap();
+        assert_eq!(crate::read_parquet(&path).unwrap(), recs);
+        let file = SerializedFileReader::new(File::open(&path).unwrap()).unwrap();
+        let time = file.get_row_group(0).unwrap();
+        let mut pages = time.get_column_page_reader(leaf::F_TIME).unwrap();
+        let mut count = 0;
+        while let Some(page) = pages.get_next_page().unwrap() {
+            count += usize::from(page.page_type() == parquet::basic::PageType::DATA_PAGE);
+        }
+        // 300 records of 400 entries: 240 KB of levels, 60,000 one-byte indices.
+        assert!(count >= 3, "the event times took {count} data pages");
     }
 
     /// A file of no records reads as none.
