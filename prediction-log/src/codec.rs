@@ -118,7 +118,8 @@ fn put_opt_f64(out: &mut Vec<u8>, v: Option<f64>) {
 }
 
 /// LEB128: 7 bits per byte, high bit set on all but the last.
-fn put_var(out: &mut Vec<u8>, mut v: u64) {
+/// An unsigned LEB128 varint (the wal's lengths and counts; Parquet's run headers).
+pub(crate) fn put_var(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
         v >>= 7;

@@ -20,6 +20,7 @@
 //! column whose dictionary passes [`DICT_BYTES`] in a row group goes on in plain encoding
 //! for the rest of it, so memory stays bounded whatever the values.
 
+use crate::codec::put_var;
 use crate::error::{LogError, Result};
 use crate::record::{LoggedFeature, RecordRef};
 use bytes::Bytes;
@@ -785,14 +786,6 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 /// Bits for values up to `max`.
 fn bit_width(max: u64) -> u8 {
     (64 - max.leading_zeros()) as u8
-}
-
-fn put_var(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
 }
 
 /// Length of the run of equal values at the start of `v`, counting at most `cap`.
