@@ -7,9 +7,10 @@
 //! dictionary indices, plain values), compressed with Snappy and set aside once it holds
 //! [`PAGE_BYTES`], and a row group's column chunks go to the file through the
 //! `parquet` crate's own file writer, which writes the page headers, the footer and the
-//! Arrow schema. The file reads exactly as the Arrow writer's did (`read_parquet`, DuckDB,
-//! pyarrow: the tests read both), at about a third of its CPU
-//! (`cargo bench -p mesh-prediction-log --bench encode` runs both).
+//! Arrow schema. The file reads exactly as the Arrow writer's did (the tests read both
+//! back and compare their metadata; DuckDB reads the log's files in the end-to-end
+//! tests), for about 60% of its CPU (`cargo bench -p mesh-prediction-log --bench encode`
+//! runs both).
 //!
 //! Dictionaries: a repeated string (a feature's name, its status, the model, an entity
 //! key's name) is looked up first where the previous record had it, by comparing bytes
