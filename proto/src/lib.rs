@@ -5,6 +5,7 @@
 //! - [`mesh::v1`]: the mesh's own API for internal callers (decisions, features).
 #![allow(clippy::all, missing_docs, rust_2018_idioms)]
 
+pub mod features_wire;
 pub mod guard;
 
 pub mod inference {
