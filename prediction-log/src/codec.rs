@@ -117,8 +117,8 @@ fn put_opt_f64(out: &mut Vec<u8>, v: Option<f64>) {
     }
 }
 
-/// LEB128: 7 bits per byte, high bit set on all but the last.
-/// An unsigned LEB128 varint (the wal's lengths and counts; Parquet's run headers).
+/// An unsigned LEB128 varint, 7 bits per byte, high bit set on all but the last (the
+/// wal's lengths and counts; the run headers of the Parquet writer's levels).
 pub(crate) fn put_var(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);

@@ -31,9 +31,10 @@ use parquet::column::writer::ColumnCloseResult;
 use parquet::errors::{ParquetError, Result as PqResult};
 use parquet::file::metadata::ColumnChunkMetaData;
 use parquet::file::properties::WriterProperties;
-use parquet::file::statistics::Statistics;
+use parquet::file::statistics::{Statistics, ValueStatistics};
 use parquet::file::writer::{SerializedFileWriter, SerializedPageWriter, TrackedWrite};
 use parquet::schema::types::{ColumnDescPtr, SchemaDescriptor};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs::File;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -278,10 +279,18 @@ impl Dict {
     }
 
     /// The dictionary page's body: its values, plain.
-    fn plain(&self) -> Vec<u8> {
+    fn plain(&self) -> Cow<'_, [u8]> {
         match self {
-            Dict::Bytes { plain, .. } => plain.clone(),
+            Dict::Bytes { plain, .. } => Cow::Borrowed(plain),
             Dict::Int { values, .. } => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        }
+    }
+
+    /// Bytes of the dictionary page's body (what [`DICT_BYTES`] bounds).
+    fn plain_len(&self) -> usize {
+        match self {
+            Dict::Bytes { plain, .. } => plain.len(),
+            Dict::Int { values, .. } => 8 * values.len(),
         }
     }
 }
@@ -338,19 +347,17 @@ impl Stats {
                 Some((min, max)) => {
                     let (min, min_cut) = truncate_min(min);
                     let (max, max_cut) = truncate_max(max);
-                    let s = Statistics::byte_array(
-                        Some(min.into()),
-                        Some(max.into()),
-                        None,
-                        nulls,
-                        false,
-                    );
-                    match s {
-                        Statistics::ByteArray(v) => Statistics::ByteArray(
-                            v.with_min_is_exact(!min_cut).with_max_is_exact(!max_cut),
-                        ),
-                        other => other,
-                    }
+                    Statistics::ByteArray(
+                        ValueStatistics::new(
+                            Some(min.into()),
+                            Some(max.into()),
+                            None,
+                            nulls,
+                            false,
+                        )
+                        .with_min_is_exact(!min_cut)
+                        .with_max_is_exact(!max_cut),
+                    )
                 }
             },
             Kind::PlainI64 | Kind::DictI64 => {
@@ -438,7 +445,6 @@ struct Column {
     dict: Option<Dict>,
     /// Per position in a record's list, the dictionary index used there last.
     hints: Vec<u32>,
-    dict_bytes: usize,
     /// The dictionary filled up in this row group: plain from here on.
     fell_back: bool,
     stats: Stats,
@@ -485,7 +491,6 @@ impl Column {
             idx: Vec::new(),
             dict,
             hints: Vec::new(),
-            dict_bytes: 0,
             fell_back: false,
             stats: Stats::default(),
             pages: TrackedWrite::new(Vec::new()),
@@ -544,17 +549,13 @@ impl Column {
                     put_plain_bytes(plain, v);
                     // Under DICT_BYTES plus one value: far below 4 GiB.
                     spans.push(((plain.len() - v.len()) as u32, v.len() as u32));
-                    self.dict_bytes += 4 + v.len();
                     if self.with_stats {
                         self.stats.bytes(v);
                     }
                     i
                 }
             };
-            if slot >= self.hints.len() {
-                self.hints.resize(slot + 1, u32::MAX);
-            }
-            self.hints[slot] = i;
+            remember(&mut self.hints, slot, i);
             self.idx.push(i);
             return;
         }
@@ -579,13 +580,9 @@ impl Column {
             }
             let i = *map.entry(v).or_insert_with(|| {
                 values.push(v);
-                self.dict_bytes += 8;
                 (values.len() - 1) as u32
             });
-            if slot >= self.hints.len() {
-                self.hints.resize(slot + 1, u32::MAX);
-            }
-            self.hints[slot] = i;
+            remember(&mut self.hints, slot, i);
             self.idx.push(i);
             return;
         }
@@ -603,7 +600,12 @@ impl Column {
 
     /// After each record: cut the page once it is full, or once the dictionary is.
     fn after_record(&mut self, snappy: &mut Snappy) -> PqResult<()> {
-        if self.dict_bytes > DICT_BYTES && !self.fell_back {
+        if !self.fell_back
+            && self
+                .dict
+                .as_ref()
+                .is_some_and(|d| d.plain_len() > DICT_BYTES)
+        {
             self.cut_page(snappy)?;
             self.fell_back = true;
         } else if self.plain.len() + self.idx.len() + self.def.runs.len() + self.rep.runs.len()
@@ -678,7 +680,7 @@ impl Column {
         let mut head = TrackedWrite::new(Vec::new());
         let mut dictionary_offset = None;
         let (mut uncompressed, mut compressed) = (self.chunk_uncompressed, self.chunk_compressed);
-        if let Some(dict) = self.dict.as_mut().filter(|_| self.had_dict_page) {
+        if let Some(dict) = self.dict.as_ref().filter(|_| self.had_dict_page) {
             let plain = dict.plain();
             let buf = snappy.compress_vec(&plain).map_err(|e| {
                 ParquetError::General(format!("Snappy failed on a log dictionary: {e}"))
@@ -733,7 +735,6 @@ impl Column {
             d.clear();
         }
         self.hints.clear();
-        self.dict_bytes = 0;
         self.fell_back = false;
         self.stats = Stats::default();
         self.chunk_entries = 0;
@@ -752,6 +753,14 @@ impl Column {
         };
         Ok((Bytes::from(chunk), close))
     }
+}
+
+/// Notes that the value at position `slot` of a record's list was dictionary entry `i`.
+fn remember(hints: &mut Vec<u32>, slot: usize, i: u32) {
+    if slot >= hints.len() {
+        hints.resize(slot + 1, u32::MAX);
+    }
+    hints[slot] = i;
 }
 
 /// `a == b`, inline for the short strings of a dictionary's hints (a call to `memcmp`

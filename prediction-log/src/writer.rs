@@ -1590,7 +1590,7 @@ mod tests {
     }
 
     /// The Parquet file filled as records arrive reads back like one written at once,
-    /// across slices and with a part-filled last slice.
+    /// across row groups and with a part-filled last one.
     #[test]
     fn a_parquet_file_filled_row_group_by_row_group_holds_every_record_in_order() {
         let dir = tempfile::tempdir().unwrap();

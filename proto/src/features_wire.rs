@@ -60,7 +60,7 @@ struct Scratch {
 impl Scratch {
     /// Encodes `times` into `self.times`, unless they are the ones encoded last.
     fn varints(&mut self, times: &[i64]) {
-        if self.last_times.as_slice() == times && !self.times.is_empty() {
+        if self.last_times.as_slice() == times {
             return;
         }
         self.last_times.clear();
@@ -116,11 +116,7 @@ fn column(c: &FeatureColumn, buf: &mut impl BufMut, s: &mut Scratch) {
             encode_varint(i64::from(st) as u64, &mut s.statuses);
         }
     }
-    let times_present = !c.event_time_unix_micros.is_empty();
-    if times_present {
-        s.varints(&c.event_time_unix_micros);
-    }
-    let times_len = if times_present { s.times.len() } else { 0 };
+    s.varints(&c.event_time_unix_micros);
     s.ints.clear();
     for &v in &c.i64_values {
         encode_varint(v as u64, &mut s.ints);
@@ -132,7 +128,7 @@ fn column(c: &FeatureColumn, buf: &mut impl BufMut, s: &mut Scratch) {
             0
         }
         + packed_len(3, s.statuses.len())
-        + packed_len(4, times_len)
+        + packed_len(4, s.times.len())
         + packed_len(5, 4 * c.f32_values.len())
         + packed_len(6, 8 * c.f64_values.len())
         + packed_len(7, s.ints.len())
@@ -147,9 +143,7 @@ fn column(c: &FeatureColumn, buf: &mut impl BufMut, s: &mut Scratch) {
         encode_varint(i64::from(c.r#type) as u64, buf);
     }
     packed(3, &s.statuses, buf);
-    if times_present {
-        packed(4, &s.times, buf);
-    }
+    packed(4, &s.times, buf);
     if !c.f32_values.is_empty() {
         key(5, LEN, buf);
         encode_varint(4 * c.f32_values.len() as u64, buf);
