@@ -13,8 +13,13 @@
 #
 #   bench/features_compare.sh [MESH_BIN]     (needs redis-server and redis-tools)
 #
+# The 100-key comparison with the row cache runs ROUNDS times (default 3), the mesh and
+# Redis alternating (mesh then Redis, then Redis then mesh, ...) against one loaded
+# Redis, and ends with each round's ratio and their median: this machine's speed
+# drifts from minute to minute, and a pair of runs side by side is what compares.
+#
 # ENTITIES (1000000; bench/redis_mget.sh always loads 1M keys, so keep it for the
-# comparison), SECS per figure (5), CONNS (8).
+# comparison), SECS per figure (5), CONNS (8), ROUNDS (3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MESH_BIN=${1:-${MESH_BIN:-${CARGO_TARGET_DIR:-target}/release/mesh}}
@@ -26,9 +31,17 @@ done
 ENTITIES=${ENTITIES:-1000000}
 SECS=${SECS:-5}
 CONNS=${CONNS:-8}
+ROUNDS=${ROUNDS:-3}
+[ "$ROUNDS" -ge 1 ] 2>/dev/null || { echo "features_compare.sh: ROUNDS=$ROUNDS: must be 1 or more" >&2; exit 2; }
 DIR=$(mktemp -d)
 spid=
-cleanup() { [ -n "$spid" ] && kill "$spid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$DIR"; }
+REDIS_PID=
+cleanup() {
+    [ -n "$spid" ] && kill "$spid" 2>/dev/null
+    [ -n "$REDIS_PID" ] && kill "$REDIS_PID" 2>/dev/null
+    wait 2>/dev/null || true
+    rm -rf "$DIR"
+}
 trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
@@ -61,21 +74,34 @@ t0=$(date +%s%N)
 echo "loaded $ENTITIES entities in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
 rm -f "$DIR/bench.csv"
 
-# One mesh bench run: "calls/s p50 p99" from its JSON report.
+# The baseline, loaded once and kept up: its runs alternate with the mesh's.
+mkdir -p "$DIR/redis"
+. bench/redis_mget.sh
+redis_mget_start "$DIR/redis"
+
+# One mesh bench run: "calls/s p50 p99" from its JSON report (also kept in the file
+# $2 names, when given).
 cat >"$DIR/report.py" <<'PY'
 import json, sys
 r = json.load(sys.stdin)
+if len(sys.argv) > 1:
+    json.dump(r, open(sys.argv[1], "w"))
 bad = {k: v for k, v in r["codes"].items() if k != "OK"}
 if bad:
     sys.exit(f"features_compare.sh: calls that failed: {bad}")
 t, p50, p99 = r["throughput"], r["p50_us"], r["p99_us"]
 print(f"{t:>9,.0f} calls/s, p50 {p50:,} us, p99 {p99:,} us")
 PY
-lookup() {
+lookup() { # [--json-to FILE] mesh bench args...
+    local keep=()
+    if [ "$1" = --json-to ]; then keep=("$2"); shift 2; fi
     "$MESH_BIN" bench --addr "http://127.0.0.1:$gport" --target lookup --view bench \
         --cards "$ENTITIES" --concurrency "$CONNS" --seconds "$SECS" --json "$@" 2>/dev/null |
-        python3 "$DIR/report.py"
+        python3 "$DIR/report.py" "${keep[@]}"
 }
+
+mesh_round() { echo "  mesh lookup c=$CONNS, 100 keys (round $1):        $(lookup --json-to "$DIR/mesh-$1.json" --keys 100)"; }
+redis_round() { echo "  $(redis_mget 100 "$DIR/redis-$1.json") (round $1)"; }
 
 for cache in 0 $((512 << 20)); do
     gport=$(free_port)
@@ -105,10 +131,30 @@ EOF
             --cards "$ENTITIES" --keys 4096 --requests $((ENTITIES * 6 / 4096)) >/dev/null 2>&1
     fi
     echo "mesh, $label:"
-    echo "  mesh lookup c=$CONNS, 100 keys:                  $(lookup --keys 100)"
+    if [ "$cache" = 0 ]; then
+        echo "  mesh lookup c=$CONNS, 100 keys:                  $(lookup --keys 100)"
+    else
+        for r in $(seq "$ROUNDS"); do
+            # Mesh first in odd rounds, Redis first in even ones.
+            if [ $((r % 2)) -eq 1 ]; then mesh_round "$r"; redis_round "$r"
+            else redis_round "$r"; mesh_round "$r"; fi
+        done
+    fi
     echo "  mesh lookup c=$CONNS, 100 keys, per-view times:  $(lookup --keys 100 --event-times-per-view)"
     echo "  mesh lookup c=$CONNS,  10 keys:                  $(lookup --keys 10)"
     kill "$spid"; wait "$spid" 2>/dev/null || true; spid=
 done
 echo "baseline, same minute:"
-CONNS=$CONNS bench/redis_mget.sh | sed 's/^/  /'
+echo "  $(redis_mget 10)"
+python3 - "$DIR" "$ROUNDS" <<'PY'
+import json, statistics, sys
+d, rounds = sys.argv[1], int(sys.argv[2])
+ratios = []
+for r in range(1, rounds + 1):
+    m = json.load(open(f"{d}/mesh-{r}.json"))["throughput"]
+    x = json.load(open(f"{d}/redis-{r}.json"))["throughput"]
+    ratios.append(m / x)
+each = ", ".join(f"{v:.2f}" for v in ratios)
+print(f"100 keys, row cache against Redis MGET, side by side: mesh/redis {each} "
+      f"(median {statistics.median(ratios):.2f}, {rounds} rounds)")
+PY
