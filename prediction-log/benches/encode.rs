@@ -7,12 +7,19 @@
 //! the stage times. The time measured is the thread's CPU time (elsewhere than Linux,
 //! wall time). Prints the file's size per record once.
 //!
+//! A third figure feeds the log's writer as its encoder thread does
+//! (`log_writer_from_wal_frames`): runs of wal frames, made just before (so in cache,
+//! as the serving threads' frames are), decoded in place into the columns. It is the
+//! one to read for the encoder's cost in the server: the first two read their records
+//! from 32,768 of them in memory, and in `perf` more than a tenth of their time is
+//! spent waiting for those loads.
+//!
 //! cargo bench -p mesh-prediction-log --bench encode
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use mesh_prediction_log::{
-    source, write_parquet, write_parquet_arrow, FeatureUsed, PredictionRecord, Protocol, Role,
-    StageMicros,
+    source, write_parquet, write_parquet_arrow, FeatureUsed, FrameEncoder, PredictionRecord,
+    Protocol, Role, StageMicros,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -172,8 +179,41 @@ fn encode(c: &mut Criterion) {
             })
         });
     }
+    // As the encoder thread runs: slices of wal frames that the serving threads just
+    // made (so in cache, as there), each decoded in place into the columns. Only the
+    // decoding and encoding are timed, not the making of the frames.
+    g.bench_function(
+        format!("log_writer_from_wal_frames_{N}_records_30_features"),
+        |b| {
+            let mut frames = Vec::new();
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let t = cpu_time();
+                    let mut enc = FrameEncoder::create(&path).expect("create");
+                    total += cpu_time() - t;
+                    for slice in recs.chunks(SLICE) {
+                        frames.clear();
+                        FrameEncoder::push_frames(slice, &mut frames);
+                        let t = cpu_time();
+                        enc.append_frames(&frames).expect("append");
+                        total += cpu_time() - t;
+                    }
+                    let t = cpu_time();
+                    enc.finish().expect("finish");
+                    total += cpu_time() - t;
+                }
+                total
+            })
+        },
+    );
     g.finish();
 }
+
+/// Records in one run of the writer's queue, as the encoder gets them: what the writer
+/// takes every few milliseconds, at 15,000 records/s about 50-100. (The thread's clock
+/// is read twice a run, about 1% of what is timed.)
+const SLICE: usize = 64;
 
 criterion_group!(benches, encode);
 criterion_main!(benches);

@@ -419,6 +419,41 @@ pub fn write_parquet(path: &Path, records: &[PredictionRecord]) -> Result<()> {
     out.finish()
 }
 
+/// The log's column writer fed as its encoder thread feeds it, for `benches/encode.rs`:
+/// records become wal frames (as the serving threads make them), and
+/// [`FrameEncoder::append_frames`] decodes a buffer of them in place into the columns.
+/// Not used by the log.
+#[doc(hidden)]
+pub struct FrameEncoder(crate::parquet_write::OpenParquet);
+
+impl FrameEncoder {
+    /// Creates (or truncates) the file at `path`.
+    pub fn create(path: &Path) -> Result<Self> {
+        crate::parquet_write::OpenParquet::create(path).map(Self)
+    }
+
+    /// Appends the frames of `records` to `buf`, as the writer's queue holds them.
+    pub fn push_frames(records: &[PredictionRecord], buf: &mut Vec<u8>) {
+        for r in records {
+            let at = buf.len();
+            // A record over a frame's 64 MiB is refused, as the log refuses it.
+            if crate::wal::push_frame(buf, &r.view()).is_ok() {
+                crate::wal::checksum_frame(buf, at);
+            }
+        }
+    }
+
+    /// Decodes `frames` (from [`FrameEncoder::push_frames`]) into the columns.
+    pub fn append_frames(&mut self, frames: &[u8]) -> Result<()> {
+        self.0.append_frames(frames, || {})
+    }
+
+    /// Writes the last row group and the footer, and syncs the file.
+    pub fn finish(self) -> Result<()> {
+        self.0.finish()
+    }
+}
+
 /// Reads every record of one Parquet segment.
 pub fn read_parquet(path: &Path) -> Result<Vec<PredictionRecord>> {
     let file = File::open(path).map_err(|e| LogError::io(path, e))?;

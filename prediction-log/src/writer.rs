@@ -876,22 +876,7 @@ impl Encoding {
             return self.drop_file();
         }
         let Some(f) = self.file.as_mut() else { return };
-        let mut lists = codec::Lists::default();
-        let mut failed = None;
-        for (_, payload) in wal::frames(frames) {
-            let appended = match codec::decode_ref(payload, &mut lists) {
-                Ok(r) => f.append(&r),
-                Err(e) => Err(LogError::Config(format!(
-                    "a queued wal frame did not decode ({e:?})"
-                ))),
-            };
-            if let Err(e) = appended {
-                failed = Some(e);
-                break;
-            }
-            pace.tick();
-        }
-        if let Some(e) = failed {
+        if let Err(e) = f.append_frames(frames, || pace.tick()) {
             self.failed(&e);
         }
     }
