@@ -14,8 +14,11 @@
 //! 2. In process: 2 concurrent readers doing lookups of 1, 10, 100, 1000 random
 //!    keys while 1 writer pushes 1,000 rows/s (`--writer-rate`), 10 rows a push
 //!    (`--writer-batch`); p50/p99/p99.9. Repeated for each
-//!    fetch strategy (key order on one blocking task, parallel on 2 tasks) and for
-//!    the blocking call on the reader thread (no runtime hop), for reference.
+//!    fetch strategy (key order: up to 128 keys on the calling task, sled read 16
+//!    keys a turn; parallel on 2 blocking tasks) and for the blocking call on the
+//!    reader thread (no runtime at all), for reference; then with every read hopping
+//!    to the blocking pool (`inline_max_keys = 0`, as key order did before it read in
+//!    turns) at 1, 10 and 100 keys.
 //!    The store runs with its default row cache (none), then with one that holds
 //!    every entity (as Redis holds every key in memory), then with none again.
 //!    With `--cache-ab`, only this: 100 keys in process and over gRPC with a row
@@ -568,10 +571,11 @@ async fn main() -> Result<()> {
             grpc(&store, 100, &a, false).await?;
         }
     }
-    // The baseline of the inline path: every lookup hops to the blocking pool.
+    // The baseline of the inline path: every lookup hops to the blocking pool (at
+    // 100 keys, the baseline of reading in turns on the calling task).
     let store = open(&db, FetchStrategy::KeyOrder, 0)?;
     tokio::task::block_in_place(|| store.scan_view("bench").map(|it| it.count()))?;
-    for keys in [1, 10] {
+    for keys in [1, 10, 100] {
         in_process(&store, "every lookup hops", keys, &a, false).await?;
     }
     if !a.skip_grpc {

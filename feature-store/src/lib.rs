@@ -44,8 +44,8 @@ pub use redis_store::{
 };
 pub use registry::{FeatureInfo, ViewInfo};
 pub use store::{
-    FeatureStore, FetchStrategy, Limits, StoreOptions, WriteReport, DEFAULT_INLINE_CACHED_MAX_KEYS,
-    DEFAULT_INLINE_MAX_KEYS, DEFAULT_ROW_CACHE_MAX_BYTES, MAX_STRING_KEY_BYTES,
+    FeatureStore, FetchStrategy, Limits, StoreOptions, WriteReport, DEFAULT_INLINE_MAX_KEYS,
+    DEFAULT_ON_TASK_MAX_KEYS, DEFAULT_ROW_CACHE_MAX_BYTES, MAX_STRING_KEY_BYTES,
 };
 pub use types::{
     now_micros, Durability, EntityKey, FeatureStatus, FeatureType, KeyType, Micros, Row, Value,

@@ -213,13 +213,14 @@ pub(crate) struct Group {
 }
 
 impl FeatureStore {
-    /// Answers a lookup without blocking the async runtime for long: sled reads of
-    /// a small lookup (`StoreOptions::inline_max_keys`) run on the calling task,
-    /// larger ones on tokio's blocking pool (one task, or several with
-    /// `FetchStrategy::Parallel`). With the row cache, a lookup of up to
-    /// `StoreOptions::inline_cached_max_keys` keys asks the cache on the calling
-    /// task and hops only to read the keys it did not hold, when they are more
-    /// than `inline_max_keys`.
+    /// Answers a lookup without blocking the async runtime for long. A lookup of up
+    /// to `StoreOptions::on_task_max_keys` keys runs on the calling task: the
+    /// row cache's probe (when there is one), then sled's reads of the keys it did not
+    /// hold, `StoreOptions::inline_max_keys` at a time with a yield between, so the
+    /// worker is never held longer than a small lookup holds it and a caller's
+    /// deadline can end the lookup between turns. Larger lookups run on tokio's
+    /// blocking pool (one task, or several with `FetchStrategy::Parallel`), as do
+    /// all sled reads with `inline_max_keys = 0`.
     pub async fn get_online_features(&self, req: LookupRequest) -> Result<LookupResponse> {
         let limits = self.inner.options.limits;
         self.get_online_features_with_limits(req, &limits).await
@@ -248,17 +249,23 @@ impl FeatureStore {
             _ => 1,
         };
         let options = &self.inner.options;
-        let cached = sled_of(&self.inner).is_ok_and(|s| s.cache.enabled());
         let plan = std::sync::Arc::new(plan);
-        if chunks == 1
-            && (keys <= options.inline_max_keys
-                || (cached && keys <= options.inline_cached_max_keys))
-        {
-            // The row cache answers on this task; sled reads of what it did not
-            // hold stay here only while they are few.
+        if chunks == 1 && keys <= options.inline_max_keys.max(options.on_task_max_keys) {
+            // The row cache (if any) answers on this task, and so does sled for what
+            // it did not hold: at once while that is few, else a few keys a turn.
             let mut pending = probe(&self.inner, &req, &plan, 0..plan.rows, now)?;
             let pending = if pending.misses.len() <= options.inline_max_keys {
                 read_misses(&self.inner, &plan, &mut pending, now)?;
+                pending
+            } else if options.inline_max_keys > 0 {
+                read_misses_in_turns(
+                    &self.inner,
+                    &plan,
+                    &mut pending,
+                    now,
+                    options.inline_max_keys,
+                )
+                .await?;
                 pending
             } else {
                 let (inner, plan2) = (self.inner.clone(), plan.clone());
@@ -553,7 +560,7 @@ fn sled_of(inner: &Inner) -> Result<&crate::sled_store::SledStore> {
 }
 
 /// Encodes the keys of rows `range` and answers what the row cache holds (a hash
-/// lookup each, cheap enough for the async task: see `inline_cached_max_keys`).
+/// lookup each, cheap enough for the async task: see `on_task_max_keys`).
 fn probe(
     inner: &Inner,
     req: &LookupRequest,
@@ -625,34 +632,104 @@ fn probe(
 /// Reads from sled the keys the row cache did not hold, fills their rows and
 /// caches what was read. Blocking for as many keys as it reads.
 fn read_misses(inner: &Inner, plan: &Plan, p: &mut Pending, now: Micros) -> Result<()> {
-    let sled = sled_of(inner)?;
-    let caching = sled.cache.enabled();
-    // Key order: neighbouring keys share sled nodes, so sorted reads touch each
-    // node once while it is hot.
-    let keybuf = &p.keybuf;
-    p.misses
-        .sort_unstable_by(|a, b| keybuf[a.key.clone()].cmp(&keybuf[b.key.clone()]));
-    // An entry's age counts from before the read, as the row it holds may.
-    let filled = Instant::now();
-    let mut read = Vec::with_capacity(if caching { p.misses.len() } else { 0 });
-    for miss in &p.misses {
-        let key = &keybuf[miss.key.clone()];
-        let got = sled.rows.get(key)?;
-        if let Some(bytes) = &got {
-            let g = &plan.groups[miss.group];
-            fill_row(&inner.views[g.view], g, &mut p.cols, miss.row, bytes, now)?;
-        }
-        if caching {
-            read.push((key, got, miss.epoch));
-        }
-    }
-    if caching {
-        // Under one hold of the cache's lock.
-        sled.cache.insert_many(read, filled);
-        m::record_cache(p.hits, p.misses.len() as u64);
-        m::record_cache_bytes(sled.cache.bytes());
-    }
+    let mut reads = Reads::start(inner, p)?;
+    reads.next(inner, plan, usize::MAX, now)?;
+    reads.finish();
     Ok(())
+}
+
+/// [`read_misses`] on the calling async task, `per_turn` keys at a time with a yield
+/// between turns: the worker is held for as long as a small lookup holds it
+/// (`inline_max_keys`), its other tasks (and a deadline's timer) run between turns,
+/// and no thread is woken to read and then to answer, as a hop to the blocking pool
+/// does. A caller that gives up (its deadline passed) stops the reads at the next
+/// turn.
+async fn read_misses_in_turns(
+    inner: &Inner,
+    plan: &Plan,
+    p: &mut Pending,
+    now: Micros,
+    per_turn: usize,
+) -> Result<()> {
+    let mut reads = Reads::start(inner, p)?;
+    while reads.next(inner, plan, per_turn.max(1), now)? {
+        tokio::task::yield_now().await;
+    }
+    reads.finish();
+    Ok(())
+}
+
+/// The sled reads of a lookup's misses, in key order: neighbouring keys share sled
+/// nodes, so sorted reads touch each node once while it is hot.
+struct Reads<'p> {
+    sled: &'p crate::sled_store::SledStore,
+    keybuf: &'p [u8],
+    misses: &'p [PendingRead],
+    cols: &'p mut [FeatureColumn],
+    hits: u64,
+    /// Misses read so far.
+    done: usize,
+    /// What was read, for the cache (with each key's epoch from before the read).
+    read: Vec<(&'p [u8], Option<sled::IVec>, u64)>,
+    /// When the reads began: an entry's age counts from before the read, as the row
+    /// it holds may.
+    filled: Instant,
+}
+
+impl<'p> Reads<'p> {
+    fn start(inner: &'p Inner, p: &'p mut Pending) -> Result<Self> {
+        let sled = sled_of(inner)?;
+        let Pending {
+            keybuf,
+            misses,
+            cols,
+            hits,
+            ..
+        } = p;
+        let keybuf = &keybuf[..];
+        misses.sort_unstable_by(|a, b| keybuf[a.key.clone()].cmp(&keybuf[b.key.clone()]));
+        let caching = sled.cache.enabled();
+        Ok(Self {
+            sled,
+            keybuf,
+            read: Vec::with_capacity(if caching { misses.len() } else { 0 }),
+            misses,
+            cols,
+            hits: *hits,
+            done: 0,
+            filled: Instant::now(),
+        })
+    }
+
+    /// Reads the next `n` misses; whether any are left.
+    fn next(&mut self, inner: &Inner, plan: &Plan, n: usize, now: Micros) -> Result<bool> {
+        let caching = self.sled.cache.enabled();
+        let end = self.done.saturating_add(n).min(self.misses.len());
+        for miss in &self.misses[self.done..end] {
+            let key = &self.keybuf[miss.key.clone()];
+            let got = self.sled.rows.get(key)?;
+            if let Some(bytes) = &got {
+                let g = &plan.groups[miss.group];
+                fill_row(&inner.views[g.view], g, self.cols, miss.row, bytes, now)?;
+            }
+            if caching {
+                self.read.push((key, got, miss.epoch));
+            }
+        }
+        self.done = end;
+        Ok(end < self.misses.len())
+    }
+
+    /// Puts what was read into the row cache (under one hold of its lock).
+    fn finish(self) {
+        let sled = self.sled;
+        if sled.cache.enabled() {
+            let misses = self.misses.len() as u64;
+            sled.cache.insert_many(self.read, self.filled);
+            m::record_cache(self.hits, misses);
+            m::record_cache_bytes(sled.cache.bytes());
+        }
+    }
 }
 
 /// The answer columns of `plan` for `n` rows, every value `NotFound`.

@@ -79,11 +79,13 @@ pub struct StoreOptions {
     pub flush_every_ms: Option<u64>,
     pub limits: Limits,
     pub fetch: FetchStrategy,
-    /// sled backend: lookups of at most this many keys (rows x views) read sled on
-    /// the calling async task instead of hopping to the blocking pool. A read of a
-    /// cached key takes about 2 µs, so the default (16) holds a runtime worker for
-    /// tens of µs, less than the hop itself costs (measured in `benches/lookup.rs`:
-    /// 10 keys at 3x the lookups/s without the hop). 0: every lookup hops.
+    /// sled backend: sled reads a lookup on the calling async task makes at a time
+    /// before it yields to the worker's other tasks (see `on_task_max_keys` for
+    /// which lookups run there). A read of a cached key takes about 2 µs, so the
+    /// default (16) holds a runtime worker for tens of µs between yields, less than a
+    /// hop to another thread costs (measured in `benches/lookup.rs`: 10 keys at 3x the
+    /// lookups/s without the hop; 100 keys, no row cache, with a writer: p99 in turns
+    /// against a hop in the README). 0: every sled read hops to the blocking pool.
     pub inline_max_keys: usize,
     /// sled backend: bytes of stored rows cached in process in front of sled
     /// (estimated; oldest first out; 0, the default: no cache). A hit costs a hash lookup
@@ -92,17 +94,17 @@ pub struct StoreOptions {
     /// so cached rows never go stale. The Redis backend has its own
     /// (`RedisOptions::cache_max_bytes`).
     pub row_cache_max_bytes: usize,
-    /// sled backend with the row cache: lookups of at most this many keys ask the
-    /// cache on the calling async task (a hit costs well under 1 µs; 128 hold the
-    /// worker for at most about 100 µs) and go to the blocking pool only for the
-    /// sled reads of the keys it did not hold, when those are more than
-    /// `inline_max_keys`. Larger lookups hop as a whole. 0: only `inline_max_keys`
-    /// decides.
-    pub inline_cached_max_keys: usize,
+    /// sled backend: lookups of at most this many keys (rows x views) run on the
+    /// calling async task: the row cache's probe, when there is a cache (a hit costs
+    /// well under 1 µs; 128 hold the worker for at most about 100 µs), then the sled
+    /// reads of what it did not hold, `inline_max_keys` a turn. Larger lookups hop to
+    /// the blocking pool as a whole. 0: only `inline_max_keys` decides (larger
+    /// lookups hop).
+    pub on_task_max_keys: usize,
 }
 
-/// Default of [`StoreOptions::inline_cached_max_keys`].
-pub const DEFAULT_INLINE_CACHED_MAX_KEYS: usize = 128;
+/// Default of [`StoreOptions::on_task_max_keys`].
+pub const DEFAULT_ON_TASK_MAX_KEYS: usize = 128;
 
 /// Default of [`StoreOptions::row_cache_max_bytes`]: off. A cache that holds
 /// the keys a workload reads again pays (2.7x the 100-key lookups/s over gRPC with
@@ -123,7 +125,7 @@ impl Default for StoreOptions {
             fetch: FetchStrategy::KeyOrder,
             inline_max_keys: DEFAULT_INLINE_MAX_KEYS,
             row_cache_max_bytes: DEFAULT_ROW_CACHE_MAX_BYTES,
-            inline_cached_max_keys: DEFAULT_INLINE_CACHED_MAX_KEYS,
+            on_task_max_keys: DEFAULT_ON_TASK_MAX_KEYS,
         }
     }
 }

@@ -204,8 +204,8 @@ both_backends!(async fn parallel_fetch_matches_key_order_fetch(env) {
     }
 });
 
-// Small lookups read on the calling task, larger ones on the blocking pool: both
-// give the same answer, key by key, on both sides of the bound.
+// Small lookups read sled at once, larger ones a few keys a turn: both give the
+// same answer, key by key, on both sides of the bound.
 both_backends!(async fn inline_and_pooled_lookups_answer_alike(env) {
     let store = env.open_with(StoreOptions {
         inline_max_keys: 4,
@@ -219,7 +219,7 @@ both_backends!(async fn inline_and_pooled_lookups_answer_alike(env) {
     let lookup = |keys: Vec<i64>| {
         LookupRequest::new(["card:count", "card:amount"]).with_keys("card_id", KeyColumn::Int64(keys))
     };
-    // 2 views' worth of keys would be rows x views; here one view: 4 keys inline, 5 pooled.
+    // 2 views' worth of keys would be rows x views; here one view: 4 keys at once, 5 in turns.
     let inline = store.get_online_features(lookup(vec![3, 2, 1, 0])).await.unwrap();
     let pooled = store.get_online_features(lookup(vec![3, 2, 1, 0, 4])).await.unwrap();
     for (a, b) in inline.columns.iter().zip(&pooled.columns) {
@@ -363,3 +363,68 @@ both_backends!(async fn demo_generator_fills_the_example_views(env) {
     };
     assert!(tiers.iter().all(|t| (0..4).contains(t)));
 });
+
+/// A lookup of more keys than `inline_max_keys` (and at most `on_task_max_keys`) reads
+/// sled on the calling task, a few keys a turn with a yield between: on a runtime of
+/// one thread, another task runs once a turn. Reads that held the worker throughout
+/// would let it run not at all; a hop to the blocking pool would let it spin for as
+/// long as the other thread read. The answer is the one of a store whose every read
+/// hops, key by key.
+#[tokio::test]
+async fn large_lookups_read_in_turns_and_let_other_tasks_run() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let turns = open_with(
+        &a,
+        StoreOptions {
+            inline_max_keys: 4,
+            ..Default::default()
+        },
+    );
+    let pooled = open_with(
+        &b,
+        StoreOptions {
+            inline_max_keys: 0,
+            ..Default::default()
+        },
+    );
+    let t = fresh();
+    let rows: Vec<_> = (0..100)
+        .filter(|i| i % 3 != 0)
+        .map(|i| card_row(i, t, i % 5))
+        .collect();
+    for s in [&turns, &pooled] {
+        s.write_rows("card", &rows, Durability::Buffered).unwrap();
+    }
+    let req = || {
+        LookupRequest::new(["card:count", "card:amount"])
+            .with_keys("card_id", KeyColumn::Int64((0..100).rev().collect()))
+    };
+    let ticks = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let ticker = tokio::spawn({
+        let (ticks, stop) = (ticks.clone(), stop.clone());
+        async move {
+            while !stop.load(Ordering::Relaxed) {
+                ticks.fetch_add(1, Ordering::Relaxed);
+                tokio::task::yield_now().await;
+            }
+        }
+    });
+    tokio::task::yield_now().await;
+    let before = ticks.load(Ordering::Relaxed);
+    let got = turns.get_online_features(req()).await.unwrap();
+    let during = ticks.load(Ordering::Relaxed) - before;
+    stop.store(true, Ordering::Relaxed);
+    ticker.await.unwrap();
+    // 100 keys, 4 a turn: 25 turns, 24 yields.
+    assert!(
+        (20..=100).contains(&during),
+        "the other task ran {during} times during the lookup"
+    );
+    assert_eq!(got, pooled.get_online_features(req()).await.unwrap());
+    let count = got.column("card:count").unwrap();
+    assert_eq!(count.statuses[99], FeatureStatus::NotFound, "key 0");
+    assert_eq!(count.statuses[98], FeatureStatus::Present, "key 1");
+}

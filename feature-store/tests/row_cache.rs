@@ -181,9 +181,9 @@ fn a_read_racing_a_write_never_leaves_the_older_row_cached() {
     assert_eq!(v, ids.iter().map(|k| k * 10 + 399).collect::<Vec<_>>());
 }
 
-/// With the row cache, a small lookup asks the cache on the calling task and
-/// hops only for the sled reads of what it did not hold (when more than
-/// `inline_max_keys`); a lookup over `inline_cached_max_keys` hops as a whole.
+/// With the row cache, a lookup asks the cache on the calling task and reads what
+/// it did not hold there too, at once or (when more than `inline_max_keys`) a few
+/// keys a turn; a lookup over `on_task_max_keys` hops as a whole.
 /// Every path gives the answer of a store without a cache, key by key.
 #[tokio::test]
 async fn every_path_through_the_cache_answers_like_no_cache() {
@@ -192,7 +192,7 @@ async fn every_path_through_the_cache_answers_like_no_cache() {
         &a,
         StoreOptions {
             inline_max_keys: 4,
-            inline_cached_max_keys: 40,
+            on_task_max_keys: 40,
             ..with_cache(1 << 20)
         },
     );
@@ -229,9 +229,9 @@ async fn every_path_through_the_cache_answers_like_no_cache() {
     // (keys, rows): 2 views, so keys = 2 x rows.
     let sizes: [&[i64]; 5] = [
         &[1, 2],                                // 4 keys: misses read inline
-        &[5, 6, 7, 8, 9, 10],                   // 12 keys: misses read on the pool
+        &[5, 6, 7, 8, 9, 10],                   // 12 keys: misses read in turns
         &[5, 6, 7, 8, 9, 10, 11],               // mostly cached now: inline
-        &[3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], // 22 keys: some hits, misses pooled
+        &[3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], // 22 keys: some hits, misses in turns
         &[
             0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 99,
         ], // 44 keys: one hop
