@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)] // tests may unwrap
 mod common;
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -253,4 +254,49 @@ async fn every_path_through_the_cache_answers_like_no_cache() {
         let want = plain.get_online_features(lookup(ids)).await.unwrap();
         assert_eq!(cached.get_online_features(lookup(ids)).await.unwrap(), want);
     }
+}
+
+/// A caller that gives up on a lookup read in turns (its deadline passed) stops it
+/// between turns: the lookup never finishes, so nothing it read enters the cache. (A
+/// lookup on the blocking pool would read on, and cache, after its caller left.)
+#[tokio::test]
+async fn a_lookup_given_up_between_turns_stops_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_with(
+        &dir,
+        StoreOptions {
+            inline_max_keys: 4,
+            ..with_cache(1 << 20)
+        },
+    );
+    let t = fresh();
+    let rows: Vec<_> = (0..100).map(|i| card_row(i, t, 1)).collect();
+    store
+        .write_rows("card", &rows, Durability::Buffered)
+        .unwrap();
+    let req = || {
+        LookupRequest::new(["card:count"])
+            .with_keys("card_id", KeyColumn::Int64((0..100).collect()))
+    };
+    // Polled once, as a caller whose deadline passes at the lookup's first yield
+    // polls it: the first turn reads, the lookup yields, and the caller drops it.
+    {
+        let mut lookup = std::pin::pin!(store.get_online_features(req()));
+        let first =
+            std::future::poll_fn(|cx| std::task::Poll::Ready(lookup.as_mut().poll(cx))).await;
+        assert!(first.is_pending(), "the lookup finished in one turn");
+    }
+    // Time for reads that went on elsewhere to finish, as a pool's would.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert_eq!(
+        store.cache_bytes(),
+        0,
+        "a lookup given up cached what it read"
+    );
+    let resp = store.get_online_features(req()).await.unwrap();
+    assert_eq!(resp.rows, 100);
+    assert!(
+        store.cache_bytes() > 0,
+        "a lookup that finished caches what it read"
+    );
 }
