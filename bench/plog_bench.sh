@@ -172,6 +172,9 @@ sec_med = {m: [] for m in modes}
 srv_p99 = {m: [] for m in modes}
 srv_sec_med = {m: [] for m in modes}
 converts = []
+# (mode, round) -> (p99, median of the per-second p99s): each mode against the log-off
+# run of its own round, the runs next to each other in time.
+by_round = {}
 # Runs in which the load generator itself was held up (its send lag p99 over
 # STALL_LAG_US): this machine now and then stalls whole processes for tens of ms,
 # which no server setting causes or cures. They stay in the table and in the
@@ -183,6 +186,7 @@ for n in runs:
     errors = sum(v for k, v in r["codes"].items() if k != "OK")
     mode = s["mode"]
     p99[mode].append(r["p99_us"])
+    by_round[(mode, n.rsplit("-", 1)[1])] = (r["p99_us"], statistics.median(sorted(w["p99_us"] for w in r.get("windows", [])) or [0]))
     stalled[mode].append(r.get("send_lag_p99_us", 0) > stall_lag)
     dropped = "-" if mode == "off" else f"{s['dropped']:.0f}"
     written = "-" if mode == "off" else f"{s['written']:.0f}"
@@ -217,6 +221,15 @@ for m in ("on", "def"):
     # then): the median over the runs of each run's median per-second p99.
     on, off = statistics.median(sec_med[m]), statistics.median(sec_med["off"])
     print(f"  median of the per-second p99 medians: {on:.0f} µs against {off:.0f} µs, {m}/off {on / off:.3f}")
+    pairs = [(by_round[(m, r)], by_round[("off", r)]) for (mm, r) in by_round if mm == m and ("off", r) in by_round]
+    if pairs:
+        # This machine's speed drifts over a run (log-off p99s of one run have spread
+        # over 1.0-1.6 ms): a ratio within each round, whose runs were minutes apart,
+        # is less moved by the drift than a ratio of medians over all rounds.
+        ratios = [a[0] / max(b[0], 1) for a, b in pairs]
+        sec = [a[1] / max(b[1], 1) for a, b in pairs]
+        print(f"  each round's p99 against its own log-off run: {', '.join(f'{x:.2f}' for x in ratios)} (median {statistics.median(ratios):.3f}); "
+              f"per-second p99 medians: {', '.join(f'{x:.2f}' for x in sec)} (median {statistics.median(sec):.3f})")
     on, off = statistics.median(srv_p99[m]), statistics.median(srv_p99["off"])
     print(f"  median server p99 (arrival to answer): {on:.0f} µs against {off:.0f} µs, {m}/off {on / max(off, 1):.3f}")
     on, off = statistics.median(srv_sec_med[m]), statistics.median(srv_sec_med["off"])
