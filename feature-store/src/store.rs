@@ -58,8 +58,10 @@ impl Default for Limits {
 /// How a lookup's keys are fetched from sled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FetchStrategy {
-    /// One blocking task reads all keys, sorted by key bytes (neighbouring keys share
-    /// sled nodes, which stay hot in cache). Measured faster on 2 cores: see README.
+    /// One reader takes all keys, sorted by key bytes (neighbouring keys share sled
+    /// nodes, which stay hot in cache): the calling task, a few keys a turn, for a
+    /// lookup of up to `StoreOptions::on_task_max_keys` keys, else one blocking task.
+    /// Measured faster on 2 cores: see README.
     KeyOrder,
     /// Split the keys of a lookup into up to `tasks` blocking tasks that read in
     /// parallel, each in key order. Only batches of at least `min_keys` keys are split.
