@@ -435,11 +435,8 @@ impl FrameEncoder {
     /// Appends the frames of `records` to `buf`, as the writer's queue holds them.
     pub fn push_frames(records: &[PredictionRecord], buf: &mut Vec<u8>) {
         for r in records {
-            let at = buf.len();
             // A record over a frame's 64 MiB is refused, as the log refuses it.
-            if crate::wal::push_frame(buf, &r.view()).is_ok() {
-                crate::wal::checksum_frame(buf, at);
-            }
+            let _ = crate::wal::push_sealed_frame(buf, &r.view());
         }
     }
 

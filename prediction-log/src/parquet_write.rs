@@ -630,6 +630,12 @@ impl Column {
     #[inline]
     fn float(&mut self, v: f64, rep: i16) {
         self.levels(self.max_def, rep);
+        self.put_float(v);
+    }
+
+    /// The value of a float entry whose levels are in (see [`Column::float`]).
+    #[inline]
+    fn put_float(&mut self, v: f64) {
         if self.with_stats {
             self.stats.float(v);
         }
@@ -985,8 +991,7 @@ impl OpenParquet {
                 for (j, f) in fs.iter().enumerate() {
                     col.put_bytes(j, f.status().as_bytes());
                 }
-                // A value or an event time may be null (one definition level less);
-                // the features' values have no statistics.
+                // A value or an event time may be null (one definition level less).
                 let col = &mut c[leaf::F_VALUE];
                 col.list_levels(n, None);
                 let top = col.max_def as u8;
@@ -994,7 +999,7 @@ impl OpenParquet {
                     match f.value() {
                         Some(v) => {
                             col.def.push(top);
-                            col.plain.extend_from_slice(&v.to_le_bytes());
+                            col.put_float(v);
                         }
                         None => col.def.push(top - 1),
                     }

@@ -49,6 +49,19 @@ pub(crate) fn push_frame<K: AsRef<str>, F: LoggedFeature>(
     }
 }
 
+/// [`push_frame`] then [`checksum_frame`]: a frame ready for a wal file as it is
+/// (tools, tests and the encoder's bench; the writer checksums the request path's
+/// frames later, off that path).
+pub(crate) fn push_sealed_frame<K: AsRef<str>, F: LoggedFeature>(
+    buf: &mut Vec<u8>,
+    rec: &RecordRef<'_, K, F>,
+) -> std::result::Result<(), usize> {
+    let at = buf.len();
+    push_frame(buf, rec)?;
+    checksum_frame(buf, at);
+    Ok(())
+}
+
 /// The frames of `buf` (each made by [`push_frame`]) in order: `(offset, payload)`.
 pub(crate) fn frames(buf: &[u8]) -> impl Iterator<Item = (usize, &[u8])> {
     let mut at = 0;
@@ -101,10 +114,9 @@ impl WalWriter {
     #[cfg(test)]
     pub(crate) fn append(&mut self, rec: &PredictionRecord) -> Result<()> {
         let mut buf = Vec::new();
-        if push_frame(&mut buf, &rec.view()).is_err() {
+        if push_sealed_frame(&mut buf, &rec.view()).is_err() {
             return Err(LogError::Config("record too large for a wal frame".into()));
         }
-        checksum_frame(&mut buf, 0);
         self.append_frames(&buf)
     }
 

@@ -1250,9 +1250,7 @@ mod tests {
     fn frames_of(recs: &[PredictionRecord]) -> EncMsg {
         let mut buf = Vec::new();
         for r in recs {
-            let at = buf.len();
-            assert!(wal::push_frame(&mut buf, &r.view()).is_ok());
-            wal::checksum_frame(&mut buf, at);
+            assert!(wal::push_sealed_frame(&mut buf, &r.view()).is_ok());
         }
         EncMsg::Frames {
             buf,
