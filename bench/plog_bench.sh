@@ -69,6 +69,7 @@ serve() { # name on|off
     else
         if [ -n "${LOG_CONFIG:-}" ]; then sed -i "/^\[prediction_log\]/a $LOG_CONFIG" "$cfg"; fi
         if [ "$2" = def ]; then sed -i '/^\[prediction_log\]/a parquet = "deferred"' "$cfg"; fi
+        if [ "$2" = wt ]; then sed -i '/^\[prediction_log\]/a worker_turns = true' "$cfg"; fi
     fi
     for p in "$PORT" "$HTTP_PORT"; do
         if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "port $p is already in use: set PORT" >&2; exit 1; fi
@@ -126,6 +127,7 @@ runs=()
 for r in $(seq "$ROUNDS"); do
     if [ $((r % 2)) -eq 1 ]; then order="on off"; else order="off on"; fi
     if [ "${DEFERRED:-0}" = 1 ]; then order="${order/ / def }"; fi
+    if [ "${TURNS:-0}" = 1 ]; then order="${order/ / wt }"; fi
     for mode in $order; do
         name=log-$mode-$r
         serve "$name" "$mode"
@@ -137,8 +139,9 @@ for r in $(seq "$ROUNDS"); do
         bench "$name" "$SECS" --rate "$RATE" --concurrency "$CONCURRENCY" --warmup "$WARMUP"
         read -r cpu1 log1 < <(cpu)
         sleep 0.5 # one flush tick, so the written count is current
-        printf '{"mode": "%s", "dropped": %s, "written": %s, "behind": %s, "cpu_s": %s, "log_cpu_s": %s' "$mode" \
+        printf '{"mode": "%s", "dropped": %s, "written": %s, "on_workers": %s, "behind": %s, "cpu_s": %s, "log_cpu_s": %s' "$mode" \
             "$(metric mesh_log_dropped_records_total)" "$(metric mesh_log_written_records_total)" \
+            "$(metric mesh_log_worker_turn_records_total)" \
             "$(metric mesh_log_encoder_behind_segments_total)" \
             "$(python3 -c "print(round($cpu1 - $cpu0, 3))")" "$(python3 -c "print(round($log1 - $log0, 3))")" >"$OUT/$name.server.json"
         stop
@@ -166,7 +169,7 @@ import json, statistics, sys
 out, rate, warmup, stall_lag, runs = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5:]
 print(f"\nDecide, open loop at {rate:.0f} req/s, prediction log on vs off (latency in µs from the intended send time)")
 print(f"{'run':<12}{'req/s':>8}{'p50':>7}{'p99':>8}{'p99.9':>8}{'max':>8}{'1s p99 med':>11}{'1s p99 max':>11}{'srv p99':>8}{'srv p99.9':>10}{'lag p99':>8}{'errors':>8}{'dropped':>9}{'written':>9}{'behind':>7}{'cpu %':>7}{'log cpu %':>10}")
-modes = ("on", "def", "off")
+modes = ("on", "wt", "def", "off")
 p99 = {m: [] for m in modes}
 sec_med = {m: [] for m in modes}
 srv_p99 = {m: [] for m in modes}
@@ -210,8 +213,10 @@ for n in runs:
           f"{dropped:>9}{written:>9}{behind:>7}{100 * s['cpu_s'] / busy:>7.0f}{100 * s['log_cpu_s'] / busy:>10.1f}")
     if "converted" in s:
         converts.append((n, s))
-names = {"on": "log on", "def": "log on, Parquet deferred"}
-for m in ("on", "def"):
+    if s.get("on_workers"):
+        print(f"{'':<12}{s['on_workers']:.0f} records put into the columns in the workers' turns ({100 * s['on_workers'] / max(s['written'], 1):.0f}% of those written)")
+names = {"on": "log on", "wt": "log on, worker turns", "def": "log on, Parquet deferred"}
+for m in ("on", "wt", "def"):
     if not (p99[m] and p99["off"]):
         continue
     print(f"{names[m]} against log off:")

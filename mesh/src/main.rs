@@ -56,6 +56,9 @@ fn run() -> anyhow::Result<()> {
                     runtime.worker_threads(n);
                 }
             }
+            // A worker with nothing to do takes a short turn at the prediction log's
+            // Parquet work first (`[prediction_log] worker_turns`; nothing without it).
+            runtime.on_thread_park(mesh_prediction_log::worker_turn);
             let runtime = runtime.enable_all().build()?;
             if prepared.config.is_some() {
                 tracing::info!(

@@ -64,6 +64,13 @@ pub struct LogConfig {
     /// writer (see `encoder_backlog`). Where `SCHED_IDLE` cannot be set, `writer_nice`
     /// applies. Default true.
     pub encoder_idle: bool,
+    /// Let the serving runtime's workers build the Parquet columns in short turns
+    /// ([`crate::WORKER_TURN`], 20 µs) when they have nothing else to do (the runtime
+    /// calls [`crate::worker_turn`] before a worker parks; `mesh serve` does). The
+    /// encoder thread then does only what they leave: the steps that write to the file
+    /// (a row group, the footer and fsync at a roll), and all of it on a server whose
+    /// workers are never idle. Default false.
+    pub worker_turns: bool,
     /// Records that may wait for the Parquet encoder. When the encoder falls this far
     /// behind (a machine with no idle CPU starves a `SCHED_IDLE` thread), the open
     /// segment's Parquet file is given up and the segment is converted from its wal when
@@ -128,6 +135,7 @@ impl LogConfig {
             writer_nice: 10,
             writer_idle: false,
             encoder_idle: true,
+            worker_turns: false,
             encoder_backlog: 8192,
             parquet: ParquetMode::Inline,
             deferred_max_bytes: 1 << 30,

@@ -43,4 +43,6 @@ pub use record::{
 pub use segment::{
     convert_closed, parquet_files, recover, wal_files, ConvertedSegment, RecoveryReport,
 };
-pub use writer::{LogStats, PredictionLog, PredictionLogHandle, WriterTask};
+pub use writer::{
+    worker_turn, LogStats, PredictionLog, PredictionLogHandle, WriterTask, WORKER_TURN,
+};

@@ -954,6 +954,22 @@ impl OpenParquet {
         &mut self,
         r: &RecordRef<'_, K, F>,
     ) -> Result<()> {
+        self.push(r)?;
+        if self.row_group_full() {
+            self.write_row_group()?;
+        }
+        Ok(())
+    }
+
+    /// The column buffers hold a whole row group: the next record waits for
+    /// [`OpenParquet::write_row_group`].
+    pub(crate) fn row_group_full(&self) -> bool {
+        self.rows >= ROW_GROUP_ROWS
+    }
+
+    /// Puts one record into the column buffers (cutting a page of a column that filled
+    /// one), never the row group out to the file.
+    fn push<K: AsRef<str>, F: LoggedFeature>(&mut self, r: &RecordRef<'_, K, F>) -> Result<()> {
         let c = &mut self.columns;
         c[leaf::REQUEST_ID].bytes(0, r.request_id.as_bytes(), 0);
         c[leaf::TS].int(0, r.ts_us, 0);
@@ -1036,9 +1052,6 @@ impl OpenParquet {
                 .map_err(|e| LogError::parquet(&self.path, e))?;
         }
         self.rows += 1;
-        if self.rows >= ROW_GROUP_ROWS {
-            self.write_row_group()?;
-        }
         Ok(())
     }
 
@@ -1047,18 +1060,59 @@ impl OpenParquet {
     /// record (the encoder's pacing). Stops at the first record that does not decode or
     /// append.
     pub(crate) fn append_frames(&mut self, frames: &[u8], mut between: impl FnMut()) -> Result<()> {
-        let mut lists = crate::codec::Lists::default();
-        for (_, payload) in crate::wal::frames(frames) {
-            let r = crate::codec::decode_ref(payload, &mut lists).map_err(|e| {
-                LogError::Config(format!("a queued wal frame did not decode ({e:?})"))
-            })?;
-            self.append(&r)?;
-            between();
+        let mut first = true;
+        let go_on = || {
+            if !std::mem::take(&mut first) {
+                between();
+            }
+            true
+        };
+        self.append_frames_from(frames, 0, go_on, true)?;
+        if self.row_group_full() {
+            self.write_row_group()?;
         }
         Ok(())
     }
 
-    fn write_row_group(&mut self) -> Result<()> {
+    /// Appends the records of `frames` from the frame at offset `at` on, decoding each
+    /// in place, while `go_on` (asked before each record but the first) says so.
+    /// `row_groups`: whether a full row group may go to the file here; if not, it stops
+    /// before the record that would need it. Returns the offset of the first frame not
+    /// appended (`frames.len()` when all were) and how many records it appended. Stops
+    /// with an error at the first record that does not decode or append.
+    pub(crate) fn append_frames_from(
+        &mut self,
+        frames: &[u8],
+        mut at: usize,
+        mut go_on: impl FnMut() -> bool,
+        row_groups: bool,
+    ) -> Result<(usize, usize)> {
+        let mut lists = crate::codec::Lists::default();
+        let mut first = true;
+        let mut n = 0;
+        while let Some((payload, next)) = crate::wal::frame_at(frames, at) {
+            if self.row_group_full() {
+                if !row_groups {
+                    break;
+                }
+                self.write_row_group()?;
+            }
+            if !std::mem::take(&mut first) && !go_on() {
+                break;
+            }
+            let r = crate::codec::decode_ref(payload, &mut lists).map_err(|e| {
+                LogError::Config(format!("a queued wal frame did not decode ({e:?})"))
+            })?;
+            self.push(&r)?;
+            at = next;
+            n += 1;
+        }
+        Ok((at, n))
+    }
+
+    /// Writes the buffered row group to the file (1-3 ms of copying and writes for a full
+    /// one).
+    pub(crate) fn write_row_group(&mut self) -> Result<()> {
         if self.rows == 0 {
             return Ok(());
         }

@@ -75,11 +75,21 @@ impl Pace {
 
     /// Between two pieces of work: naps if this spell has lasted [`Pace::SPELL`].
     pub(crate) fn tick(&mut self) {
-        if self.spell.elapsed() >= Self::SPELL {
-            std::thread::sleep(Self::NAP);
-            self.naps += 1;
-            self.rest();
+        if self.spell_over() {
+            self.nap();
         }
+    }
+
+    /// This spell has lasted [`Pace::SPELL`]: time for a nap.
+    pub(crate) fn spell_over(&self) -> bool {
+        self.spell.elapsed() >= Self::SPELL
+    }
+
+    /// Naps [`Pace::NAP`], then starts a new spell.
+    pub(crate) fn nap(&mut self) {
+        std::thread::sleep(Self::NAP);
+        self.naps += 1;
+        self.rest();
     }
 
     /// The thread waited for work anyway (a sleep, a blocking receive): a new spell.

@@ -62,18 +62,14 @@ pub(crate) fn push_sealed_frame<K: AsRef<str>, F: LoggedFeature>(
     Ok(())
 }
 
-/// The frames of `buf` (each made by [`push_frame`]) in order: `(offset, payload)`.
-pub(crate) fn frames(buf: &[u8]) -> impl Iterator<Item = (usize, &[u8])> {
-    let mut at = 0;
-    std::iter::from_fn(move || {
-        let head = buf.get(at..at + FRAME_HEADER)?;
-        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
-        let start = at + FRAME_HEADER;
-        let payload = buf.get(start..start + len)?;
-        let item = (at, payload);
-        at = start + len;
-        Some(item)
-    })
+/// The payload of the frame at `at` in `buf` (frames made by [`push_frame`], one after
+/// another) and where the next frame starts; `None` past the last whole frame.
+pub(crate) fn frame_at(buf: &[u8], at: usize) -> Option<(&[u8], usize)> {
+    let head = buf.get(at..at.checked_add(FRAME_HEADER)?)?;
+    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+    let start = at + FRAME_HEADER;
+    let end = start.checked_add(len)?;
+    Some((buf.get(start..end)?, end))
 }
 
 /// Fills in the checksum of the frame at `at` (the writer does this, off the request

@@ -51,8 +51,6 @@ use tokio::sync::{oneshot, watch};
 const DRAIN_INTERVAL: Duration = Duration::from_millis(5);
 /// How often it looks when nothing arrived in the last round (an idle server).
 const IDLE_INTERVAL: Duration = Duration::from_millis(25);
-/// Records the encoder takes in one round before it looks at its clock again.
-const ROUND_RECORDS: usize = 4096;
 /// A buffer that grew past this in a burst is not kept for reuse once it is done.
 const KEEP_BUFFER_BYTES: usize = 8 << 20;
 /// Microseconds in a day: segments hold the records of one UTC date.
@@ -146,6 +144,9 @@ struct Shared {
     segments: AtomicU64,
     encoder_behind: AtomicU64,
     deferred: AtomicU64,
+    /// Records the serving runtime's workers put into the Parquet columns
+    /// ([`worker_turn`]).
+    on_workers: AtomicU64,
 }
 
 /// A snapshot of the writer's counters (since this process started the log).
@@ -170,6 +171,9 @@ pub struct LogStats {
     /// With `parquet = deferred`: closed segments waiting in `_wal/closed/` for a
     /// converter, as the writer last counted them (at a roll or a flush tick).
     pub deferred: u64,
+    /// Records that the serving runtime's workers put into the Parquet columns in their
+    /// turns ([`LogConfig::worker_turns`]); the encoder thread did the rest.
+    pub on_workers: u64,
 }
 
 impl Shared {
@@ -185,6 +189,7 @@ impl Shared {
             segments: AtomicU64::new(0),
             encoder_behind: AtomicU64::new(0),
             deferred: AtomicU64::new(0),
+            on_workers: AtomicU64::new(0),
         }
     }
 
@@ -198,6 +203,7 @@ impl Shared {
             segments: self.segments.load(Ordering::Relaxed),
             encoder_behind: self.encoder_behind.load(Ordering::Relaxed),
             deferred: self.deferred.load(Ordering::Relaxed),
+            on_workers: self.on_workers.load(Ordering::Relaxed),
         }
     }
 }
@@ -564,9 +570,9 @@ impl Writer<'_> {
         loop {
             // Frames are encoded by this crate; a timestamp that does not read cannot
             // happen, and would file the record under the epoch rather than lose it.
-            let next = wal::frames(&buf[at..]).next().map(|(_, payload)| {
+            let next = wal::frame_at(buf, at).map(|(payload, end)| {
                 let day = codec::ts_of(payload).unwrap_or(0).div_euclid(DAY_US);
-                (at + wal::FRAME_HEADER + payload.len(), day)
+                (end, day)
             });
             let Some((end, day)) = next else { break };
             wal::checksum_frame(buf, at);
@@ -869,15 +875,31 @@ impl Encoding {
         }
     }
 
-    /// Decodes `frames` (sealed wal frames) into the Parquet file's column builders,
-    /// napping between records as `pace` says.
-    fn append_frames(&mut self, frames: &[u8], pace: &mut crate::priority::Pace) {
+    /// Decodes the frames of `frames` (sealed wal frames) from offset `at` on into the
+    /// Parquet file's column builders, while `go_on` says so (see
+    /// [`OpenParquet::append_frames_from`]). Returns where it stopped (`frames.len()` once
+    /// every frame is done with: appended, or the file given up) and how many records it
+    /// appended.
+    fn append_frames(
+        &mut self,
+        frames: &[u8],
+        at: usize,
+        go_on: &mut dyn FnMut() -> bool,
+        row_groups: bool,
+    ) -> (usize, usize) {
         if self.gave_up.load(Ordering::Acquire) {
-            return self.drop_file();
+            self.drop_file();
+            return (frames.len(), 0);
         }
-        let Some(f) = self.file.as_mut() else { return };
-        if let Err(e) = f.append_frames(frames, || pace.tick()) {
-            self.failed(&e);
+        let Some(f) = self.file.as_mut() else {
+            return (frames.len(), 0);
+        };
+        match f.append_frames_from(frames, at, go_on, row_groups) {
+            Ok(done) => done,
+            Err(e) => {
+                self.failed(&e);
+                (frames.len(), 0)
+            }
         }
     }
 
@@ -890,103 +912,264 @@ impl Encoding {
     }
 }
 
+/// How long a serving runtime's worker works on the encoder's queue in one turn
+/// ([`worker_turn`]), checked between records: a request that arrives meanwhile waits at
+/// most about this long (plus one page of a column, when a record fills one).
+pub const WORKER_TURN: Duration = Duration::from_micros(20);
+
+/// How often the encoder thread looks at its queue when the serving runtime's workers
+/// take turns at it ([`LogConfig::worker_turns`]): it is then the backstop, for the
+/// steps a turn leaves to it (a worker wakes it for those) and for a server whose
+/// workers are never idle.
+const BACKSTOP_INTERVAL: Duration = Duration::from_millis(20);
+
+/// The encoder: its queue, the segment whose Parquet file it builds, and the frames it
+/// is in the middle of. The encoder thread works on it and, with
+/// [`LogConfig::worker_turns`], so do the serving runtime's workers in short turns
+/// ([`worker_turn`]), each taking the lock only if it is free.
+struct Encoder {
+    dir: PathBuf,
+    rx: Receiver<EncMsg>,
+    close_tx: SyncSender<CloseJob>,
+    recycle: SyncSender<Vec<u8>>,
+    shared: Arc<Shared>,
+    current: Option<Encoding>,
+    /// A message taken and not done with: frames appended up to `at`, or a step left to
+    /// the encoder thread.
+    held: Option<EncMsg>,
+    at: usize,
+    /// The writer is gone and the queue is empty.
+    stopped: bool,
+    /// The encoder thread, which a worker's turn wakes for a step it leaves to it.
+    thread: Option<std::thread::Thread>,
+}
+
+/// How a round of [`Encoder::work`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Worked {
+    /// The queue is empty.
+    Idle,
+    /// `go_on` said stop.
+    Paused,
+    /// The next step is the encoder thread's (a turn on a worker stopped before it).
+    ForThread,
+    /// The writer is gone: nothing more will come.
+    Stopped,
+}
+
+impl Encoder {
+    /// Works through the queue while `go_on` (asked between records) says so, and at
+    /// least one record or step. `thread`: the encoder thread, which also takes the
+    /// steps that write to the file (a segment's start and finish, a full row group,
+    /// 1-3 ms each); a worker's turn stops before those. Returns how it ended, and
+    /// whether it did anything.
+    fn work(&mut self, go_on: &mut dyn FnMut() -> bool, thread: bool) -> (Worked, bool) {
+        let mut did = false;
+        loop {
+            if self.stopped {
+                return (Worked::Stopped, did);
+            }
+            if did && !go_on() {
+                return (Worked::Paused, did);
+            }
+            let msg = match self.held.take() {
+                Some(m) => m,
+                None => match self.rx.try_recv() {
+                    Ok(m) => m,
+                    Err(TryRecvError::Empty) => return (Worked::Idle, did),
+                    Err(TryRecvError::Disconnected) => {
+                        // A segment the writer gave up and never finished.
+                        if let Some(mut c) = self.current.take() {
+                            c.drop_file();
+                        }
+                        self.stopped = true;
+                        return (Worked::Stopped, did);
+                    }
+                },
+            };
+            match msg {
+                EncMsg::Frames { mut buf, records } => {
+                    let (at, appended) = match self.current.as_mut() {
+                        Some(c) => c.append_frames(&buf, self.at, go_on, thread),
+                        None => (buf.len(), 0),
+                    };
+                    did |= at > self.at;
+                    if !thread {
+                        self.shared
+                            .on_workers
+                            .fetch_add(appended as u64, Ordering::Relaxed);
+                    }
+                    if at < buf.len() {
+                        self.at = at;
+                        self.held = Some(EncMsg::Frames { buf, records });
+                        let full = self
+                            .current
+                            .as_ref()
+                            .and_then(|c| c.file.as_ref())
+                            .is_some_and(OpenParquet::row_group_full);
+                        let why = if full && !thread {
+                            Worked::ForThread
+                        } else {
+                            Worked::Paused
+                        };
+                        return (why, did);
+                    }
+                    did = true;
+                    self.at = 0;
+                    self.shared.enc_queued.fetch_sub(records, Ordering::Relaxed);
+                    if buf.capacity() <= KEEP_BUFFER_BYTES {
+                        buf.clear();
+                        let _ = self.recycle.try_send(buf);
+                    }
+                }
+                m if !thread => {
+                    self.held = Some(m);
+                    return (Worked::ForThread, did);
+                }
+                EncMsg::Start { id, date, gave_up } => {
+                    did = true;
+                    self.start(id, date, gave_up);
+                }
+                EncMsg::Finish { wal } => {
+                    did = true;
+                    self.finish(wal);
+                }
+            }
+        }
+    }
+
+    fn start(&mut self, id: String, date: String, gave_up: Arc<AtomicBool>) {
+        if let Some(mut c) = self.current.take() {
+            c.drop_file();
+        }
+        let mut c = Encoding {
+            file: None,
+            id,
+            date,
+            gave_up,
+        };
+        // Given up before the encoder got to it: nothing to start.
+        if !c.gave_up.load(Ordering::Acquire) {
+            match segment::open_parquet(&self.dir, &c.date, &c.id) {
+                Ok(f) => c.file = Some(f),
+                Err(e) => c.failed(&e),
+            }
+        }
+        self.current = Some(c);
+    }
+
+    fn finish(&mut self, wal: PathBuf) {
+        let Some(mut c) = self.current.take() else {
+            return;
+        };
+        if let Some(f) = c.file.take() {
+            let tmp = f.path().to_path_buf();
+            match segment::close_parquet(&self.dir, &c.date, &c.id, f) {
+                Ok(path) => return segment_closed(&self.shared, &wal, Some(path)),
+                Err(e) => {
+                    let _ = std::fs::remove_file(tmp);
+                    c.failed(&e);
+                }
+            }
+        }
+        // The writer handed this segment over: convert it from its wal.
+        let job = CloseJob {
+            id: c.id,
+            wal,
+            closed: false,
+        };
+        if self.close_tx.send(job).is_err() {
+            tracing::error!("prediction log closer stopped; the wal stays for recovery");
+        }
+    }
+}
+
+/// The encoders that the serving runtime's workers take turns at
+/// ([`LogConfig::worker_turns`]).
+static TURNS: std::sync::RwLock<Vec<std::sync::Weak<Mutex<Encoder>>>> =
+    std::sync::RwLock::new(Vec::new());
+
+/// One turn of a serving runtime's worker at the Parquet work of each prediction log
+/// started with [`LogConfig::worker_turns`]: for about [`WORKER_TURN`], and only if
+/// the encoder is not busy already. Meant for the moment a worker has nothing else to
+/// do: `mesh serve` calls it from tokio's `on_thread_park`. A worker then builds the
+/// columns on a thread that is running anyway, so the encoder thread, which any
+/// waking serving thread preempts, has less to do. The steps that write to the file
+/// stay with the encoder thread (a turn wakes it for them). Without such a log, a read
+/// lock and an empty loop.
+pub fn worker_turn() {
+    let Ok(encoders) = TURNS.try_read() else {
+        return;
+    };
+    for enc in encoders.iter() {
+        let Some(enc) = enc.upgrade() else { continue };
+        let Ok(mut e) = enc.try_lock() else { continue };
+        let start = Instant::now();
+        let (worked, _) = e.work(&mut || start.elapsed() < WORKER_TURN, false);
+        if worked == Worked::ForThread {
+            if let Some(t) = &e.thread {
+                t.unpark();
+            }
+        }
+    }
+}
+
 /// The encoder thread: builds each segment's Parquet file from the records the writer
 /// passes on, and puts it into place when the segment rolls. Takes its queue every few
-/// milliseconds, like the writer, so that passing a record on wakes nothing.
+/// milliseconds, like the writer, so that passing a record on wakes nothing; works in
+/// spells with a nap between ([`crate::priority::Pace`]), leaving the encoder to the
+/// workers' turns meanwhile. With `turns` ([`LogConfig::worker_turns`]), it registers
+/// the encoder for [`worker_turn`] and looks only every [`BACKSTOP_INTERVAL`], or when
+/// a turn wakes it.
 fn encode_main(
     dir: PathBuf,
     rx: Receiver<EncMsg>,
     (close_tx, recycle): (SyncSender<CloseJob>, SyncSender<Vec<u8>>),
-    shared: &Shared,
+    shared: Arc<Shared>,
     (nice, idle): (i32, bool),
+    turns: bool,
 ) {
     crate::priority::lower_for_log(nice, idle);
-    let mut current: Option<Encoding> = None;
+    let enc = Arc::new(Mutex::new(Encoder {
+        dir,
+        rx,
+        close_tx,
+        recycle,
+        shared,
+        current: None,
+        held: None,
+        at: 0,
+        stopped: false,
+        thread: Some(std::thread::current()),
+    }));
+    if turns {
+        let mut list = TURNS.write().unwrap_or_else(PoisonError::into_inner);
+        list.retain(|e| e.strong_count() > 0);
+        list.push(Arc::downgrade(&enc));
+    }
+    let lock = || enc.lock().unwrap_or_else(PoisonError::into_inner);
     let mut pace = crate::priority::Pace::new();
     loop {
-        let mut taken = 0usize;
-        while taken < ROUND_RECORDS {
-            let msg = match rx.try_recv() {
-                Ok(m) => m,
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => {
-                    // A segment the writer gave up and never finished.
-                    if let Some(mut c) = current.take() {
-                        c.drop_file();
-                    }
-                    return;
-                }
-            };
-            match msg {
-                EncMsg::Start { id, date, gave_up } => {
-                    if let Some(mut c) = current.take() {
-                        c.drop_file();
-                    }
-                    let mut c = Encoding {
-                        file: None,
-                        id,
-                        date,
-                        gave_up,
-                    };
-                    // Given up before the encoder got to it: nothing to start.
-                    if !c.gave_up.load(Ordering::Acquire) {
-                        match segment::open_parquet(&dir, &c.date, &c.id) {
-                            Ok(f) => c.file = Some(f),
-                            Err(e) => c.failed(&e),
-                        }
-                    }
-                    current = Some(c);
-                }
-                EncMsg::Frames { mut buf, records } => {
-                    taken += records;
-                    if let Some(c) = current.as_mut() {
-                        c.append_frames(&buf, &mut pace);
-                    }
-                    shared.enc_queued.fetch_sub(records, Ordering::Relaxed);
-                    if buf.capacity() <= KEEP_BUFFER_BYTES {
-                        buf.clear();
-                        let _ = recycle.try_send(buf);
-                    }
-                }
-                EncMsg::Finish { wal } => {
-                    let Some(mut c) = current.take() else {
-                        continue;
-                    };
-                    if let Some(f) = c.file.take() {
-                        let tmp = f.path().to_path_buf();
-                        match segment::close_parquet(&dir, &c.date, &c.id, f) {
-                            Ok(path) => {
-                                segment_closed(shared, &wal, Some(path));
-                                continue;
-                            }
-                            Err(e) => {
-                                let _ = std::fs::remove_file(tmp);
-                                c.failed(&e);
-                            }
-                        }
-                    }
-                    // The writer handed this segment over: convert it from its wal.
-                    let job = CloseJob {
-                        id: c.id,
-                        wal,
-                        closed: false,
-                    };
-                    if close_tx.send(job).is_err() {
-                        tracing::error!(
-                            "prediction log closer stopped; the wal stays for recovery"
-                        );
-                    }
-                }
+        let (worked, did) = lock().work(&mut || !pace.spell_over(), true);
+        match worked {
+            Worked::Stopped => break,
+            Worked::Paused => pace.nap(),
+            Worked::Idle | Worked::ForThread => {
+                std::thread::park_timeout(if turns {
+                    BACKSTOP_INTERVAL
+                } else if did {
+                    DRAIN_INTERVAL
+                } else {
+                    IDLE_INTERVAL
+                });
+                pace.rest();
             }
         }
-        if taken < ROUND_RECORDS {
-            std::thread::sleep(if taken == 0 {
-                IDLE_INTERVAL
-            } else {
-                DRAIN_INTERVAL
-            });
-            pace.rest();
-        }
+    }
+    // Out of the workers' reach before the encoder goes.
+    if turns {
+        let mut list = TURNS.write().unwrap_or_else(PoisonError::into_inner);
+        list.retain(|e| !std::ptr::eq(e.as_ptr(), Arc::as_ptr(&enc)) && e.strong_count() > 0);
     }
 }
 
@@ -995,7 +1178,7 @@ fn encode_main(
 fn writer_main(
     cfg: LogConfig,
     rx: Receiver<Msg>,
-    shared: &Shared,
+    shared: &Arc<Shared>,
     waiting: Vec<(String, PathBuf, u64)>,
 ) {
     let (close_tx, close_rx) = mpsc::sync_channel::<CloseJob>(2);
@@ -1006,6 +1189,7 @@ fn writer_main(
     let dir = cfg.dir.clone();
     let (nice, idle) = (cfg.writer_nice, cfg.writer_idle);
     let encoder_idle = idle || cfg.encoder_idle;
+    let turns = cfg.worker_turns;
     let inline = cfg.parquet == ParquetMode::Inline;
     std::thread::scope(|scope| {
         // The closer and the encoder start before the writer lowers itself: a thread
@@ -1029,8 +1213,9 @@ fn writer_main(
                         dir,
                         enc_rx,
                         (close_tx, recycle_tx),
-                        shared,
+                        shared.clone(),
                         (nice, encoder_idle),
+                        turns,
                     )
                 })
         });
@@ -1171,6 +1356,7 @@ fn run(w: &mut Writer<'_>, rx: &Receiver<Msg>) -> MetricsReported {
 struct MetricsReported {
     written: u64,
     dropped: u64,
+    on_workers: u64,
 }
 
 impl MetricsReported {
@@ -1178,6 +1364,8 @@ impl MetricsReported {
         let s = shared.stats();
         metrics::counter!("mesh_log_written_records_total")
             .increment(s.written.saturating_sub(self.written));
+        metrics::counter!("mesh_log_worker_turn_records_total")
+            .increment(s.on_workers.saturating_sub(self.on_workers));
         metrics::gauge!("mesh_log_queued_records")
             .set(s.accepted.saturating_sub(s.written + s.lost) as f64);
         if s.dropped > self.dropped {
@@ -1189,6 +1377,7 @@ impl MetricsReported {
         }
         self.written = s.written;
         self.dropped = s.dropped;
+        self.on_workers = s.on_workers;
     }
 }
 
@@ -1270,7 +1459,7 @@ mod tests {
     }
 
     /// Runs the encoder thread over `msgs` until they are all taken, then stops it.
-    fn encode(dir: &std::path::Path, shared: &Shared, msgs: Vec<EncMsg>) -> Vec<String> {
+    fn encode(dir: &std::path::Path, shared: &Arc<Shared>, msgs: Vec<EncMsg>) -> Vec<String> {
         let (tx, rx) = mpsc::sync_channel(msgs.len().max(1));
         let (close_tx, close_rx) = mpsc::sync_channel(8);
         for m in msgs {
@@ -1282,8 +1471,9 @@ mod tests {
             dir.to_path_buf(),
             rx,
             (close_tx, recycle_tx),
-            shared,
+            shared.clone(),
             (0, false),
+            false,
         );
         close_rx.try_iter().map(|j| j.id).collect()
     }
@@ -1312,7 +1502,7 @@ mod tests {
     #[test]
     fn an_encoder_that_falls_behind_costs_the_segment_its_parquet_file_not_a_record() {
         let dir = tempfile::tempdir().unwrap();
-        let shared = Shared::new(1024);
+        let shared = Arc::new(Shared::new(1024));
         let (mut w, enc_rx, close_rx) = writer(dir.path(), &shared, 4);
         let recs = records(10);
         feed(&mut w, &recs, 1);
@@ -1346,7 +1536,7 @@ mod tests {
     #[test]
     fn a_closer_that_falls_behind_never_holds_up_the_writer() {
         let dir = tempfile::tempdir().unwrap();
-        let shared = Shared::new(1024);
+        let shared = Arc::new(Shared::new(1024));
         // A backlog of one: the encoder (nobody takes its queue) gives up every
         // segment, so every roll goes to the closer, whose queue holds two.
         let (mut w, _enc_rx, close_rx) = writer(dir.path(), &shared, 1);
@@ -1394,7 +1584,7 @@ mod tests {
     #[test]
     fn one_take_across_a_date_and_a_size_roll_files_every_record_in_its_segment() {
         let dir = tempfile::tempdir().unwrap();
-        let shared = Shared::new(1024);
+        let shared = Arc::new(Shared::new(1024));
         let (mut w, enc_rx, close_rx) = writer(dir.path(), &shared, 64);
         let mut recs = records(7);
         let base = 1_709_164_800_000_000i64; // 2024-02-29T00:00:00Z
@@ -1447,7 +1637,7 @@ mod tests {
     #[test]
     fn a_segment_the_encoder_kept_up_with_is_finished_by_the_encoder() {
         let dir = tempfile::tempdir().unwrap();
-        let shared = Shared::new(1024);
+        let shared = Arc::new(Shared::new(1024));
         let (mut w, enc_rx, close_rx) = writer(dir.path(), &shared, 64);
         let recs = records(10);
         feed(&mut w, &recs, 4);
@@ -1474,7 +1664,7 @@ mod tests {
     #[test]
     fn the_encoder_drops_the_file_of_a_segment_given_up() {
         let dir = tempfile::tempdir().unwrap();
-        let shared = Shared::new(1024);
+        let shared = Arc::new(Shared::new(1024));
         let recs = records(3);
         let (start, gave_up) = start("a", &recs, false);
         // Given up after the encoder opened its file: seen at the next record.
@@ -1489,8 +1679,9 @@ mod tests {
                     dir.path().to_path_buf(),
                     rx,
                     (close_tx, recycle_tx),
-                    &shared,
+                    shared.clone(),
                     (0, false),
+                    false,
                 )
             });
             while files_under(dir.path()).is_empty() {
@@ -1521,7 +1712,7 @@ mod tests {
     #[test]
     fn a_segment_given_up_before_it_starts_makes_no_file() {
         let dir = tempfile::tempdir().unwrap();
-        let shared = Shared::new(1024);
+        let shared = Arc::new(Shared::new(1024));
         let recs = records(2);
         let msgs = vec![start("c", &recs, true).0, frames_of(&recs[..1])];
         let handed = encode(dir.path(), &shared, msgs);
@@ -1535,7 +1726,7 @@ mod tests {
     #[test]
     fn a_parquet_file_that_cannot_be_written_sends_the_segment_to_the_closer() {
         let dir = tempfile::tempdir().unwrap();
-        let shared = Shared::new(1024);
+        let shared = Arc::new(Shared::new(1024));
         let recs = records(5);
         let date = date_of_us(recs[0].ts_us);
         // The partition directory cannot be made: a file has its name.
@@ -1591,5 +1782,125 @@ mod tests {
         }
         let path = segment::close_parquet(dir.path(), &date, "x", p).unwrap();
         assert_eq!(crate::parquet_io::read_parquet(&path).unwrap(), recs);
+    }
+
+    /// The encoder as a worker's turns and its thread share it, over `msgs`.
+    fn encoder_over(dir: &std::path::Path, shared: &Arc<Shared>, msgs: Vec<EncMsg>) -> Encoder {
+        let (tx, rx) = mpsc::sync_channel(msgs.len());
+        for m in msgs {
+            tx.send(m).unwrap();
+        }
+        let (close_tx, _) = mpsc::sync_channel(2);
+        let (recycle, _) = mpsc::sync_channel(8);
+        Encoder {
+            dir: dir.to_path_buf(),
+            rx,
+            close_tx,
+            recycle,
+            shared: shared.clone(),
+            current: None,
+            held: None,
+            at: 0,
+            stopped: false,
+            thread: None,
+        }
+    }
+
+    /// Turns on a worker put records into the columns, as many as asked and never past
+    /// a full row group; what writes to the file (the segment's start, a row group, the
+    /// finish) waits for the encoder thread. The file is the one the thread alone makes.
+    #[test]
+    fn worker_turns_build_the_columns_and_leave_the_file_steps_to_the_thread() {
+        let rows = crate::parquet_write::ROW_GROUP_ROWS;
+        let recs = records(rows + 300);
+        let msgs = |dir: &std::path::Path| {
+            let mut m = vec![start("a", &recs, false).0];
+            m.extend(recs.chunks(1000).map(frames_of));
+            m.push(EncMsg::Finish {
+                wal: wal_of(dir, "a", &recs),
+            });
+            m
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let shared = Arc::new(Shared::new(1024));
+        shared.enc_queued.store(recs.len(), Ordering::Relaxed);
+        let mut e = encoder_over(dir.path(), &shared, msgs(dir.path()));
+        let on_workers = || shared.on_workers.load(Ordering::Relaxed) as usize;
+        let turn = |e: &mut Encoder| e.work(&mut || true, false);
+
+        // The segment's start opens a file: left to the thread.
+        assert_eq!(turn(&mut e), (Worked::ForThread, false));
+        assert!(files_under(dir.path()).is_empty());
+        assert_eq!(e.work(&mut || false, true), (Worked::Paused, true));
+        let tmp = dir
+            .path()
+            .join(format!("date={}", date_of_us(recs[0].ts_us)));
+        let tmp = tmp.join(".part-a.parquet.tmp");
+        assert!(tmp.exists());
+
+        // A turn appends as many records as `go_on` lets it: the first, then one per yes.
+        let mut yes = 4;
+        let bounded = e.work(
+            &mut || {
+                yes -= 1;
+                yes >= 0
+            },
+            false,
+        );
+        assert_eq!(bounded, (Worked::Paused, true));
+        assert_eq!(on_workers(), 5);
+
+        // Turns fill the row group, then stop before the record that would write it.
+        let mut turns = 0;
+        loop {
+            turns += 1;
+            match turn(&mut e) {
+                (Worked::Paused, true) => {}
+                (Worked::ForThread, _) => break,
+                other => panic!("turn {turns}: {other:?}"),
+            }
+            assert!(turns < 100, "the turns never stopped");
+        }
+        assert_eq!(on_workers(), rows);
+        let full = |e: &Encoder| {
+            let file = e.current.as_ref().and_then(|c| c.file.as_ref());
+            file.unwrap().row_group_full()
+        };
+        assert!(full(&e), "the row group is still in the columns");
+        assert_eq!(
+            turn(&mut e),
+            (Worked::ForThread, false),
+            "no progress past it"
+        );
+
+        // The thread writes the row group (and appends one record before it pauses).
+        assert_eq!(e.work(&mut || false, true), (Worked::Paused, true));
+        assert!(!full(&e));
+        assert_eq!(on_workers(), rows);
+        // The workers take the rest, then leave the finish to the thread.
+        while turn(&mut e).0 == Worked::Paused {}
+        assert_eq!(on_workers(), recs.len() - 1);
+        assert_eq!(turn(&mut e), (Worked::ForThread, false));
+        assert_eq!(shared.enc_queued.load(Ordering::Relaxed), 0);
+        assert_eq!(shared.stats().segments, 0);
+        // The queue's sender is gone (the writer stopped): the last message, then stop.
+        assert_eq!(e.work(&mut || true, true), (Worked::Stopped, true));
+        assert_eq!(shared.stats().segments, 1);
+
+        let files = crate::segment::parquet_files(dir.path()).unwrap();
+        assert_eq!(files.len(), 1);
+        assert_eq!(crate::parquet_io::read_parquet(&files[0]).unwrap(), recs);
+        assert!(crate::segment::wal_files(dir.path()).unwrap().is_empty());
+
+        // The same messages through the encoder thread alone: the same bytes.
+        let alone = tempfile::tempdir().unwrap();
+        let shared = Arc::new(Shared::new(1024));
+        shared.enc_queued.store(recs.len(), Ordering::Relaxed);
+        assert!(encode(alone.path(), &shared, msgs(alone.path())).is_empty());
+        let theirs = crate::segment::parquet_files(alone.path()).unwrap();
+        assert_eq!(
+            std::fs::read(&files[0]).unwrap(),
+            std::fs::read(&theirs[0]).unwrap()
+        );
     }
 }

@@ -656,3 +656,60 @@ async fn an_encoder_kept_behind_loses_no_record() {
         }
     }
 }
+
+/// A runtime whose workers call `worker_turn` before they park (as `mesh serve`'s does)
+/// builds the Parquet columns of a log started with `worker_turns`, and only of that
+/// one: every record of both logs reads back, in order, from their Parquet files.
+#[test]
+fn a_runtime_that_takes_worker_turns_builds_the_columns_of_a_log_that_asks() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .on_thread_park(mesh_prediction_log::worker_turn)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (turns_dir, plain_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut c = cfg(turns_dir.path());
+    c.worker_turns = true;
+    let n = 6_000u64;
+    let plain_cfg = cfg(plain_dir.path());
+    // On a worker (what `block_on` runs stays on this thread).
+    let run = rt.spawn(async move {
+        let (turned, tw) = PredictionLog::start(c).unwrap();
+        let (plain, pw) = PredictionLog::start(plain_cfg).unwrap();
+        // Bursts with pauses between them, so that the workers park.
+        for burst in 0..n / 200 {
+            for i in burst * 200..(burst + 1) * 200 {
+                assert!(turned.record(record(i, "1", Role::Primary)));
+                assert!(plain.record(record(i, "1", Role::Primary)));
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let stats = (
+            turned.shutdown().await.unwrap(),
+            plain.shutdown().await.unwrap(),
+        );
+        tw.join().unwrap();
+        pw.join().unwrap();
+        stats
+    });
+    let (turned, plain) = rt.block_on(run).unwrap();
+    assert_eq!((turned.written, plain.written), (n, n));
+    assert!(
+        turned.on_workers > 0 && turned.on_workers <= n,
+        "{turned:?}"
+    );
+    assert_eq!(
+        plain.on_workers, 0,
+        "a log without worker_turns is left alone"
+    );
+    let want: Vec<String> = (0..n)
+        .map(|i| record(i, "1", Role::Primary).request_id)
+        .collect();
+    for dir in [&turns_dir, &plain_dir] {
+        assert!(wal_files(dir.path()).unwrap().is_empty());
+        let back = read_all(dir.path(), ReadOptions::default()).unwrap();
+        let ids: Vec<String> = back.into_iter().map(|r| r.request_id).collect();
+        assert_eq!(ids, want);
+    }
+}

@@ -36,6 +36,9 @@ pub struct PredictionLogConfig {
     /// The Parquet encoder thread runs under SCHED_IDLE (`LogConfig::encoder_idle`; on
     /// by default).
     pub encoder_idle: bool,
+    /// The serving runtime's workers build the Parquet columns in short turns when they
+    /// have nothing else to do (`LogConfig::worker_turns`).
+    pub worker_turns: bool,
     /// Records that may wait for the encoder before the open segment's Parquet file is
     /// given up and built from its wal at close (`LogConfig::encoder_backlog`).
     pub encoder_backlog: usize,
@@ -68,6 +71,8 @@ struct PredictionLogFile {
     writer_idle: bool,
     #[serde(default = "default_encoder_idle")]
     encoder_idle: bool,
+    #[serde(default = "default_worker_turns")]
+    worker_turns: bool,
     #[serde(default = "default_encoder_backlog")]
     encoder_backlog: usize,
     #[serde(default)]
@@ -120,6 +125,7 @@ impl TryFrom<PredictionLogFile> for PredictionLogConfig {
             writer_nice: f.writer_nice,
             writer_idle: f.writer_idle,
             encoder_idle: f.encoder_idle,
+            worker_turns: f.worker_turns,
             encoder_backlog: f.encoder_backlog,
             parquet,
             deferred_max_bytes: f.deferred_max_bytes,
@@ -145,6 +151,9 @@ fn default_writer_idle() -> bool {
 fn default_encoder_idle() -> bool {
     LogConfig::new("").encoder_idle
 }
+fn default_worker_turns() -> bool {
+    LogConfig::new("").worker_turns
+}
 fn default_encoder_backlog() -> usize {
     LogConfig::new("").encoder_backlog
 }
@@ -164,6 +173,7 @@ pub fn start(cfg: &PredictionLogConfig) -> Result<(PredictionLogHandle, WriterTa
     c.writer_nice = cfg.writer_nice;
     c.writer_idle = cfg.writer_idle;
     c.encoder_idle = cfg.encoder_idle;
+    c.worker_turns = cfg.worker_turns;
     c.encoder_backlog = cfg.encoder_backlog;
     c.parquet = cfg.parquet;
     c.deferred_max_bytes = cfg.deferred_max_bytes;
@@ -300,8 +310,14 @@ mod tests {
         let log = LogConfig::new("d");
         assert!(c.encoder_idle && log.encoder_idle);
         assert_eq!(c.encoder_backlog, log.encoder_backlog);
-        let c = parse("dir = \"d\"\nencoder_idle = false\nencoder_backlog = 100").unwrap();
+        assert_eq!(c.worker_turns, log.worker_turns);
+        let c =
+            parse("dir = \"d\"\nencoder_idle = false\nencoder_backlog = 100\nworker_turns = true")
+                .unwrap();
         assert!(!c.encoder_idle);
+        assert!(c.worker_turns);
+        let e = parse("dir = \"d\"\nworker_turns = 1").unwrap_err();
+        assert!(e.contains("worker_turns") || e.contains("bool"), "{e}");
         assert_eq!(c.encoder_backlog, 100);
         let e = parse("dir = \"d\"\nencoder_backlog = 0").unwrap_err();
         assert!(e.contains("encoder_backlog"), "{e}");
