@@ -31,6 +31,9 @@
 # `mesh logs convert`). After each such run, `mesh logs convert` (in this script,
 # with the server stopped, as a converter elsewhere would) builds the Parquet files,
 # and the table shows its records/s and whether every written record reached one.
+# TURNS=1: another mode in each round, "wt", the log on with `worker_turns = true`
+# (the serving workers build the Parquet columns in short turns before they park);
+# the table then also shows how many records the workers built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-${MESH_BIN:-${CARGO_TARGET_DIR:-target}/release/mesh}}
