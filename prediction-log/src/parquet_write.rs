@@ -642,20 +642,30 @@ impl Column {
         self.plain.extend_from_slice(&v.to_le_bytes());
     }
 
-    /// After each record: cut the page once it is full, or once the dictionary is.
-    fn after_record(&mut self, snappy: &mut Snappy) -> PqResult<()> {
-        if !self.fell_back
+    /// The dictionary outgrew [`DICT_BYTES`]: the column falls back to plain values.
+    fn dict_full(&self) -> bool {
+        !self.fell_back
             && self
                 .dict
                 .as_ref()
                 .is_some_and(|d| d.plain_len() > DICT_BYTES)
-        {
-            self.cut_page(snappy)?;
+    }
+
+    /// After a record: the page is full, or the dictionary is, and is to be cut before
+    /// the next record goes in ([`Column::cut_due_page`]).
+    fn page_due(&self) -> bool {
+        self.dict_full()
+            || self.plain.len() + self.idx.len() + self.def.runs.len() + self.rep.runs.len()
+                >= PAGE_BYTES
+    }
+
+    /// Cuts the page that [`Column::page_due`] says is due (and falls back to plain
+    /// values if the dictionary is why).
+    fn cut_due_page(&mut self, snappy: &mut Snappy) -> PqResult<()> {
+        let fall_back = self.dict_full();
+        self.cut_page(snappy)?;
+        if fall_back {
             self.fell_back = true;
-        } else if self.plain.len() + self.idx.len() + self.def.runs.len() + self.rep.runs.len()
-            >= PAGE_BYTES
-        {
-            self.cut_page(snappy)?;
         }
         Ok(())
     }
@@ -955,6 +965,7 @@ impl OpenParquet {
         r: &RecordRef<'_, K, F>,
     ) -> Result<()> {
         self.push(r)?;
+        self.cut_due_pages()?;
         if self.row_group_full() {
             self.write_row_group()?;
         }
@@ -967,8 +978,9 @@ impl OpenParquet {
         self.rows >= ROW_GROUP_ROWS
     }
 
-    /// Puts one record into the column buffers (cutting a page of a column that filled
-    /// one), never the row group out to the file.
+    /// Puts one record into the column buffers; a page it fills is cut after it
+    /// ([`OpenParquet::cut_due_pages`], or step by step in `append_frames_from`), and the
+    /// row group goes to the file apart.
     fn push<K: AsRef<str>, F: LoggedFeature>(&mut self, r: &RecordRef<'_, K, F>) -> Result<()> {
         let c = &mut self.columns;
         c[leaf::REQUEST_ID].bytes(0, r.request_id.as_bytes(), 0);
@@ -1047,24 +1059,28 @@ impl OpenParquet {
         for (k, v) in r.stages.as_array().into_iter().enumerate() {
             c[leaf::STAGES + k].int(0, i64::try_from(v).unwrap_or(i64::MAX), 0);
         }
-        for col in c.iter_mut() {
-            col.after_record(&mut self.snappy)
-                .map_err(|e| LogError::parquet(&self.path, e))?;
-        }
         self.rows += 1;
         Ok(())
     }
 
-    /// Appends the records of `frames` (sealed wal frames, as the writer passes them to
-    /// the encoder thread), decoding each in place, and calls `between` after each
-    /// record (the encoder's pacing). Stops at the first record that does not decode or
-    /// append.
-    pub(crate) fn append_frames(&mut self, frames: &[u8], mut between: impl FnMut()) -> Result<()> {
-        let mut first = true;
-        let go_on = || {
-            if !std::mem::take(&mut first) {
-                between();
+    /// Cuts the pages that the records so far made due ([`Column::page_due`]).
+    fn cut_due_pages(&mut self) -> Result<()> {
+        for col in &mut self.columns {
+            if col.page_due() {
+                col.cut_due_page(&mut self.snappy)
+                    .map_err(|e| LogError::parquet(&self.path, e))?;
             }
+        }
+        Ok(())
+    }
+
+    /// Appends the records of `frames` (sealed wal frames, as the writer passes them to
+    /// the encoder thread), decoding each in place, all of them, and calls `between`
+    /// between two steps (a caller's pacing). Stops at the first record that does not
+    /// decode or append.
+    pub(crate) fn append_frames(&mut self, frames: &[u8], mut between: impl FnMut()) -> Result<()> {
+        let go_on = || {
+            between();
             true
         };
         self.append_frames_from(frames, 0, go_on, true)?;
@@ -1075,11 +1091,15 @@ impl OpenParquet {
     }
 
     /// Appends the records of `frames` from the frame at offset `at` on, decoding each
-    /// in place, while `go_on` (asked before each record but the first) says so.
-    /// `row_groups`: whether a full row group may go to the file here; if not, it stops
-    /// before the record that would need it. Returns the offset of the first frame not
-    /// appended (`frames.len()` when all were) and how many records it appended. Stops
-    /// with an error at the first record that does not decode or append.
+    /// in place, in steps: a record, or the cut of a page that the record before filled
+    /// (encoding and compressing up to 64 KiB). `go_on` is asked
+    /// before each step but the first. `row_groups`: the encoder thread, which also
+    /// writes a full row group to the file; a worker's turn (false) stops before that,
+    /// and takes a page's cut only as its first step, so that a turn is either about
+    /// as long as `go_on` allows or one page's cut. Returns the offset of the first
+    /// frame not appended (`frames.len()` when all were) and how many records it
+    /// appended. Stops with an error at the first record that does not decode or
+    /// append. A page left due is cut before the next record, or with the row group.
     pub(crate) fn append_frames_from(
         &mut self,
         frames: &[u8],
@@ -1088,18 +1108,30 @@ impl OpenParquet {
         row_groups: bool,
     ) -> Result<(usize, usize)> {
         let mut lists = crate::codec::Lists::default();
-        let mut first = true;
-        let mut n = 0;
+        let (mut steps, mut n) = (0usize, 0usize);
         while let Some((payload, next)) = crate::wal::frame_at(frames, at) {
+            for i in 0..self.columns.len() {
+                if !self.columns[i].page_due() {
+                    continue;
+                }
+                if steps > 0 && (!row_groups || !go_on()) {
+                    return Ok((at, n));
+                }
+                steps += 1;
+                self.columns[i]
+                    .cut_due_page(&mut self.snappy)
+                    .map_err(|e| LogError::parquet(&self.path, e))?;
+            }
             if self.row_group_full() {
                 if !row_groups {
                     break;
                 }
                 self.write_row_group()?;
             }
-            if !std::mem::take(&mut first) && !go_on() {
+            if steps > 0 && !go_on() {
                 break;
             }
+            steps += 1;
             let r = crate::codec::decode_ref(payload, &mut lists).map_err(|e| {
                 LogError::Config(format!("a queued wal frame did not decode ({e:?})"))
             })?;
@@ -1116,6 +1148,7 @@ impl OpenParquet {
         if self.rows == 0 {
             return Ok(());
         }
+        self.cut_due_pages()?;
         let rows = std::mem::take(&mut self.rows);
         let path = self.path.clone();
         let mut group = self
@@ -1478,5 +1511,56 @@ mod tests {
         let e = open.append_frames(&frames, || between += 1).unwrap_err();
         assert!(e.to_string().contains("did not decode"), "{e}");
         assert_eq!(between, 0);
+    }
+
+    /// A worker's turns (`row_groups` false, `go_on` always yes) append records until
+    /// one fills a page, then stop; the next turn cuts one due page as its first step,
+    /// never a second one after it, and no turn writes a row group. Driven so, with the
+    /// thread's row groups between, the file is the records' own, byte for byte.
+    #[test]
+    fn a_workers_turn_cuts_a_page_only_as_its_first_step() {
+        let dir = tempfile::tempdir().unwrap();
+        let recs = assorted(ROW_GROUP_ROWS + 3_000);
+        let direct = dir.path().join("direct.parquet");
+        crate::write_parquet(&direct, &recs).unwrap();
+        let mut frames = Vec::new();
+        crate::FrameEncoder::push_frames(&recs, &mut frames);
+        let turned = dir.path().join("turned.parquet");
+        let mut open = OpenParquet::create(&turned).unwrap();
+        let due = |o: &OpenParquet| o.columns.iter().filter(|c| c.page_due()).count();
+        let (mut at, mut appended, mut turns, mut cuts, mut groups) = (0, 0, 0, 0, 0);
+        while at < frames.len() {
+            turns += 1;
+            let before = due(&open);
+            let (next, n) = open.append_frames_from(&frames, at, || true, false).unwrap();
+            let after = due(&open);
+            if before > 1 {
+                assert_eq!((n, after), (0, before - 1), "turn {turns}: one cut, then stop");
+            }
+            if before > 0 {
+                cuts += 1;
+                assert!(after < before || n > 0, "turn {turns} cut nothing");
+            }
+            if next < frames.len() {
+                assert!(
+                    after > 0 || open.row_group_full(),
+                    "turn {turns} stopped with nothing due"
+                );
+            }
+            if open.row_group_full() && after == 0 {
+                // The encoder thread's step.
+                open.write_row_group().unwrap();
+                groups += 1;
+            }
+            (at, appended) = (next, appended + n);
+        }
+        open.finish().unwrap();
+        assert_eq!(appended, recs.len());
+        assert_eq!(groups, 1);
+        assert!(cuts > 20, "{cuts} turns began with a cut");
+        assert_eq!(
+            std::fs::read(&turned).unwrap(),
+            std::fs::read(&direct).unwrap()
+        );
     }
 }
