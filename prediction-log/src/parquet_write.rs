@@ -1532,10 +1532,16 @@ mod tests {
         while at < frames.len() {
             turns += 1;
             let before = due(&open);
-            let (next, n) = open.append_frames_from(&frames, at, || true, false).unwrap();
+            let (next, n) = open
+                .append_frames_from(&frames, at, || true, false)
+                .unwrap();
             let after = due(&open);
             if before > 1 {
-                assert_eq!((n, after), (0, before - 1), "turn {turns}: one cut, then stop");
+                assert_eq!(
+                    (n, after),
+                    (0, before - 1),
+                    "turn {turns}: one cut, then stop"
+                );
             }
             if before > 0 {
                 cuts += 1;
