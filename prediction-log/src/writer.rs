@@ -942,6 +942,11 @@ struct Encoder {
     stopped: bool,
     /// The encoder thread, which a worker's turn wakes for a step it leaves to it.
     thread: Option<std::thread::Thread>,
+    /// A worker's turn failed (panicked): the workers leave this encoder alone.
+    no_turns: bool,
+    /// Tests: a worker's turn panics.
+    #[cfg(test)]
+    fail_turns: bool,
 }
 
 /// How a round of [`Encoder::work`] ended.
@@ -964,6 +969,8 @@ impl Encoder {
     /// 1-3 ms each); a worker's turn stops before those. Returns how it ended, and
     /// whether it did anything.
     fn work(&mut self, go_on: &mut dyn FnMut() -> bool, thread: bool) -> (Worked, bool) {
+        #[cfg(test)]
+        assert!(thread || !self.fail_turns, "a worker's turn failed (test)");
         let mut did = false;
         loop {
             if self.stopped {
@@ -1102,13 +1109,39 @@ pub fn worker_turn() {
         return;
     };
     for enc in encoders.iter() {
-        let Some(enc) = enc.upgrade() else { continue };
-        let Ok(mut e) = enc.try_lock() else { continue };
-        let start = Instant::now();
-        let (worked, _) = e.work(&mut || start.elapsed() < WORKER_TURN, false);
-        if worked == Worked::ForThread {
+        if let Some(enc) = enc.upgrade() {
+            take_turn(&enc);
+        }
+    }
+}
+
+/// One worker's turn at `enc`, if it is free and still open to turns.
+fn take_turn(enc: &Mutex<Encoder>) {
+    let Ok(mut e) = enc.try_lock() else { return };
+    if e.no_turns {
+        return;
+    }
+    let start = Instant::now();
+    let turn = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        e.work(&mut || start.elapsed() < WORKER_TURN, false)
+    }));
+    match turn {
+        Ok((Worked::ForThread, _)) => {
             if let Some(t) = &e.thread {
                 t.unpark();
+            }
+        }
+        Ok(_) => {}
+        // A fault in the column building must not take a serving worker down with it.
+        // The segment's Parquet file, whose columns may hold half a record, is given up
+        // (its wal has every record, and it is converted from there when it rolls), and
+        // the encoder thread alone goes on from here.
+        Err(_) => {
+            e.no_turns = true;
+            if let Some(c) = e.current.as_mut() {
+                c.failed(&LogError::Config(
+                    "a serving worker's turn at the Parquet columns panicked; worker turns are off for this log".into(),
+                ));
             }
         }
     }
@@ -1141,6 +1174,9 @@ fn encode_main(
         at: 0,
         stopped: false,
         thread: Some(std::thread::current()),
+        no_turns: false,
+        #[cfg(test)]
+        fail_turns: false,
     }));
     if turns {
         let mut list = TURNS.write().unwrap_or_else(PoisonError::into_inner);
@@ -1803,6 +1839,8 @@ mod tests {
             at: 0,
             stopped: false,
             thread: None,
+            no_turns: false,
+            fail_turns: false,
         }
     }
 
@@ -1902,5 +1940,44 @@ mod tests {
             std::fs::read(&files[0]).unwrap(),
             std::fs::read(&theirs[0]).unwrap()
         );
+    }
+
+    /// A worker's turn that panics costs the segment its Parquet file, never the worker
+    /// (the panic stops in the turn) nor a record: the workers leave that encoder alone
+    /// from then on, and the thread hands the segment to the closer at its finish.
+    #[test]
+    fn a_worker_turn_that_panics_gives_up_the_file_and_leaves_the_encoder_to_its_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let recs = records(50);
+        let (start_msg, gave_up) = start("a", &recs, false);
+        let wal = wal_of(dir.path(), "a", &recs);
+        let msgs = vec![start_msg, frames_of(&recs), EncMsg::Finish { wal }];
+        let shared = Arc::new(Shared::new(1024));
+        shared.enc_queued.store(recs.len(), Ordering::Relaxed);
+        let (close_tx, close_rx) = mpsc::sync_channel(2);
+        let mut e = encoder_over(dir.path(), &shared, msgs);
+        e.close_tx = close_tx;
+        assert_eq!(e.work(&mut || false, true), (Worked::Paused, true));
+        e.fail_turns = true;
+        let enc = Mutex::new(e);
+        take_turn(&enc);
+        assert!(gave_up.load(Ordering::Acquire), "the file is given up");
+        let mut e = enc.into_inner().expect("the lock is not poisoned");
+        assert!(e.no_turns);
+        assert!(
+            files_under(dir.path()).is_empty(),
+            "{:?}",
+            files_under(dir.path())
+        );
+        // Another turn leaves it alone (it would panic again).
+        let enc = Mutex::new(e);
+        take_turn(&enc);
+        e = enc.into_inner().unwrap();
+        // The thread goes on: the frames are let go, the segment goes to the closer.
+        e.fail_turns = false;
+        assert_eq!(e.work(&mut || true, true), (Worked::Stopped, true));
+        assert_eq!(shared.enc_queued.load(Ordering::Relaxed), 0);
+        assert_eq!(shared.stats().on_workers, 0);
+        assert_eq!(close_rx.try_iter().map(|j| j.id).collect::<Vec<_>>(), ["a"]);
     }
 }
