@@ -15,7 +15,9 @@
 //!   This is most of the log's CPU work, and by default it runs under `SCHED_IDLE`
 //!   ([`LogConfig::encoder_idle`]). When it falls [`LogConfig::encoder_backlog`] records
 //!   behind, the writer gives up that segment's Parquet file and the closer converts the
-//!   segment from its wal instead.
+//!   segment from its wal instead. With [`LogConfig::worker_turns`], the serving
+//!   runtime's workers build the columns in short turns before they park
+//!   ([`worker_turn`]), and the thread keeps the steps that write to the file.
 //! - The closer thread converts such segments (and those whose Parquet file could not be
 //!   written) from their wal, under `SCHED_IDLE` with the encoder. The writer never waits
 //!   for it: rolled segments its queue has no room for wait in order, each with its wal.
