@@ -32,8 +32,9 @@
 # with the server stopped, as a converter elsewhere would) builds the Parquet files,
 # and the table shows its records/s and whether every written record reached one.
 # TURNS=1: another mode in each round, "wt", the log on with `worker_turns = true`
-# (the serving workers build the Parquet columns in short turns before they park);
-# the table then also shows how many records the workers built.
+# (the serving workers build the Parquet columns in short turns before they park,
+# the server's default), and "on" runs with `worker_turns = false` (the encoder
+# thread alone); the table then also shows how many records the workers built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-${MESH_BIN:-${CARGO_TARGET_DIR:-target}/release/mesh}}
@@ -73,6 +74,7 @@ serve() { # name on|off
         if [ -n "${LOG_CONFIG:-}" ]; then sed -i "/^\[prediction_log\]/a $LOG_CONFIG" "$cfg"; fi
         if [ "$2" = def ]; then sed -i '/^\[prediction_log\]/a parquet = "deferred"' "$cfg"; fi
         if [ "$2" = wt ]; then sed -i '/^\[prediction_log\]/a worker_turns = true' "$cfg"; fi
+        if [ "$2" = on ] && [ "${TURNS:-0}" = 1 ]; then sed -i '/^\[prediction_log\]/a worker_turns = false' "$cfg"; fi
     fi
     for p in "$PORT" "$HTTP_PORT"; do
         if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "port $p is already in use: set PORT" >&2; exit 1; fi
@@ -167,8 +169,8 @@ PY
     done
 done
 
-python3 - "$OUT" "$RATE" "$WARMUP" "${STALL_LAG_US:-10000}" "${runs[@]}" <<'PY'
-import json, statistics, sys
+TURNS="${TURNS:-0}" python3 - "$OUT" "$RATE" "$WARMUP" "${STALL_LAG_US:-10000}" "${runs[@]}" <<'PY'
+import json, os, statistics, sys
 out, rate, warmup, stall_lag, runs = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5:]
 print(f"\nDecide, open loop at {rate:.0f} req/s, prediction log on vs off (latency in µs from the intended send time)")
 print(f"{'run':<12}{'req/s':>8}{'p50':>7}{'p99':>8}{'p99.9':>8}{'max':>8}{'1s p99 med':>11}{'1s p99 max':>11}{'srv p99':>8}{'srv p99.9':>10}{'lag p99':>8}{'errors':>8}{'dropped':>9}{'written':>9}{'behind':>7}{'cpu %':>7}{'log cpu %':>10}")
@@ -219,6 +221,8 @@ for n in runs:
     if s.get("on_workers"):
         print(f"{'':<12}{s['on_workers']:.0f} records put into the columns in the workers' turns ({100 * s['on_workers'] / max(s['written'], 1):.0f}% of those written)")
 names = {"on": "log on", "wt": "log on, worker turns", "def": "log on, Parquet deferred"}
+if os.environ.get("TURNS") == "1":
+    names["on"] = "log on, the encoder thread alone (worker_turns = false)"
 for m in ("on", "wt", "def"):
     if not (p99[m] and p99["off"]):
         continue

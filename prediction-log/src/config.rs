@@ -69,7 +69,8 @@ pub struct LogConfig {
     /// calls [`crate::worker_turn`] before a worker parks; `mesh serve` does). The
     /// encoder thread then does only what they leave: the steps that write to the file
     /// (a row group, the footer and fsync at a roll), and all of it on a server whose
-    /// workers are never idle. Default false.
+    /// workers are never idle. Default false here, since it needs a runtime that calls
+    /// [`crate::worker_turn`]; `mesh serve`'s does, and turns it on by default.
     pub worker_turns: bool,
     /// Records that may wait for the Parquet encoder. When the encoder falls this far
     /// behind (a machine with no idle CPU starves a `SCHED_IDLE` thread), the open

@@ -37,7 +37,8 @@ pub struct PredictionLogConfig {
     /// by default).
     pub encoder_idle: bool,
     /// The serving runtime's workers build the Parquet columns in short turns when they
-    /// have nothing else to do (`LogConfig::worker_turns`).
+    /// have nothing else to do (`LogConfig::worker_turns`). On by default here, unlike
+    /// the library's default: `mesh serve`'s runtime takes the turns.
     pub worker_turns: bool,
     /// Records that may wait for the encoder before the open segment's Parquet file is
     /// given up and built from its wal at close (`LogConfig::encoder_backlog`).
@@ -151,8 +152,12 @@ fn default_writer_idle() -> bool {
 fn default_encoder_idle() -> bool {
     LogConfig::new("").encoder_idle
 }
+/// On: `mesh serve` builds its runtime with the hook that takes the turns
+/// (`mesh_prediction_log::worker_turn`), and they halved the log's CPU in every run
+/// measured (prediction-log/README.md, "Worker turns"). Without the hook (a router
+/// embedded elsewhere), the encoder thread does the work as with turns off.
 fn default_worker_turns() -> bool {
-    LogConfig::new("").worker_turns
+    true
 }
 fn default_encoder_backlog() -> usize {
     LogConfig::new("").encoder_backlog
@@ -310,12 +315,13 @@ mod tests {
         let log = LogConfig::new("d");
         assert!(c.encoder_idle && log.encoder_idle);
         assert_eq!(c.encoder_backlog, log.encoder_backlog);
-        assert_eq!(c.worker_turns, log.worker_turns);
+        assert!(c.worker_turns, "the server's runtime takes the turns");
+        assert!(!log.worker_turns, "a runtime without the hook would not");
         let c =
-            parse("dir = \"d\"\nencoder_idle = false\nencoder_backlog = 100\nworker_turns = true")
+            parse("dir = \"d\"\nencoder_idle = false\nencoder_backlog = 100\nworker_turns = false")
                 .unwrap();
         assert!(!c.encoder_idle);
-        assert!(c.worker_turns);
+        assert!(!c.worker_turns);
         let e = parse("dir = \"d\"\nworker_turns = 1").unwrap_err();
         assert!(e.contains("worker_turns") || e.contains("bool"), "{e}");
         assert_eq!(c.encoder_backlog, 100);
