@@ -1065,13 +1065,23 @@ impl OpenParquet {
 
     /// Cuts the pages that the records so far made due ([`Column::page_due`]).
     fn cut_due_pages(&mut self) -> Result<()> {
-        for col in &mut self.columns {
-            if col.page_due() {
-                col.cut_due_page(&mut self.snappy)
-                    .map_err(|e| LogError::parquet(&self.path, e))?;
-            }
-        }
+        while self.cut_a_due_page()? {}
         Ok(())
+    }
+
+    /// Cuts the page of the first column that has one due; whether there was one.
+    fn cut_a_due_page(&mut self) -> Result<bool> {
+        let Some(col) = self.columns.iter_mut().find(|c| c.page_due()) else {
+            return Ok(false);
+        };
+        col.cut_due_page(&mut self.snappy)
+            .map_err(|e| LogError::parquet(&self.path, e))?;
+        Ok(true)
+    }
+
+    /// Some column has a page due ([`Column::page_due`]).
+    fn page_due(&self) -> bool {
+        self.columns.iter().any(Column::page_due)
     }
 
     /// Appends the records of `frames` (sealed wal frames, as the writer passes them to
@@ -1110,17 +1120,12 @@ impl OpenParquet {
         let mut lists = crate::codec::Lists::default();
         let (mut steps, mut n) = (0usize, 0usize);
         while let Some((payload, next)) = crate::wal::frame_at(frames, at) {
-            for i in 0..self.columns.len() {
-                if !self.columns[i].page_due() {
-                    continue;
-                }
+            while self.page_due() {
                 if steps > 0 && (!row_groups || !go_on()) {
                     return Ok((at, n));
                 }
                 steps += 1;
-                self.columns[i]
-                    .cut_due_page(&mut self.snappy)
-                    .map_err(|e| LogError::parquet(&self.path, e))?;
+                self.cut_a_due_page()?;
             }
             if self.row_group_full() {
                 if !row_groups {
