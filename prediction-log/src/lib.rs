@@ -22,6 +22,7 @@ mod config;
 mod error;
 pub mod join;
 pub mod lock;
+mod names;
 mod parquet_io;
 mod parquet_write;
 pub mod priority;

@@ -1093,7 +1093,11 @@ impl OpenParquet {
             between();
             true
         };
-        self.append_frames_from(frames, 0, go_on, true)?;
+        let mut sets = crate::codec::NameSets::default();
+        sets.define_all(frames, 0).map_err(|e| {
+            LogError::Config(format!("a queued name-set frame did not decode ({e:?})"))
+        })?;
+        self.append_frames_from(frames, 0, &sets, go_on, true)?;
         if self.row_group_full() {
             self.write_row_group()?;
         }
@@ -1110,10 +1114,13 @@ impl OpenParquet {
     /// frame not appended (`frames.len()` when all were) and how many records it
     /// appended. Stops with an error at the first record that does not decode or
     /// append. A page left due is cut before the next record, or with the row group.
+    /// `sets`: the name sets of the frames' records (name-set frames among `frames`
+    /// are passed over: the caller took them in, [`crate::codec::NameSets::define_all`]).
     pub(crate) fn append_frames_from(
         &mut self,
         frames: &[u8],
         mut at: usize,
+        sets: &crate::codec::NameSets,
         mut go_on: impl FnMut() -> bool,
         row_groups: bool,
     ) -> Result<(usize, usize)> {
@@ -1133,11 +1140,15 @@ impl OpenParquet {
                 }
                 self.write_row_group()?;
             }
+            if crate::codec::is_name_set(payload) {
+                at = next;
+                continue;
+            }
             if steps > 0 && !go_on() {
                 break;
             }
             steps += 1;
-            let r = crate::codec::decode_ref(payload, &mut lists).map_err(|e| {
+            let r = crate::codec::decode_ref(payload, &mut lists, sets).map_err(|e| {
                 LogError::Config(format!("a queued wal frame did not decode ({e:?})"))
             })?;
             self.push(&r)?;
@@ -1538,7 +1549,13 @@ mod tests {
             turns += 1;
             let before = due(&open);
             let (next, n) = open
-                .append_frames_from(&frames, at, || true, false)
+                .append_frames_from(
+                    &frames,
+                    at,
+                    &crate::codec::NameSets::default(),
+                    || true,
+                    false,
+                )
                 .unwrap();
             let after = due(&open);
             if before > 1 {

@@ -1,5 +1,6 @@
 //! Reading the log back: everything at once, file by file, or following new records (tail).
 
+use crate::codec::NameSets;
 use crate::error::Result;
 use crate::parquet_io::read_parquet;
 use crate::record::PredictionRecord;
@@ -28,7 +29,7 @@ pub fn scan(dir: &Path, opts: ReadOptions, mut f: impl FnMut(PredictionRecord)) 
         read_parquet(p)?.into_iter().for_each(&mut f);
     }
     for (id, w) in wals {
-        match read_wal_from(&w, 0) {
+        match read_wal_from(&w, 0, &mut NameSets::default()) {
             Ok(c) => c.records.into_iter().for_each(&mut f),
             Err(crate::error::LogError::Io { source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound =>
@@ -73,7 +74,7 @@ fn listing(dir: &Path, wals: bool) -> Result<(Vec<PathBuf>, Vec<UnconvertedWal>)
 pub fn wal_record_count(dir: &Path) -> Result<u64> {
     let mut n = 0u64;
     for (_, w) in listing(dir, true)?.1 {
-        match read_wal_from(&w, 0) {
+        match read_wal_from(&w, 0, &mut NameSets::default()) {
             Ok(c) => n += c.records.len() as u64,
             Err(crate::error::LogError::Io { source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound => {}
@@ -97,8 +98,8 @@ pub fn read_all(dir: &Path, opts: ReadOptions) -> Result<Vec<PredictionRecord>> 
 /// missed across a roll.
 pub struct Tailer {
     dir: PathBuf,
-    /// wal id -> (bytes read, records seen)
-    wals: HashMap<String, (u64, usize)>,
+    /// wal id -> (bytes read, records seen, the name sets read so far)
+    wals: HashMap<String, (u64, usize, NameSets)>,
     /// Closed segments already accounted for.
     known_parquet: HashSet<PathBuf>,
 }
@@ -161,7 +162,7 @@ impl Tailer {
                 continue; // renamed into place, wal not yet removed: next poll
             }
             let seen = if gone.contains(&id) {
-                self.wals.remove(&id).map(|(_, s)| s).unwrap_or(0)
+                self.wals.remove(&id).map(|(_, s, _)| s).unwrap_or(0)
             } else {
                 0
             };
@@ -173,19 +174,20 @@ impl Tailer {
             self.wals.remove(&id);
         }
         for (id, w) in current {
-            let (offset, seen) = self.wals.get(&id).copied().unwrap_or((0, 0));
-            match read_wal_from(&w, offset) {
+            let (offset, seen, mut sets) = self.wals.remove(&id).unwrap_or_default();
+            match read_wal_from(&w, offset, &mut sets) {
                 Ok(c) => {
                     let n = c.records.len();
                     out.extend(c.records);
-                    self.wals.insert(id, (c.valid_len.max(offset), seen + n));
+                    self.wals
+                        .insert(id, (c.valid_len.max(offset), seen + n, sets));
                 }
                 // Rolled between listing and reading: its Parquet file is read by the next
                 // poll. Stop here so newer wals do not overtake its last records.
                 Err(crate::error::LogError::Io { source, .. })
                     if source.kind() == std::io::ErrorKind::NotFound =>
                 {
-                    self.wals.entry(id).or_insert((offset, seen));
+                    self.wals.insert(id, (offset, seen, sets));
                     break;
                 }
                 Err(e) => return Err(e),

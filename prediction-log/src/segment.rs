@@ -132,7 +132,7 @@ fn convert(
 ) -> Result<Converted> {
     let mut open: Option<(String, OpenParquet)> = None;
     let mut already = false;
-    let scanned = scan_wal(wal, 0, |rec| {
+    let scanned = scan_wal(wal, 0, &mut crate::codec::NameSets::default(), |rec| {
         let file = match open.as_mut() {
             Some((_, f)) => f,
             None => {

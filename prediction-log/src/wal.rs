@@ -27,15 +27,17 @@ pub(crate) const FRAME_HEADER: usize = 8;
 pub(crate) const MAX_FRAME: usize = 64 << 20;
 
 /// Appends `rec` to `buf` as one frame, its length filled in and its checksum left for
-/// [`checksum_frame`]. When the payload is larger than a reader accepts
+/// [`checksum_frame`]; its features named by the name set `set` when that is not 0
+/// (see [`codec::encode_by_names`]). When the payload is larger than a reader accepts
 /// ([`MAX_FRAME`]): `buf` as it was, and the payload's size as the error.
 pub(crate) fn push_frame<K: AsRef<str>, F: LoggedFeature>(
     buf: &mut Vec<u8>,
+    set: u32,
     rec: &RecordRef<'_, K, F>,
 ) -> std::result::Result<(), usize> {
     let at = buf.len();
     buf.extend_from_slice(&[0u8; FRAME_HEADER]);
-    codec::encode(rec, buf);
+    codec::encode_by_names(set, rec, buf);
     let len = buf.len() - at - FRAME_HEADER;
     match u32::try_from(len) {
         Ok(l) if len <= MAX_FRAME => {
@@ -57,9 +59,21 @@ pub(crate) fn push_sealed_frame<K: AsRef<str>, F: LoggedFeature>(
     rec: &RecordRef<'_, K, F>,
 ) -> std::result::Result<(), usize> {
     let at = buf.len();
-    push_frame(buf, rec)?;
+    push_frame(buf, 0, rec)?;
     checksum_frame(buf, at);
     Ok(())
+}
+
+/// Appends the frame of name set `id` (its names), checksummed. A set takes far less
+/// than a frame may hold: the log gives ids only to lists of names that fit
+/// ([`crate::writer`]'s registry).
+pub(crate) fn push_name_set_frame(buf: &mut Vec<u8>, id: u32, names: &[Box<str>]) {
+    let at = buf.len();
+    buf.extend_from_slice(&[0u8; FRAME_HEADER]);
+    codec::encode_name_set(id, names, buf);
+    let len = (buf.len() - at - FRAME_HEADER) as u32;
+    buf[at..at + 4].copy_from_slice(&len.to_le_bytes());
+    checksum_frame(buf, at);
 }
 
 /// The payload of the frame at `at` in `buf` (frames made by [`push_frame`], one after
@@ -188,10 +202,15 @@ fn read_format(path: &Path, file: &mut File) -> Result<Option<Format>> {
 /// Decodes one checksummed payload. `Ok(None)`: the bytes do not form a record (treated
 /// like a torn frame); `Err`: a layout this build does not know, which must not be
 /// discarded as damage.
-fn decode(path: &Path, format: Format, payload: &[u8]) -> Result<Option<PredictionRecord>> {
+fn decode(
+    path: &Path,
+    format: Format,
+    payload: &[u8],
+    sets: &codec::NameSets,
+) -> Result<Option<PredictionRecord>> {
     match format {
         Format::Json => Ok(serde_json::from_slice(payload).ok()),
-        Format::Binary => match codec::decode(payload) {
+        Format::Binary => match codec::decode(payload, sets) {
             Ok(r) => Ok(Some(r)),
             Err(DecodeError::Malformed(_)) => Ok(None),
             Err(DecodeError::UnknownTag(t)) => Err(LogError::schema(
@@ -227,10 +246,13 @@ fn read_full(path: &Path, r: &mut impl Read, buf: &mut [u8]) -> Result<bool> {
 /// Reads the whole frames of `path` from `offset` (0 = the start of the file; a non-zero
 /// offset is the `valid_len` of an earlier read) one at a time, handing each record to
 /// `f`, which returns false to stop. Holds one frame in memory, not the file. Frames
-/// appended after the scan started are left for the next one.
+/// appended after the scan started are left for the next one. `sets`: the name-set
+/// frames read so far (empty from the start of the file; an earlier read's from its
+/// `valid_len`), to which the scan adds those it reads.
 pub(crate) fn scan_wal(
     path: &Path,
     offset: u64,
+    sets: &mut codec::NameSets,
     mut f: impl FnMut(PredictionRecord) -> Result<bool>,
 ) -> Result<WalScan> {
     let mut file = File::open(path).map_err(|e| LogError::io(path, e))?;
@@ -260,7 +282,14 @@ pub(crate) fn scan_wal(
         if !read_full(path, &mut r, &mut payload)? || crc32fast::hash(&payload) != crc {
             break;
         }
-        let Some(rec) = decode(path, format, &payload)? else {
+        if matches!(format, Format::Binary) && codec::is_name_set(&payload) {
+            if sets.define(&payload).is_err() {
+                break;
+            }
+            pos += (FRAME_HEADER + frame) as u64;
+            continue;
+        }
+        let Some(rec) = decode(path, format, &payload, sets)? else {
             break;
         };
         pos += (FRAME_HEADER + frame) as u64;
@@ -277,9 +306,13 @@ pub(crate) fn scan_wal(
 }
 
 /// Reads whole frames of `path` starting at `offset` (see [`scan_wal`]) into memory.
-pub(crate) fn read_wal_from(path: &Path, offset: u64) -> Result<WalContents> {
+pub(crate) fn read_wal_from(
+    path: &Path,
+    offset: u64,
+    sets: &mut codec::NameSets,
+) -> Result<WalContents> {
     let mut records = Vec::new();
-    let scan = scan_wal(path, offset, |r| {
+    let scan = scan_wal(path, offset, sets, |r| {
         records.push(r);
         Ok(true)
     })?;
@@ -314,18 +347,23 @@ mod tests {
         // Cut the last frame in half.
         let f = File::options().write(true).open(&p).unwrap();
         f.set_len(full - 10).unwrap();
-        let c = read_wal_from(&p, 0).unwrap();
+        let c = read_wal_from(&p, 0, &mut codec::NameSets::default()).unwrap();
         assert_eq!(c.records.len(), 4);
-        assert!(scan_wal(&p, 0, |_| Ok(true)).unwrap().trailing_bytes > 0);
+        assert!(
+            scan_wal(&p, 0, &mut codec::NameSets::default(), |_| Ok(true))
+                .unwrap()
+                .trailing_bytes
+                > 0
+        );
         // Corrupt a byte in the last whole frame: three survive.
         let mut data = std::fs::read(&p).unwrap();
         let third = c.valid_len as usize - 20;
         data[third] ^= 0xff;
         std::fs::write(&p, &data).unwrap();
-        let c = read_wal_from(&p, 0).unwrap();
+        let c = read_wal_from(&p, 0, &mut codec::NameSets::default()).unwrap();
         assert_eq!(c.records.len(), 3);
         // Reading on from an offset continues where the last read stopped.
-        let c2 = read_wal_from(&p, 8).unwrap();
+        let c2 = read_wal_from(&p, 8, &mut codec::NameSets::default()).unwrap();
         assert_eq!(c2.records.len(), 3);
     }
 
@@ -347,20 +385,25 @@ mod tests {
         let p = dir.path().join("old.wal");
         let recs = crate::record::numbered(3, Role::Canary);
         json_wal(&p, &recs);
-        let c = read_wal_from(&p, 0).unwrap();
+        let c = read_wal_from(&p, 0, &mut codec::NameSets::default()).unwrap();
         assert_eq!(c.records, recs);
-        assert_eq!(scan_wal(&p, 0, |_| Ok(true)).unwrap().trailing_bytes, 0);
+        assert_eq!(
+            scan_wal(&p, 0, &mut codec::NameSets::default(), |_| Ok(true))
+                .unwrap()
+                .trailing_bytes,
+            0
+        );
         assert_eq!(c.valid_len, std::fs::metadata(&p).unwrap().len());
         // From an offset too (the tail): the format comes from the magic, not the offset.
-        let first = read_wal_from(&p, 0).unwrap();
+        let first = read_wal_from(&p, 0, &mut codec::NameSets::default()).unwrap();
         let mut data = std::fs::read(&p).unwrap();
         let one_frame = 8 + 8 + serde_json::to_vec(&recs[0]).unwrap().len();
         data.truncate(one_frame);
         std::fs::write(&p, &data).unwrap();
-        let head = read_wal_from(&p, 0).unwrap();
+        let head = read_wal_from(&p, 0, &mut codec::NameSets::default()).unwrap();
         assert_eq!(head.records, recs[..1]);
         json_wal(&p, &recs);
-        let rest = read_wal_from(&p, head.valid_len).unwrap();
+        let rest = read_wal_from(&p, head.valid_len, &mut codec::NameSets::default()).unwrap();
         assert_eq!(rest.records, recs[1..]);
         assert_eq!(rest.valid_len, first.valid_len);
     }
@@ -387,14 +430,21 @@ mod tests {
         let binary = w.bytes() as usize - MAGIC.len();
         let json = serde_json::to_vec(&rec).unwrap().len() + FRAME_HEADER;
         assert!(binary * 2 < json, "binary {binary} bytes, json {json}");
-        assert_eq!(read_wal_from(&p, 0).unwrap().records, vec![rec]);
+        assert_eq!(
+            read_wal_from(&p, 0, &mut codec::NameSets::default())
+                .unwrap()
+                .records,
+            vec![rec]
+        );
         // Rewrite the frame with an unknown layout tag and a matching checksum.
         let mut data = std::fs::read(&p).unwrap();
         data[MAGIC.len() + FRAME_HEADER] = 7;
         let crc = crc32fast::hash(&data[MAGIC.len() + FRAME_HEADER..]);
         data[MAGIC.len() + 4..MAGIC.len() + 8].copy_from_slice(&crc.to_le_bytes());
         std::fs::write(&p, &data).unwrap();
-        let e = read_wal_from(&p, 0).unwrap_err().to_string();
+        let e = read_wal_from(&p, 0, &mut codec::NameSets::default())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("layout 7") && e.contains("newer"), "{e}");
     }
 }

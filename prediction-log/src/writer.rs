@@ -33,6 +33,7 @@
 use crate::codec;
 use crate::config::{LogConfig, ParquetMode};
 use crate::error::{LogError, Result};
+use crate::names::{Defined, NameRegistry};
 use crate::parquet_write::OpenParquet;
 use crate::record::{
     date_of_us, now_us, FeatureLogging, LoggedFeature, PredictionRecord, RecordRef,
@@ -149,6 +150,8 @@ struct Shared {
     /// Records the serving runtime's workers put into the Parquet columns
     /// ([`worker_turn`]).
     on_workers: AtomicU64,
+    /// The ids of the lists of feature names records share.
+    names: NameRegistry,
 }
 
 /// A snapshot of the writer's counters (since this process started the log).
@@ -192,6 +195,7 @@ impl Shared {
             encoder_behind: AtomicU64::new(0),
             deferred: AtomicU64::new(0),
             on_workers: AtomicU64::new(0),
+            names: NameRegistry::new(),
         }
     }
 
@@ -354,16 +358,17 @@ impl PredictionLogHandle {
         buf: &mut Vec<u8>,
     ) -> std::result::Result<(), usize> {
         buf.clear();
-        if rec.features.is_some() && !self.features.keeps(rec.request_id) {
-            wal::push_frame(
+        match rec.features {
+            Some(_) if !self.features.keeps(rec.request_id) => wal::push_frame(
                 buf,
+                0,
                 &RecordRef {
                     features: None,
                     ..*rec
                 },
-            )
-        } else {
-            wal::push_frame(buf, rec)
+            ),
+            Some(fs) => wal::push_frame(buf, self.shared.names.id_of(fs), rec),
+            None => wal::push_frame(buf, 0, rec),
         }
     }
 
@@ -478,6 +483,8 @@ struct OpenSegment {
     /// `None` once given up: the closer converts the segment from its wal.
     encoding: Option<Arc<AtomicBool>>,
     opened: Instant,
+    /// The name sets whose frames its wal holds.
+    names: Defined,
 }
 
 /// Work for the encoder thread, in the order the writer made it.
@@ -574,9 +581,9 @@ impl Writer<'_> {
             // happen, and would file the record under the epoch rather than lose it.
             let next = wal::frame_at(buf, at).map(|(payload, end)| {
                 let day = codec::ts_of(payload).unwrap_or(0).div_euclid(DAY_US);
-                (end, day)
+                (end, day, codec::name_set_of(payload))
             });
-            let Some((end, day)) = next else { break };
+            let Some((end, day, set)) = next else { break };
             wal::checksum_frame(buf, at);
             if self.open.as_ref().is_some_and(|s| s.day != day) {
                 self.write_run(&buf[run..at], count);
@@ -587,6 +594,17 @@ impl Writer<'_> {
                 if let Err(e) = self.open_segment(day) {
                     // This frame cannot be kept; the next one tries again.
                     self.lose(1, &e);
+                    (run, at) = (end, end);
+                    continue;
+                }
+            }
+            if let Some(set) =
+                set.filter(|s| self.open.as_ref().is_some_and(|o| !o.names.contains(*s)))
+            {
+                // Its names go into the wal first.
+                self.write_run(&buf[run..at], count);
+                (run, count) = (at, 0);
+                if !self.define_names(set) {
                     (run, at) = (end, end);
                     continue;
                 }
@@ -614,6 +632,33 @@ impl Writer<'_> {
         buf
     }
 
+    /// Writes the frame of name set `set` into the open segment's wal, before the first
+    /// record that uses it, and passes it on to the encoder. False when it could not be
+    /// written (the record that needs it is lost, and counted).
+    fn define_names(&mut self, set: u32) -> bool {
+        let Some(names) = self.shared.names.names(set) else {
+            // Ids come from the registry; a record naming another cannot be read back.
+            self.lose(
+                1,
+                &LogError::Config(format!("name set {set} is not registered")),
+            );
+            return false;
+        };
+        let mut frame = Vec::new();
+        wal::push_name_set_frame(&mut frame, set, &names);
+        let Some(seg) = self.open.as_mut() else {
+            return false;
+        };
+        if let Err(e) = seg.wal.append_frames(&frame) {
+            give_up(self.open.take().and_then(|s| s.encoding));
+            self.lose(1, &e);
+            return false;
+        }
+        seg.names.insert(set);
+        self.pass_on(&frame, 0);
+        true
+    }
+
     /// Appends `count` frames to the open segment's wal and, while the segment's Parquet
     /// file is being built and the encoder's backlog has room, passes a copy on to the
     /// encoder.
@@ -631,6 +676,16 @@ impl Writer<'_> {
         }
         self.written += count as u64;
         self.shared.written.store(self.written, Ordering::Relaxed);
+        self.pass_on(frames, count);
+    }
+
+    /// Passes frames just written to the open segment's wal (`count` records among
+    /// them) on to its encoder, while its Parquet file is being built and the encoder's
+    /// backlog has room.
+    fn pass_on(&mut self, frames: &[u8], count: usize) {
+        let Some(seg) = self.open.as_mut() else {
+            return;
+        };
         let Some(flag) = &seg.encoding else { return };
         if flag.load(Ordering::Acquire) || self.enc_tx.is_none() {
             return give_up(seg.encoding.take());
@@ -683,6 +738,7 @@ impl Writer<'_> {
             wal,
             encoding,
             opened: Instant::now(),
+            names: Defined::new(),
         });
         Ok(())
     }
@@ -867,6 +923,8 @@ struct Encoding {
     gave_up: Arc<AtomicBool>,
     /// `None` once given up.
     file: Option<OpenParquet>,
+    /// The name sets of its wal's frames, as they came.
+    sets: codec::NameSets,
 }
 
 impl Encoding {
@@ -896,7 +954,15 @@ impl Encoding {
         let Some(f) = self.file.as_mut() else {
             return (frames.len(), 0);
         };
-        match f.append_frames_from(frames, at, go_on, row_groups) {
+        if at == 0 {
+            // The frames' name sets, before any record that uses one.
+            if let Err(e) = self.sets.define_all(frames, 0) {
+                let e = LogError::Config(format!("a queued name-set frame did not decode ({e:?})"));
+                self.failed(&e);
+                return (frames.len(), 0);
+            }
+        }
+        match f.append_frames_from(frames, at, &self.sets, go_on, row_groups) {
             Ok(done) => done,
             Err(e) => {
                 self.failed(&e);
@@ -1056,6 +1122,7 @@ impl Encoder {
             id,
             date,
             gave_up,
+            sets: codec::NameSets::default(),
         };
         // Given up before the encoder got to it: nothing to start.
         if !c.gave_up.load(Ordering::Acquire) {
@@ -1466,7 +1533,11 @@ mod tests {
         for chunk in recs.chunks(per_take) {
             for r in chunk {
                 let mut buf = Vec::new();
-                assert!(wal::push_frame(&mut buf, &r.view()).is_ok());
+                let set = r
+                    .features
+                    .as_deref()
+                    .map_or(0, |fs| w.shared.names.id_of(fs));
+                assert!(wal::push_frame(&mut buf, set, &r.view()).is_ok());
                 assert!(w.shared.queue.push(&buf).is_ok());
             }
             assert_eq!(w.take(false), chunk.len());

@@ -233,7 +233,7 @@ fn record_ref_logs_borrowed_data_and_drops_an_oversized_record() {
 async fn rolls_by_size_keeping_order() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = cfg(dir.path());
-    c.segment_max_bytes = 20_000;
+    c.segment_max_bytes = 12_000;
     let (log, writer) = PredictionLog::start(c).unwrap();
     let sent: Vec<_> = (0..1_000).map(|i| record(i, "1", Role::Primary)).collect();
     for r in &sent {
@@ -336,6 +336,74 @@ async fn feature_logging_modes() {
             None => assert!((10..60).contains(&with), "{mode:?}: {with}"),
         }
     }
+}
+
+/// Records of two models (two lists of feature names), interleaved, and records
+/// without features: each wal names each list once, in a frame of its own before the
+/// first record that uses it, so a wal left by a crash converts on its own, and a tail
+/// that reads a wal on from the middle still gets every name.
+#[tokio::test]
+async fn each_wal_names_a_models_features_once_and_reads_on_its_own() {
+    let live = tempfile::tempdir().unwrap();
+    let mut c = cfg(live.path());
+    c.segment_max_bytes = 6_000;
+    let (log, writer) = PredictionLog::start(c).unwrap();
+    let sent: Vec<_> = (0..330u64)
+        .map(|i| {
+            let mut r = record(i, "1", Role::Primary);
+            match i % 3 {
+                0 => {}
+                1 => {
+                    for f in r.features.as_mut().unwrap() {
+                        f.name = format!("merchant:{}_rate_30d", f.name).into();
+                    }
+                }
+                _ => r.features = None,
+            }
+            r
+        })
+        .collect();
+    let (mut tailer, _) = Tailer::start(live.path(), 0).unwrap();
+    let mut tailed = Vec::new();
+    for (i, r) in sent.iter().enumerate() {
+        log.record_wait(r.clone()).await.unwrap();
+        if i % 29 == 0 {
+            log.flush().await.unwrap();
+            tailed.extend(tailer.poll().unwrap());
+        }
+    }
+    log.flush().await.unwrap();
+    // The open wal as a crash would leave it: rolls came before it, and it names each
+    // list once however many of its records use it.
+    // (Wals of rolled segments may wait for their Parquet file: the open one is the
+    // newest.)
+    let wals = wal_files(live.path()).unwrap();
+    let open = wals.last().unwrap();
+    let bytes = std::fs::read(open).unwrap();
+    let count = |needle: &[u8]| bytes.windows(needle.len()).filter(|w| *w == needle).count();
+    assert_eq!(count(b"merchant:f3_rate_30d"), 1);
+    assert_eq!(count(b"\x02f3"), 1);
+    let in_wal = count(b"req-");
+    assert!(in_wal > 10, "{in_wal} records in the open wal");
+    log.shutdown().await.unwrap();
+    writer.join().unwrap();
+    tailed.extend(tailer.poll().unwrap());
+    assert_eq!(tailed, sent, "the tail, from the middle of wals");
+    assert_eq!(read_all(live.path(), ReadOptions::default()).unwrap(), sent);
+    let segments = parquet_files(live.path()).unwrap().len();
+    assert!(segments > 5, "{segments} segments");
+
+    let crashed = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(crashed.path().join("_wal")).unwrap();
+    std::fs::write(
+        crashed.path().join("_wal").join(open.file_name().unwrap()),
+        &bytes,
+    )
+    .unwrap();
+    let report = recover(crashed.path()).unwrap();
+    assert_eq!(report.records, in_wal);
+    let back = read_all(crashed.path(), ReadOptions::default()).unwrap();
+    assert_eq!(back, sent[sent.len() - in_wal..]);
 }
 
 #[tokio::test]
