@@ -4,7 +4,8 @@
 //! `[u32 LE payload length][u32 LE crc32(payload)][payload]`. The magic says what a
 //! payload is:
 //! - `MESHWAL2` (written now): one tag byte naming the layout, then the record in the
-//!   compact binary layout of [`crate::codec`];
+//!   compact binary layout of [`crate::codec`], or a name-set frame (the feature names
+//!   the records after it refer to by id; a reader takes them in as it goes);
 //! - `MESHWAL1` (written before): the record as JSON. Still read everywhere (recovery,
 //!   `include_wal`, the tail), so a wal left by an older build converts at the next start.
 //!
