@@ -1165,9 +1165,37 @@ impl Encoder {
 static TURNS: std::sync::RwLock<Vec<std::sync::Weak<Mutex<Encoder>>>> =
     std::sync::RwLock::new(Vec::new());
 
+thread_local! {
+    /// The metrics of the runtime this thread works for (none outside a runtime), so
+    /// that its turns see work waiting for it.
+    static RUNTIME: std::cell::OnceCell<Option<tokio::runtime::RuntimeMetrics>> =
+        const { std::cell::OnceCell::new() };
+}
+
+/// Whether the runtime of the calling thread has tasks in its global queue: tasks woken
+/// from outside it (a model's answer from its runner thread, a batch's reply) wait
+/// there for a worker. An atomic load.
+fn runtime_has_work() -> bool {
+    RUNTIME.with(|m| {
+        m.get_or_init(|| {
+            tokio::runtime::Handle::try_current()
+                .ok()
+                .map(|h| h.metrics())
+        })
+        .as_ref()
+        .is_some_and(|m| m.global_queue_depth() > 0)
+    })
+}
+
+/// Whether a turn that started at `start` takes another step.
+fn turn_goes_on(start: Instant) -> bool {
+    start.elapsed() < WORKER_TURN && !runtime_has_work()
+}
+
 /// One turn of a serving runtime's worker at the Parquet work of each prediction log
 /// started with [`LogConfig::worker_turns`]: for about [`WORKER_TURN`], and only if
-/// the encoder is not busy already. Meant for the moment a worker has nothing else to
+/// the encoder is not busy already; it ends early, at the next record, when a task
+/// woken from outside the runtime waits for a worker (its global queue). Meant for the moment a worker has nothing else to
 /// do: `mesh serve` calls it from tokio's `on_thread_park`. A worker then builds the
 /// columns on a thread that is running anyway, so the encoder thread, which any
 /// waking serving thread preempts, has less to do. The steps that write to the file
@@ -1192,7 +1220,7 @@ fn take_turn(enc: &Mutex<Encoder>) {
     }
     let start = Instant::now();
     let turn = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        e.work(&mut || start.elapsed() < WORKER_TURN, false)
+        e.work(&mut || turn_goes_on(start), false)
     }));
     match turn {
         Ok((Worked::ForThread, _)) => {
@@ -1915,6 +1943,33 @@ mod tests {
             no_turns: false,
             fail_turns: false,
         }
+    }
+
+    /// A worker's turn stops at the next step when a task woken from outside the runtime
+    /// waits for a worker (a model's answer, say), however much of its time is left.
+    #[test]
+    fn a_turn_stops_when_a_task_from_outside_waits_for_the_worker() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap();
+        let handle = rt.handle().clone();
+        // A turn started in the future has all of its time left.
+        let fresh = || Instant::now() + Duration::from_secs(60);
+        let on_the_worker = rt.spawn(async move {
+            let before = turn_goes_on(fresh());
+            // Spawned from another thread while this task holds the only worker: it
+            // waits in the global queue.
+            std::thread::scope(|s| {
+                s.spawn(|| drop(handle.spawn(async {})));
+            });
+            let after = turn_goes_on(fresh());
+            (before, after)
+        });
+        assert_eq!(rt.block_on(on_the_worker).unwrap(), (true, false));
+        // Outside a runtime only the time counts.
+        assert!(turn_goes_on(fresh()));
+        assert!(!turn_goes_on(Instant::now() - WORKER_TURN));
     }
 
     /// Turns on a worker put records into the columns, as many as asked and never past
