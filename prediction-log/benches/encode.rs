@@ -18,8 +18,8 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use mesh_prediction_log::{
-    source, write_parquet, write_parquet_arrow, FeatureUsed, FrameEncoder, PredictionRecord,
-    Protocol, Role, StageMicros,
+    source, write_parquet, write_parquet_arrow, FeatureUsed, FrameEncoder, FrameMaker,
+    PredictionRecord, Protocol, Role, StageMicros,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -192,9 +192,10 @@ fn encode(c: &mut Criterion) {
                     let t = cpu_time();
                     let mut enc = FrameEncoder::create(&path).expect("create");
                     total += cpu_time() - t;
+                    let mut maker = FrameMaker::default();
                     for slice in recs.chunks(SLICE) {
                         frames.clear();
-                        FrameEncoder::push_frames(slice, &mut frames);
+                        maker.push_frames(slice, &mut frames);
                         let t = cpu_time();
                         enc.append_frames(&frames).expect("append");
                         total += cpu_time() - t;

@@ -35,7 +35,9 @@ mod writer;
 pub use config::{LogConfig, ParquetMode};
 pub use error::{LogError, Result};
 pub use join::{join, JoinOptions, JoinReport};
-pub use parquet_io::{read_parquet, schema, write_parquet, write_parquet_arrow, FrameEncoder};
+pub use parquet_io::{
+    read_parquet, schema, write_parquet, write_parquet_arrow, FrameEncoder, FrameMaker,
+};
 pub use reader::{read_all, scan, ReadOptions, Tailer};
 pub use record::{
     date_of_us, now_us, source, status, FeatureLogging, FeatureUsed, LoggedFeature,

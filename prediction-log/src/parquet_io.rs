@@ -419,35 +419,70 @@ pub fn write_parquet(path: &Path, records: &[PredictionRecord]) -> Result<()> {
     out.finish()
 }
 
-/// The log's column writer fed as its encoder thread feeds it, for `benches/encode.rs`:
-/// records become wal frames (as the serving threads make them), and
-/// [`FrameEncoder::append_frames`] decodes a buffer of them in place into the columns.
-/// Not used by the log.
+/// Wal frames made as the log makes them, for `benches/encode.rs`: each record's
+/// features named by a name set (the serving threads' part), and the name-set frame
+/// before the first record that uses it (the writer's part). Not used by the log.
 #[doc(hidden)]
-pub struct FrameEncoder(crate::parquet_write::OpenParquet);
+pub struct FrameMaker {
+    names: crate::names::NameRegistry,
+    defined: crate::names::Defined,
+}
+
+impl Default for FrameMaker {
+    fn default() -> Self {
+        Self {
+            names: crate::names::NameRegistry::new(),
+            defined: crate::names::Defined::new(),
+        }
+    }
+}
+
+impl FrameMaker {
+    /// Appends the frames of `records` to `buf`, as the writer passes them on.
+    pub fn push_frames(&mut self, records: &[PredictionRecord], buf: &mut Vec<u8>) {
+        for r in records {
+            let set = r.features.as_deref().map_or(0, |fs| self.names.id_of(fs));
+            if set != 0 && !self.defined.contains(set) {
+                if let Some(names) = self.names.names(set) {
+                    crate::wal::push_name_set_frame(buf, set, &names);
+                    self.defined.insert(set);
+                }
+            }
+            let at = buf.len();
+            // A record over a frame's 64 MiB is refused, as the log refuses it.
+            if crate::wal::push_frame(buf, set, &r.view()).is_ok() {
+                crate::wal::checksum_frame(buf, at);
+            }
+        }
+    }
+}
+
+/// The log's column writer fed as its encoder thread feeds it, for `benches/encode.rs`:
+/// [`FrameEncoder::append_frames`] decodes a buffer of frames (from a [`FrameMaker`])
+/// in place into the columns. Not used by the log.
+#[doc(hidden)]
+pub struct FrameEncoder {
+    file: crate::parquet_write::OpenParquet,
+    sets: crate::codec::NameSets,
+}
 
 impl FrameEncoder {
     /// Creates (or truncates) the file at `path`.
     pub fn create(path: &Path) -> Result<Self> {
-        crate::parquet_write::OpenParquet::create(path).map(Self)
+        Ok(Self {
+            file: crate::parquet_write::OpenParquet::create(path)?,
+            sets: crate::codec::NameSets::default(),
+        })
     }
 
-    /// Appends the frames of `records` to `buf`, as the writer's queue holds them.
-    pub fn push_frames(records: &[PredictionRecord], buf: &mut Vec<u8>) {
-        for r in records {
-            // A record over a frame's 64 MiB is refused, as the log refuses it.
-            let _ = crate::wal::push_sealed_frame(buf, &r.view());
-        }
-    }
-
-    /// Decodes `frames` (from [`FrameEncoder::push_frames`]) into the columns.
+    /// Decodes `frames` into the columns.
     pub fn append_frames(&mut self, frames: &[u8]) -> Result<()> {
-        self.0.append_frames(frames, || {})
+        self.file.append_frames(frames, &mut self.sets, || {})
     }
 
     /// Writes the last row group and the footer, and syncs the file.
     pub fn finish(self) -> Result<()> {
-        self.0.finish()
+        self.file.finish()
     }
 }
 

@@ -1088,16 +1088,20 @@ impl OpenParquet {
     /// the encoder thread), decoding each in place, all of them, and calls `between`
     /// between two steps (a caller's pacing). Stops at the first record that does not
     /// decode or append.
-    pub(crate) fn append_frames(&mut self, frames: &[u8], mut between: impl FnMut()) -> Result<()> {
+    pub(crate) fn append_frames(
+        &mut self,
+        frames: &[u8],
+        sets: &mut crate::codec::NameSets,
+        mut between: impl FnMut(),
+    ) -> Result<()> {
         let go_on = || {
             between();
             true
         };
-        let mut sets = crate::codec::NameSets::default();
         sets.define_all(frames, 0).map_err(|e| {
             LogError::Config(format!("a queued name-set frame did not decode ({e:?})"))
         })?;
-        self.append_frames_from(frames, 0, &sets, go_on, true)?;
+        self.append_frames_from(frames, 0, sets, go_on, true)?;
         if self.row_group_full() {
             self.write_row_group()?;
         }
@@ -1503,11 +1507,12 @@ mod tests {
         crate::write_parquet(&direct, &recs).unwrap();
         let framed = dir.path().join("framed.parquet");
         let mut enc = crate::FrameEncoder::create(&framed).unwrap();
+        let mut maker = crate::FrameMaker::default();
         let mut frames = Vec::new();
         let mut runs = 0;
         for run in recs.chunks(97) {
             frames.clear();
-            crate::FrameEncoder::push_frames(run, &mut frames);
+            maker.push_frames(run, &mut frames);
             enc.append_frames(&frames).unwrap();
             runs += 1;
         }
@@ -1520,11 +1525,21 @@ mod tests {
 
         let mut open = OpenParquet::create(&dir.path().join("bad.parquet")).unwrap();
         let mut frames = Vec::new();
-        crate::FrameEncoder::push_frames(&recs[..2], &mut frames);
+        let bare: Vec<_> = recs[..2]
+            .iter()
+            .map(|r| crate::PredictionRecord {
+                features: None,
+                ..r.clone()
+            })
+            .collect();
+        crate::FrameMaker::default().push_frames(&bare, &mut frames);
         // The first payload's tag byte: a layout no build knows.
         frames[crate::wal::FRAME_HEADER] = 0xee;
         let mut between = 0;
-        let e = open.append_frames(&frames, || between += 1).unwrap_err();
+        let mut sets = crate::codec::NameSets::default();
+        let e = open
+            .append_frames(&frames, &mut sets, || between += 1)
+            .unwrap_err();
         assert!(e.to_string().contains("did not decode"), "{e}");
         assert_eq!(between, 0);
     }
@@ -1540,7 +1555,9 @@ mod tests {
         let direct = dir.path().join("direct.parquet");
         crate::write_parquet(&direct, &recs).unwrap();
         let mut frames = Vec::new();
-        crate::FrameEncoder::push_frames(&recs, &mut frames);
+        crate::FrameMaker::default().push_frames(&recs, &mut frames);
+        let mut sets = crate::codec::NameSets::default();
+        sets.define_all(&frames, 0).unwrap();
         let turned = dir.path().join("turned.parquet");
         let mut open = OpenParquet::create(&turned).unwrap();
         let due = |o: &OpenParquet| o.columns.iter().filter(|c| c.page_due()).count();
@@ -1549,13 +1566,7 @@ mod tests {
             turns += 1;
             let before = due(&open);
             let (next, n) = open
-                .append_frames_from(
-                    &frames,
-                    at,
-                    &crate::codec::NameSets::default(),
-                    || true,
-                    false,
-                )
+                .append_frames_from(&frames, at, &sets, || true, false)
                 .unwrap();
             let after = due(&open);
             if before > 1 {
