@@ -53,8 +53,7 @@ pub(crate) fn push_frame<K: AsRef<str>, F: LoggedFeature>(
 }
 
 /// [`push_frame`] then [`checksum_frame`]: a frame ready for a wal file as it is
-/// (tests; the writer checksums the request path's
-/// frames later, off that path).
+/// (tests; the writer checksums the request path's frames later, off that path).
 #[cfg(test)]
 pub(crate) fn push_sealed_frame<K: AsRef<str>, F: LoggedFeature>(
     buf: &mut Vec<u8>,
