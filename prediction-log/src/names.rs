@@ -4,7 +4,9 @@
 //!
 //! The request path finds the id of a record's names in a cache of its own thread (the
 //! last few sets it used, compared name by name: no lock, no allocation, no hashing),
-//! and only on a miss in the log's registry, under a lock. The registry is bounded: at
+//! and only on a miss in the log's registry, under a lock (compared the same way with
+//! each set it holds: a server has a set per model and feature list, so a few; the
+//! names are copied only to register a new set). The registry is bounded: at
 //! most [`MAX_NAME_SETS`] sets, [`MAX_SET_NAMES`] names in one, [`MAX_NAME_BYTES`]
 //! bytes of names in all. A record whose names do not fit names its features itself,
 //! as every record did before: a caller that sends new feature names with each
@@ -13,7 +15,6 @@
 use crate::codec::{Names, MAX_NAME_SETS};
 use crate::record::LoggedFeature;
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
@@ -22,7 +23,7 @@ pub(crate) const MAX_SET_NAMES: usize = 4096;
 /// Most bytes of names across the sets of one log.
 pub(crate) const MAX_NAME_BYTES: usize = 1 << 20;
 /// Sets a thread keeps at hand.
-const RECENT: usize = 4;
+const RECENT: usize = 8;
 
 /// Tells the logs of one process apart in the threads' caches.
 static NEXT_LOG: AtomicU64 = AtomicU64::new(1);
@@ -40,10 +41,14 @@ pub(crate) struct NameRegistry {
 
 #[derive(Default)]
 struct Inner {
-    ids: HashMap<Names, u32>,
     /// By id - 1.
     sets: Vec<Names>,
     bytes: usize,
+}
+
+/// Whether `names` are the names of `features`, in order.
+fn same<F: LoggedFeature>(names: &[Box<str>], features: &[F]) -> bool {
+    names.len() == features.len() && names.iter().zip(features).all(|(n, f)| **n == *f.name())
 }
 
 impl NameRegistry {
@@ -66,14 +71,10 @@ impl NameRegistry {
         if features.is_empty() || features.len() > MAX_SET_NAMES {
             return 0;
         }
-        let same = |names: &Names| {
-            names.len() == features.len()
-                && names.iter().zip(features).all(|(n, f)| **n == *f.name())
-        };
         let cached = CACHE.with(|c| {
             let c = c.try_borrow().ok()?;
             c.iter()
-                .find(|(log, _, names)| *log == self.log && same(names))
+                .find(|(log, _, names)| *log == self.log && same(names, features))
                 .map(|(_, id, _)| *id)
         });
         if let Some(id) = cached {
@@ -95,21 +96,18 @@ impl NameRegistry {
 
     /// The registry's id of these names, given one if they have none and fit.
     fn register<F: LoggedFeature>(&self, features: &[F]) -> Option<(u32, Names)> {
-        let names: Vec<Box<str>> = features.iter().map(|f| Box::from(f.name())).collect();
         let mut inner = self.lock();
-        if let Some((names, id)) = inner.ids.get_key_value(&names[..]) {
-            return Some((*id, names.clone()));
+        if let Some(i) = inner.sets.iter().position(|names| same(names, features)) {
+            return Some((i as u32 + 1, inner.sets[i].clone()));
         }
-        let bytes: usize = names.iter().map(|n| n.len()).sum();
+        let bytes: usize = features.iter().map(|f| f.name().len()).sum();
         if inner.sets.len() >= MAX_NAME_SETS as usize || inner.bytes + bytes > MAX_NAME_BYTES {
             return None;
         }
-        let names: Names = names.into();
-        let id = inner.sets.len() as u32 + 1;
+        let names: Names = features.iter().map(|f| Box::from(f.name())).collect();
         inner.sets.push(names.clone());
-        inner.ids.insert(names.clone(), id);
         inner.bytes += bytes;
-        Some((id, names))
+        Some((inner.sets.len() as u32, names))
     }
 
     /// The names of set `id`.

@@ -67,7 +67,7 @@ pub(crate) fn push_sealed_frame<K: AsRef<str>, F: LoggedFeature>(
 
 /// Appends the frame of name set `id` (its names), checksummed. A set takes far less
 /// than a frame may hold: the log gives ids only to lists of names that fit
-/// ([`crate::writer`]'s registry).
+/// ([`crate::names`]).
 pub(crate) fn push_name_set_frame(buf: &mut Vec<u8>, id: u32, names: &[Box<str>]) {
     let at = buf.len();
     buf.extend_from_slice(&[0u8; FRAME_HEADER]);

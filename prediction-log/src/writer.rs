@@ -604,6 +604,9 @@ impl Writer<'_> {
                 // Its names go into the wal first.
                 self.write_run(&buf[run..at], count);
                 (run, count) = (at, 0);
+                if self.open.is_none() {
+                    continue; // that write failed: this frame goes to a new segment
+                }
                 if !self.define_names(set) {
                     (run, at) = (end, end);
                     continue;
@@ -1195,12 +1198,12 @@ fn turn_goes_on(start: Instant) -> bool {
 /// One turn of a serving runtime's worker at the Parquet work of each prediction log
 /// started with [`LogConfig::worker_turns`]: for about [`WORKER_TURN`], and only if
 /// the encoder is not busy already; it ends early, at the next record, when a task
-/// woken from outside the runtime waits for a worker (its global queue). Meant for the moment a worker has nothing else to
-/// do: `mesh serve` calls it from tokio's `on_thread_park`. A worker then builds the
-/// columns on a thread that is running anyway, so the encoder thread, which any
-/// waking serving thread preempts, has less to do. The steps that write to the file
-/// stay with the encoder thread (a turn wakes it for them). Without such a log, a read
-/// lock and an empty loop.
+/// woken from outside the runtime waits for a worker (its global queue). Meant for the
+/// moment a worker has nothing else to do: `mesh serve` calls it from tokio's
+/// `on_thread_park`. A worker then builds the columns on a thread that is running
+/// anyway, so the encoder thread, which any waking serving thread preempts, has less
+/// to do. The steps that write to the file stay with the encoder thread (a turn wakes
+/// it for them). Without such a log, a read lock and an empty loop.
 pub fn worker_turn() {
     let Ok(encoders) = TURNS.try_read() else {
         return;
