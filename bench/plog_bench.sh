@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prediction log on vs off (issue 13): Decide through `mesh serve` on the example
 # configuration, open loop at a fraction (default 50 %) of the saturation measured
-# first, the log on and off alternating for ROUNDS rounds (on/off, then off/on, ...),
+# first, the log on and off alternating for ROUNDS rounds (on/off, then off/on, ...; with
+# more modes, the list rotated by one each round),
 # each run on a freshly started server. Prints one table: latency from the intended
 # send time (p50/p99/p99.9/max, and the median and max of each second's p99), the
 # server's own p99 and p99.9 (arrival to answer, as the answers' timings carry it),
@@ -32,8 +33,8 @@
 # with the server stopped, as a converter elsewhere would) builds the Parquet files,
 # and the table shows its records/s and whether every written record reached one.
 # TURNS=1: another mode in each round, "wt", the log on with `worker_turns = true`
-# (the serving workers build the Parquet columns in short turns before they park,
-# the server's default), and "on" runs with `worker_turns = false` (the encoder
+# (the serving workers build the Parquet columns in short turns before they park),
+# and "on" runs with `worker_turns = false` (the encoder
 # thread alone); the table then also shows how many records the workers built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -130,9 +131,17 @@ fi
 
 runs=()
 for r in $(seq "$ROUNDS"); do
-    if [ $((r % 2)) -eq 1 ]; then order="on off"; else order="off on"; fi
-    if [ "${DEFERRED:-0}" = 1 ]; then order="${order/ / def }"; fi
-    if [ "${TURNS:-0}" = 1 ]; then order="${order/ / wt }"; fi
+    # Each mode takes each place in a round equally often: the modes in turn, the list
+    # rotated by one each round (and, with two modes, on/off then off/on), so that
+    # what one run leaves behind (the kernel's writeback, a cache) falls on every mode
+    # alike.
+    modes=(on)
+    if [ "${DEFERRED:-0}" = 1 ]; then modes+=(def); fi
+    if [ "${TURNS:-0}" = 1 ]; then modes+=(wt); fi
+    modes+=(off)
+    n=${#modes[@]}
+    order=
+    for i in $(seq 0 $((n - 1))); do order+="${modes[$(((i + r - 1) % n))]} "; done
     for mode in $order; do
         name=log-$mode-$r
         serve "$name" "$mode"
@@ -179,6 +188,10 @@ p99 = {m: [] for m in modes}
 sec_med = {m: [] for m in modes}
 srv_p99 = {m: [] for m in modes}
 srv_sec_med = {m: [] for m in modes}
+srv_p999 = {m: [] for m in modes}
+# Runs with a second whose p99 passed STALL_LAG_US: how often a mode's runs had a
+# stall, whatever its cause.
+bad_second = {m: [] for m in modes}
 converts = []
 # (mode, round) -> (p99, median of the per-second p99s): each mode against the log-off
 # run of its own round, the runs next to each other in time.
@@ -211,6 +224,8 @@ for n in runs:
     # part of the latency spent inside the server.
     srv = r.get("server") or {"p99_us": 0, "p999_us": 0}
     srv_p99[mode].append(srv["p99_us"])
+    srv_p999[mode].append(srv["p999_us"])
+    bad_second[mode].append(secs[-1] > stall_lag)
     srv_secs = sorted(w.get("server_p99_us") or 0 for w in r.get("windows", [])) or [0]
     srv_sec_med[mode].append(statistics.median(srv_secs))
     print(f"{n + ('*' if stalled[mode][-1] else ''):<12}{r['throughput']:>8.0f}{r['p50_us']:>7}{r['p99_us']:>8}{r['p999_us']:>8}{r['max_us']:>8}"
@@ -246,6 +261,10 @@ for m in ("on", "wt", "def"):
     print(f"  median server p99 (arrival to answer): {on:.0f} µs against {off:.0f} µs, {m}/off {on / max(off, 1):.3f}")
     on, off = statistics.median(srv_sec_med[m]), statistics.median(srv_sec_med["off"])
     print(f"  median of the per-second server p99 medians: {on:.0f} µs against {off:.0f} µs, {m}/off {on / max(off, 1):.3f}")
+    on, off = statistics.median(srv_p999[m]), statistics.median(srv_p999["off"])
+    print(f"  median server p99.9: {on:.0f} µs against {off:.0f} µs, {m}/off {on / max(off, 1):.3f}; "
+          f"runs with a second whose p99 passed {stall_lag} µs: {sum(bad_second[m])} of {len(bad_second[m])} "
+          f"(log off: {sum(bad_second['off'])} of {len(bad_second['off'])})")
     if any(stalled[m]) or any(stalled["off"]):
         keep = lambda k: [v for v, st in zip(p99[k], stalled[k]) if not st]
         if keep(m) and keep("off"):

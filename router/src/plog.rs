@@ -37,8 +37,8 @@ pub struct PredictionLogConfig {
     /// by default).
     pub encoder_idle: bool,
     /// The serving runtime's workers build the Parquet columns in short turns when they
-    /// have nothing else to do (`LogConfig::worker_turns`). On by default here, unlike
-    /// the library's default: `mesh serve`'s runtime takes the turns.
+    /// have nothing else to do (`LogConfig::worker_turns`; off by default). `mesh
+    /// serve`'s runtime takes the turns when a log asks.
     pub worker_turns: bool,
     /// Records that may wait for the encoder before the open segment's Parquet file is
     /// given up and built from its wal at close (`LogConfig::encoder_backlog`).
@@ -152,12 +152,15 @@ fn default_writer_idle() -> bool {
 fn default_encoder_idle() -> bool {
     LogConfig::new("").encoder_idle
 }
-/// On: `mesh serve` builds its runtime with the hook that takes the turns
-/// (`mesh_prediction_log::worker_turn`), and they halved the log's CPU in every run
-/// measured (prediction-log/README.md, "Worker turns"). Without the hook (a router
-/// embedded elsewhere), the encoder thread does the work as with turns off.
+/// Off: the encoder thread alone, under `SCHED_IDLE`, which takes no CPU that any
+/// other thread wants. Turns halve the log's CPU, but in this project's measurements
+/// with the load generator on the same cores the thread alone had the lower tails
+/// (prediction-log/README.md, "Worker turns"). `mesh serve` builds its runtime with the
+/// hook that takes the turns (`mesh_prediction_log::worker_turn`) for a log that sets
+/// `worker_turns = true`; without the hook (a router embedded elsewhere) the encoder
+/// thread does the work as with turns off.
 fn default_worker_turns() -> bool {
-    true
+    false
 }
 fn default_encoder_backlog() -> usize {
     LogConfig::new("").encoder_backlog
@@ -315,13 +318,15 @@ mod tests {
         let log = LogConfig::new("d");
         assert!(c.encoder_idle && log.encoder_idle);
         assert_eq!(c.encoder_backlog, log.encoder_backlog);
-        assert!(c.worker_turns, "the server's runtime takes the turns");
-        assert!(!log.worker_turns, "a runtime without the hook would not");
+        assert!(
+            !c.worker_turns && !log.worker_turns,
+            "the encoder thread alone"
+        );
         let c =
-            parse("dir = \"d\"\nencoder_idle = false\nencoder_backlog = 100\nworker_turns = false")
+            parse("dir = \"d\"\nencoder_idle = false\nencoder_backlog = 100\nworker_turns = true")
                 .unwrap();
         assert!(!c.encoder_idle);
-        assert!(!c.worker_turns);
+        assert!(c.worker_turns);
         let e = parse("dir = \"d\"\nworker_turns = 1").unwrap_err();
         assert!(e.contains("worker_turns") || e.contains("bool"), "{e}");
         assert_eq!(c.encoder_backlog, 100);
