@@ -152,10 +152,10 @@ fn default_writer_idle() -> bool {
 fn default_encoder_idle() -> bool {
     LogConfig::new("").encoder_idle
 }
-/// Off: the encoder thread alone, under `SCHED_IDLE`, which takes no CPU that any
-/// other thread wants. Turns halve the log's CPU, but in this project's measurements
-/// with the load generator on the same cores the thread alone had the lower tails
-/// (prediction-log/README.md, "Worker turns"). `mesh serve` builds its runtime with the
+/// Off: the encoder thread alone, under `SCHED_IDLE`, which a waking serving thread
+/// preempts at once; a request that arrives during a turn waits for it. Turns halve
+/// the log's CPU, but the server's own p99 was lower or equal with the thread alone in
+/// most of this project's runs (prediction-log/README.md, "Worker turns"). `mesh serve` builds its runtime with the
 /// hook that takes the turns (`mesh_prediction_log::worker_turn`) for a log that sets
 /// `worker_turns = true`; without the hook (a router embedded elsewhere) the encoder
 /// thread does the work as with turns off.
