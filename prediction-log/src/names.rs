@@ -115,6 +115,16 @@ impl NameRegistry {
         let i = usize::try_from(id).ok()?.checked_sub(1)?;
         self.lock().sets.get(i).cloned()
     }
+
+    /// Appends the frame of set `id` to `buf` (see [`crate::wal::push_name_set_frame`]);
+    /// false when there is no such set.
+    pub(crate) fn push_frame(&self, id: u32, buf: &mut Vec<u8>) -> bool {
+        let Some(names) = self.names(id) else {
+            return false;
+        };
+        crate::wal::push_name_set_frame(buf, id, &names);
+        true
+    }
 }
 
 /// Which name sets a segment's wal holds the frames of.

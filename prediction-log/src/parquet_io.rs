@@ -442,17 +442,11 @@ impl FrameMaker {
     pub fn push_frames(&mut self, records: &[PredictionRecord], buf: &mut Vec<u8>) {
         for r in records {
             let set = r.features.as_deref().map_or(0, |fs| self.names.id_of(fs));
-            if set != 0 && !self.defined.contains(set) {
-                if let Some(names) = self.names.names(set) {
-                    crate::wal::push_name_set_frame(buf, set, &names);
-                    self.defined.insert(set);
-                }
+            if set != 0 && !self.defined.contains(set) && self.names.push_frame(set, buf) {
+                self.defined.insert(set);
             }
-            let at = buf.len();
             // A record over a frame's 64 MiB is refused, as the log refuses it.
-            if crate::wal::push_frame(buf, set, &r.view()).is_ok() {
-                crate::wal::checksum_frame(buf, at);
-            }
+            let _ = crate::wal::push_sealed_frame(buf, set, &r.view());
         }
     }
 }

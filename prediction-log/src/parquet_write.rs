@@ -1098,9 +1098,6 @@ impl OpenParquet {
             between();
             true
         };
-        sets.define_all(frames, 0).map_err(|e| {
-            LogError::Config(format!("a queued name-set frame did not decode ({e:?})"))
-        })?;
         self.append_frames_from(frames, 0, sets, go_on, true)?;
         if self.row_group_full() {
             self.write_row_group()?;
@@ -1118,16 +1115,23 @@ impl OpenParquet {
     /// frame not appended (`frames.len()` when all were) and how many records it
     /// appended. Stops with an error at the first record that does not decode or
     /// append. A page left due is cut before the next record, or with the row group.
-    /// `sets`: the name sets of the frames' records (name-set frames among `frames`
-    /// are passed over: the caller took them in, [`crate::codec::NameSets::define_all`]).
+    /// `sets`: the name sets of the frames' records, kept from one buffer to the next;
+    /// a buffer's own name-set frames are taken in when it is first seen (`at` 0: taking
+    /// them in again is a no-op) and passed over after.
     pub(crate) fn append_frames_from(
         &mut self,
         frames: &[u8],
         mut at: usize,
-        sets: &crate::codec::NameSets,
+        sets: &mut crate::codec::NameSets,
         mut go_on: impl FnMut() -> bool,
         row_groups: bool,
     ) -> Result<(usize, usize)> {
+        if at == 0 {
+            sets.define_all(frames, 0).map_err(|e| {
+                LogError::Config(format!("a queued name-set frame did not decode ({e:?})"))
+            })?;
+        }
+        let sets = &*sets;
         let mut lists = crate::codec::Lists::default();
         let (mut steps, mut n) = (0usize, 0usize);
         while let Some((payload, next)) = crate::wal::frame_at(frames, at) {
@@ -1556,8 +1560,8 @@ mod tests {
         crate::write_parquet(&direct, &recs).unwrap();
         let mut frames = Vec::new();
         crate::FrameMaker::default().push_frames(&recs, &mut frames);
+        // Taken in by the first turn (at offset 0), kept for the rest.
         let mut sets = crate::codec::NameSets::default();
-        sets.define_all(&frames, 0).unwrap();
         let turned = dir.path().join("turned.parquet");
         let mut open = OpenParquet::create(&turned).unwrap();
         let due = |o: &OpenParquet| o.columns.iter().filter(|c| c.page_due()).count();
@@ -1566,7 +1570,7 @@ mod tests {
             turns += 1;
             let before = due(&open);
             let (next, n) = open
-                .append_frames_from(&frames, at, &sets, || true, false)
+                .append_frames_from(&frames, at, &mut sets, || true, false)
                 .unwrap();
             let after = due(&open);
             if before > 1 {

@@ -53,14 +53,15 @@ pub(crate) fn push_frame<K: AsRef<str>, F: LoggedFeature>(
 }
 
 /// [`push_frame`] then [`checksum_frame`]: a frame ready for a wal file as it is
-/// (tests; the writer checksums the request path's frames later, off that path).
-#[cfg(test)]
+/// (tests and the encoder's bench; the writer checksums the request path's frames
+/// later, off that path).
 pub(crate) fn push_sealed_frame<K: AsRef<str>, F: LoggedFeature>(
     buf: &mut Vec<u8>,
+    set: u32,
     rec: &RecordRef<'_, K, F>,
 ) -> std::result::Result<(), usize> {
     let at = buf.len();
-    push_frame(buf, 0, rec)?;
+    push_frame(buf, set, rec)?;
     checksum_frame(buf, at);
     Ok(())
 }
@@ -125,7 +126,7 @@ impl WalWriter {
     #[cfg(test)]
     pub(crate) fn append(&mut self, rec: &PredictionRecord) -> Result<()> {
         let mut buf = Vec::new();
-        if push_sealed_frame(&mut buf, &rec.view()).is_err() {
+        if push_sealed_frame(&mut buf, 0, &rec.view()).is_err() {
             return Err(LogError::Config("record too large for a wal frame".into()));
         }
         self.append_frames(&buf)

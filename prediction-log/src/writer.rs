@@ -639,16 +639,15 @@ impl Writer<'_> {
     /// record that uses it, and passes it on to the encoder. False when it could not be
     /// written (the record that needs it is lost, and counted).
     fn define_names(&mut self, set: u32) -> bool {
-        let Some(names) = self.shared.names.names(set) else {
+        let mut frame = Vec::new();
+        if !self.shared.names.push_frame(set, &mut frame) {
             // Ids come from the registry; a record naming another cannot be read back.
             self.lose(
                 1,
                 &LogError::Config(format!("name set {set} is not registered")),
             );
             return false;
-        };
-        let mut frame = Vec::new();
-        wal::push_name_set_frame(&mut frame, set, &names);
+        }
         let Some(seg) = self.open.as_mut() else {
             return false;
         };
@@ -957,15 +956,7 @@ impl Encoding {
         let Some(f) = self.file.as_mut() else {
             return (frames.len(), 0);
         };
-        if at == 0 {
-            // The frames' name sets, before any record that uses one.
-            if let Err(e) = self.sets.define_all(frames, 0) {
-                let e = LogError::Config(format!("a queued name-set frame did not decode ({e:?})"));
-                self.failed(&e);
-                return (frames.len(), 0);
-            }
-        }
-        match f.append_frames_from(frames, at, &self.sets, go_on, row_groups) {
+        match f.append_frames_from(frames, at, &mut self.sets, go_on, row_groups) {
             Ok(done) => done,
             Err(e) => {
                 self.failed(&e);
@@ -1579,7 +1570,7 @@ mod tests {
     fn frames_of(recs: &[PredictionRecord]) -> EncMsg {
         let mut buf = Vec::new();
         for r in recs {
-            assert!(wal::push_sealed_frame(&mut buf, &r.view()).is_ok());
+            assert!(wal::push_sealed_frame(&mut buf, 0, &r.view()).is_ok());
         }
         EncMsg::Frames {
             buf,

@@ -338,6 +338,16 @@ async fn feature_logging_modes() {
     }
 }
 
+/// A new log directory holding `bytes` as the wal `wal` (its file name), as a crash
+/// leaves it; and the copy's path.
+fn crashed_with(wal: &std::path::Path, bytes: &[u8]) -> (tempfile::TempDir, std::path::PathBuf) {
+    let crashed = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(crashed.path().join("_wal")).unwrap();
+    let copy = crashed.path().join("_wal").join(wal.file_name().unwrap());
+    std::fs::write(&copy, bytes).unwrap();
+    (crashed, copy)
+}
+
 /// Records of two models (two lists of feature names), interleaved, and records
 /// without features: each wal names each list once, in a frame of its own before the
 /// first record that uses it, so a wal left by a crash converts on its own, and a tail
@@ -393,13 +403,7 @@ async fn each_wal_names_a_models_features_once_and_reads_on_its_own() {
     let segments = parquet_files(live.path()).unwrap().len();
     assert!(segments > 5, "{segments} segments");
 
-    let crashed = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(crashed.path().join("_wal")).unwrap();
-    std::fs::write(
-        crashed.path().join("_wal").join(open.file_name().unwrap()),
-        &bytes,
-    )
-    .unwrap();
+    let (crashed, _) = crashed_with(open, &bytes);
     let report = recover(crashed.path()).unwrap();
     assert_eq!(report.records, in_wal);
     let back = read_all(crashed.path(), ReadOptions::default()).unwrap();
@@ -423,13 +427,7 @@ async fn recovery_drops_torn_tail_and_is_idempotent() {
     log.shutdown().await.unwrap();
     writer.join().unwrap();
 
-    let crashed = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(crashed.path().join("_wal")).unwrap();
-    let wal_copy = crashed
-        .path()
-        .join("_wal")
-        .join(wals[0].file_name().unwrap());
-    std::fs::write(&wal_copy, &bytes).unwrap();
+    let (crashed, wal_copy) = crashed_with(&wals[0], &bytes);
     // A conversion that was in progress when the process died.
     let part = crashed.path().join("date=2024-01-01");
     std::fs::create_dir_all(&part).unwrap();
