@@ -36,6 +36,9 @@
 # (the serving workers build the Parquet columns in short turns before they park),
 # and "on" runs with `worker_turns = false` (the encoder
 # thread alone); the table then also shows how many records the workers built.
+# AA=1: another mode in each round, "off2", the log off again: its figures against
+# "off" are what the same comparison gives for two identical servers (the noise of
+# this machine, measured in the same run), to read the log's figures against.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-${MESH_BIN:-${CARGO_TARGET_DIR:-target}/release/mesh}}
@@ -69,7 +72,7 @@ serve() { # name on|off
         -e "s#^path = .*#path = \"$DATA/features\"#" -e "s#^dir = .*#dir = \"$DATA/predictions-$1\"#" \
         -e "s#grpc_port = 8001#grpc_port = $PORT#" -e "s#http_port = 8000#http_port = $HTTP_PORT#" examples/mesh.toml >"$cfg"
     if [ -n "${WORKERS:-}" ]; then sed -i "/^\[server\]/a worker_threads = $WORKERS" "$cfg"; fi
-    if [ "$2" = off ]; then
+    if [ "$2" = off ] || [ "$2" = off2 ]; then
         sed -i '/^\[prediction_log\]/,/^$/d' "$cfg"
     else
         if [ -n "${LOG_CONFIG:-}" ]; then sed -i "/^\[prediction_log\]/a $LOG_CONFIG" "$cfg"; fi
@@ -139,6 +142,7 @@ for r in $(seq "$ROUNDS"); do
     if [ "${DEFERRED:-0}" = 1 ]; then modes+=(def); fi
     if [ "${TURNS:-0}" = 1 ]; then modes+=(wt); fi
     modes+=(off)
+    if [ "${AA:-0}" = 1 ]; then modes+=(off2); fi
     n=${#modes[@]}
     order=
     for i in $(seq 0 $((n - 1))); do order+="${modes[$(((i + r - 1) % n))]} "; done
@@ -183,7 +187,7 @@ import json, os, statistics, sys
 out, rate, warmup, stall_lag, runs = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5:]
 print(f"\nDecide, open loop at {rate:.0f} req/s, prediction log on vs off (latency in µs from the intended send time)")
 print(f"{'run':<12}{'req/s':>8}{'p50':>7}{'p99':>8}{'p99.9':>8}{'max':>8}{'1s p99 med':>11}{'1s p99 max':>11}{'srv p99':>8}{'srv p99.9':>10}{'lag p99':>8}{'errors':>8}{'dropped':>9}{'written':>9}{'behind':>7}{'cpu %':>7}{'log cpu %':>10}")
-modes = ("on", "wt", "def", "off")
+modes = ("on", "wt", "def", "off", "off2")
 p99 = {m: [] for m in modes}
 sec_med = {m: [] for m in modes}
 srv_p99 = {m: [] for m in modes}
@@ -209,11 +213,12 @@ for n in runs:
     p99[mode].append(r["p99_us"])
     by_round[(mode, n.rsplit("-", 1)[1])] = (r["p99_us"], statistics.median(sorted(w["p99_us"] for w in r.get("windows", [])) or [0]))
     stalled[mode].append(r.get("send_lag_p99_us", 0) > stall_lag)
-    dropped = "-" if mode == "off" else f"{s['dropped']:.0f}"
-    written = "-" if mode == "off" else f"{s['written']:.0f}"
+    log_off = mode in ("off", "off2")
+    dropped = "-" if log_off else f"{s['dropped']:.0f}"
+    written = "-" if log_off else f"{s['written']:.0f}"
     # Segments whose Parquet file the encoder gave up (converted from the wal by the
     # closer instead): a sign that the log's threads found no idle CPU.
-    behind = "-" if mode == "off" else f"{s.get('behind', 0):.0f}"
+    behind = "-" if log_off else f"{s.get('behind', 0):.0f}"
     # The p99 of each second of the run: its median says how the run went most of
     # the time, its max whether the run's p99 came from a few bad seconds.
     # The CPU was read around the bench command, whose warm-up ran at the same rate.
@@ -235,10 +240,11 @@ for n in runs:
         converts.append((n, s))
     if s.get("on_workers"):
         print(f"{'':<12}{s['on_workers']:.0f} records put into the columns in the workers' turns ({100 * s['on_workers'] / max(s['written'], 1):.0f}% of those written)")
-names = {"on": "log on", "wt": "log on, worker turns", "def": "log on, Parquet deferred"}
+names = {"on": "log on", "wt": "log on, worker turns", "def": "log on, Parquet deferred",
+         "off2": "log off again (two identical servers: the noise of each figure below)"}
 if os.environ.get("TURNS") == "1":
     names["on"] = "log on, the encoder thread alone (worker_turns = false)"
-for m in ("on", "wt", "def"):
+for m in ("on", "wt", "def", "off2"):
     if not (p99[m] and p99["off"]):
         continue
     print(f"{names[m]} against log off:")

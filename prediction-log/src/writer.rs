@@ -652,8 +652,7 @@ impl Writer<'_> {
             return false;
         };
         if let Err(e) = seg.wal.append_frames(&frame) {
-            give_up(self.open.take().and_then(|s| s.encoding));
-            self.lose(1, &e);
+            self.write_failed(1, &e);
             return false;
         }
         seg.names.insert(set);
@@ -672,9 +671,7 @@ impl Writer<'_> {
             return;
         };
         if let Err(e) = seg.wal.append_frames(frames) {
-            // The wal keeps what it had; recovery at the next start converts it.
-            give_up(self.open.take().and_then(|s| s.encoding));
-            return self.lose(count as u64, &e);
+            return self.write_failed(count as u64, &e);
         }
         self.written += count as u64;
         self.shared.written.store(self.written, Ordering::Relaxed);
@@ -754,21 +751,29 @@ impl Writer<'_> {
         }
     }
 
+    /// A write to the open segment's wal failed (a full disk, say). The `count` records
+    /// of that write are lost, and so may be every record since the last flush that
+    /// succeeded: they were in the wal's buffer, or handed to the OS by a write whose
+    /// data a failed fsync leaves in doubt. All of them are counted lost (the wal may
+    /// still hold some, which then read back), and the segment is abandoned: its wal is
+    /// closed up to its last whole frame, and the next record opens a new segment.
+    fn write_failed(&mut self, count: u64, e: &LogError) {
+        let unflushed = self.written
+            - self
+                .shared
+                .flushed
+                .load(Ordering::Acquire)
+                .min(self.written);
+        self.written -= unflushed;
+        self.shared.written.store(self.written, Ordering::Relaxed);
+        self.abandon();
+        self.lose(count + unflushed, e);
+    }
+
     fn flush(&mut self) {
         if let Some(seg) = self.open.as_mut() {
             if let Err(e) = seg.wal.flush(self.cfg.fsync) {
-                // Records since the last good flush may not be on disk: count them as lost
-                // (recovery may still find some in the abandoned wal) and start a new segment.
-                let n = self.written
-                    - self
-                        .shared
-                        .flushed
-                        .load(Ordering::Acquire)
-                        .min(self.written);
-                give_up(self.open.take().and_then(|s| s.encoding));
-                self.written -= n;
-                self.shared.written.store(self.written, Ordering::Relaxed);
-                return self.lose(n, &e);
+                return self.write_failed(0, &e);
             }
         }
         self.shared.flushed.store(self.written, Ordering::Release);
@@ -778,7 +783,26 @@ impl Writer<'_> {
 
     fn roll(&mut self) {
         self.flush();
-        let Some(seg) = self.open.take() else { return };
+        if let Some(seg) = self.open.take() {
+            self.close(seg);
+        }
+    }
+
+    /// Gives up the open segment after a failed write to its wal: it takes no more
+    /// records (the next ones open a new segment), and it is closed as a rolled one is,
+    /// from its wal up to the last whole frame, so that the records written to it reach
+    /// a Parquet file in this run, not at the next start (if the disk is still full, that
+    /// conversion fails and the wal waits for the next start).
+    fn abandon(&mut self) {
+        if let Some(mut seg) = self.open.take() {
+            give_up(seg.encoding.take());
+            self.close(seg);
+        }
+    }
+
+    /// Closes a segment taken from `open`: its Parquet file finished by the encoder,
+    /// or its wal handed to the closer (or, deferred, moved to `_wal/closed/`).
+    fn close(&mut self, seg: OpenSegment) {
         let wal = seg.wal.path().to_path_buf();
         let bytes = seg.wal.bytes();
         drop(seg.wal);
@@ -872,14 +896,16 @@ impl Writer<'_> {
     }
 }
 
-/// Counts a closed segment and removes its wal, now that its Parquet file is in place.
+/// Removes a closed segment's wal, now that its Parquet file is in place, and counts the
+/// segment; a wal without a record (one abandoned at its first write) has no file and
+/// is not counted.
 fn segment_closed(shared: &Shared, wal: &std::path::Path, path: Option<PathBuf>) {
     if let Err(e) = std::fs::remove_file(wal) {
         tracing::warn!(error = %e, wal = %wal.display(), "could not remove converted wal");
     }
-    shared.segments.fetch_add(1, Ordering::Relaxed);
-    metrics::counter!("mesh_log_segments_total").increment(1);
     if let Some(p) = path {
+        shared.segments.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("mesh_log_segments_total").increment(1);
         tracing::debug!(path = %p.display(), "segment closed");
     }
 }
