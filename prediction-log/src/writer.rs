@@ -56,6 +56,9 @@ const DRAIN_INTERVAL: Duration = Duration::from_millis(5);
 const IDLE_INTERVAL: Duration = Duration::from_millis(25);
 /// A buffer that grew past this in a burst is not kept for reuse once it is done.
 const KEEP_BUFFER_BYTES: usize = 8 << 20;
+/// While writes keep failing, their error is logged at most this often (the metric
+/// counts every record lost).
+const ERROR_REPORT_INTERVAL: Duration = Duration::from_secs(10);
 /// Microseconds in a day: segments hold the records of one UTC date.
 const DAY_US: i64 = 86_400_000_000;
 
@@ -528,7 +531,8 @@ struct Writer<'a> {
     /// With `parquet = deferred`: closed segments waiting in `_wal/closed/` for a
     /// converter, oldest first, with their sizes.
     deferred: std::collections::VecDeque<(CloseJob, u64)>,
-    error_reported: bool,
+    /// When a write error was last logged.
+    error_reported: Option<Instant>,
     /// The empty buffer the next take leaves in the queue.
     spare: Vec<u8>,
     /// Buffers the encoder is done with.
@@ -742,12 +746,18 @@ impl Writer<'_> {
         Ok(())
     }
 
+    /// Counts `n` records lost to `e`, and logs it: at once, then at most once every
+    /// [`ERROR_REPORT_INTERVAL`] while writes keep failing (a full disk fails every
+    /// write), with the total lost so far.
     fn lose(&mut self, n: u64, e: &LogError) {
-        self.shared.lost.fetch_add(n, Ordering::Relaxed);
+        let total = self.shared.lost.fetch_add(n, Ordering::Relaxed) + n;
         metrics::counter!("mesh_log_lost_records_total").increment(n);
-        if !self.error_reported {
-            tracing::error!(error = %e, "prediction log write failed; records are being lost");
-            self.error_reported = true;
+        if self
+            .error_reported
+            .is_none_or(|at| at.elapsed() >= ERROR_REPORT_INTERVAL)
+        {
+            tracing::error!(error = %e, lost_total = total, "prediction log write failed; records are being lost");
+            self.error_reported = Some(Instant::now());
         }
     }
 
@@ -1383,7 +1393,7 @@ fn writer_main(
             close_tx: Some(close_tx),
             to_close: std::collections::VecDeque::new(),
             deferred: std::collections::VecDeque::new(),
-            error_reported: false,
+            error_reported: None,
             spare: Vec::new(),
             recycled: Some(recycle_rx),
         };
@@ -1491,7 +1501,6 @@ fn run(w: &mut Writer<'_>, rx: &Receiver<Msg>) -> MetricsReported {
                 w.bound_deferred();
             }
             reported.report(w.shared);
-            w.error_reported = false;
             next_tick = Instant::now() + flush_interval;
         }
         let pause = if taken == 0 {
@@ -1515,8 +1524,11 @@ struct MetricsReported {
 impl MetricsReported {
     fn report(&mut self, shared: &Shared) {
         let s = shared.stats();
+        // Records handed to the OS: a count that never goes back (`written` does, when a
+        // failed write takes back the records since the last good flush), and at a flush
+        // tick, right after the flush, the same as `written`.
         metrics::counter!("mesh_log_written_records_total")
-            .increment(s.written.saturating_sub(self.written));
+            .increment(s.flushed.saturating_sub(self.written));
         metrics::counter!("mesh_log_worker_turn_records_total")
             .increment(s.on_workers.saturating_sub(self.on_workers));
         metrics::gauge!("mesh_log_queued_records")
@@ -1528,7 +1540,7 @@ impl MetricsReported {
                 "prediction log channel full: records dropped"
             );
         }
-        self.written = s.written;
+        self.written = self.written.max(s.flushed);
         self.dropped = s.dropped;
         self.on_workers = s.on_workers;
     }
@@ -1568,7 +1580,7 @@ mod tests {
             close_tx: Some(close_tx),
             to_close: std::collections::VecDeque::new(),
             deferred: std::collections::VecDeque::new(),
-            error_reported: false,
+            error_reported: None,
             spare: Vec::new(),
             recycled: None,
         };
