@@ -2,7 +2,9 @@
 # Issue 13's figures side by side in one run, one table per question:
 #   1. the prediction log on vs off, Decide at 50 % of saturation   (bench/plog_bench.sh),
 #      and on with the Parquet files deferred to `mesh logs convert` (PLOG_DEFERRED=0
-#      skips that mode) and with `worker_turns = true` (PLOG_TURNS=0 skips it), then again with the server and the load generator on cores of
+#      skips that mode) and with `worker_turns = true` (PLOG_TURNS=0 skips it), with
+#      the log off twice, for the noise of two identical servers (PLOG_AA=0 skips
+#      that), then again with the server and the load generator on cores of
 #      their own (PLOG_PINNED=0 skips that)
 #   2. overload at 1x, 2x, 4x of saturation with a 50 ms deadline   (bench/overload_bench.sh)
 #   3. OIP gRPC and REST against do-nothing servers                  (bench/oip_compare.sh)
@@ -62,13 +64,13 @@ for p in $ONLY; do
             # Four rounds (PLOG_ROUNDS), where the others run ROUNDS: two runs of the
             # same build on these 2 shared cores differed by up to 20% at the p99,
             # more than the 5% asked of the log, so the median needs more of them.
-            OUT=$OUT/plog ROUNDS=${PLOG_ROUNDS:-4} DEFERRED=${PLOG_DEFERRED:-1} TURNS=${PLOG_TURNS:-1} bench/plog_bench.sh "$MESH_BIN"
+            OUT=$OUT/plog ROUNDS=${PLOG_ROUNDS:-4} DEFERRED=${PLOG_DEFERRED:-1} TURNS=${PLOG_TURNS:-1} AA=${PLOG_AA:-1} bench/plog_bench.sh "$MESH_BIN"
             # The same with the server on a core of its own and the load generator on
             # another, as a client on another machine would see it: the log's cost to
             # the server's core, without the load generator competing for it.
             if [ "$(nproc)" -ge 2 ] && [ "${PLOG_PINNED:-1}" != 0 ]; then
                 part "Prediction log on vs off, the server on core 1, the load generator on core 0"
-                OUT=$OUT/plog-pinned ROUNDS=${PLOG_ROUNDS:-4} DEFERRED=${PLOG_DEFERRED:-1} TURNS=${PLOG_TURNS:-1} SERVER_CPUS=1 BENCH_CPUS=0 bench/plog_bench.sh "$MESH_BIN"
+                OUT=$OUT/plog-pinned ROUNDS=${PLOG_ROUNDS:-4} DEFERRED=${PLOG_DEFERRED:-1} TURNS=${PLOG_TURNS:-1} AA=${PLOG_AA:-1} SERVER_CPUS=1 BENCH_CPUS=0 bench/plog_bench.sh "$MESH_BIN"
             fi ;;
         overload)
             part "Overload: useful answers within a ${DEADLINE_MS:-50} ms deadline"

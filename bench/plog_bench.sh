@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Prediction log on vs off (issue 13): Decide through `mesh serve` on the example
 # configuration, open loop at a fraction (default 50 %) of the saturation measured
-# first, the log on and off alternating for ROUNDS rounds (on/off, then off/on, ...; with
-# more modes, the list rotated by one each round),
+# first, the log on and off alternating for ROUNDS rounds (the modes' order rotated
+# each round and mirrored every other block of rounds: on/off, off/on, off/on, on/off),
 # each run on a freshly started server. Prints one table: latency from the intended
 # send time (p50/p99/p99.9/max, and the median and max of each second's p99), the
 # server's own p99 and p99.9 (arrival to answer, as the answers' timings carry it),
@@ -134,10 +134,13 @@ fi
 
 runs=()
 for r in $(seq "$ROUNDS"); do
-    # Each mode takes each place in a round equally often: the modes in turn, the list
-    # rotated by one each round (and, with two modes, on/off then off/on), so that
-    # what one run leaves behind (the kernel's writeback, a cache) falls on every mode
-    # alike.
+    # Each mode takes each place in a round equally often, and follows each other mode
+    # equally often: the modes in turn, the list rotated by one each round, and every
+    # other block of as many rounds as there are modes in the mirrored order (a
+    # Williams design: with two modes on/off, off/on, off/on, on/off), so that what one
+    # run leaves behind for the next (the kernel's writeback, a cache, a warmer or
+    # busier machine) falls on every mode alike. ROUNDS a multiple of twice the modes
+    # balances it whole.
     modes=(on)
     if [ "${DEFERRED:-0}" = 1 ]; then modes+=(def); fi
     if [ "${TURNS:-0}" = 1 ]; then modes+=(wt); fi
@@ -145,7 +148,11 @@ for r in $(seq "$ROUNDS"); do
     if [ "${AA:-0}" = 1 ]; then modes+=(off2); fi
     n=${#modes[@]}
     order=
-    for i in $(seq 0 $((n - 1))); do order+="${modes[$(((i + r - 1) % n))]} "; done
+    mirrored=$((((r - 1) / n) % 2))
+    for i in $(seq 0 $((n - 1))); do
+        m=${modes[$(((i + r - 1) % n))]}
+        if [ "$mirrored" = 1 ]; then order="$m $order"; else order+="$m "; fi
+    done
     for mode in $order; do
         name=log-$mode-$r
         serve "$name" "$mode"
@@ -183,7 +190,7 @@ PY
 done
 
 TURNS="${TURNS:-0}" python3 - "$OUT" "$RATE" "$WARMUP" "${STALL_LAG_US:-10000}" "${runs[@]}" <<'PY'
-import json, os, statistics, sys
+import json, os, random, statistics, sys
 out, rate, warmup, stall_lag, runs = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5:]
 print(f"\nDecide, open loop at {rate:.0f} req/s, prediction log on vs off (latency in µs from the intended send time)")
 print(f"{'run':<12}{'req/s':>8}{'p50':>7}{'p99':>8}{'p99.9':>8}{'max':>8}{'1s p99 med':>11}{'1s p99 max':>11}{'srv p99':>8}{'srv p99.9':>10}{'lag p99':>8}{'errors':>8}{'dropped':>9}{'written':>9}{'behind':>7}{'cpu %':>7}{'log cpu %':>10}")
@@ -211,7 +218,11 @@ for n in runs:
     errors = sum(v for k, v in r["codes"].items() if k != "OK")
     mode = s["mode"]
     p99[mode].append(r["p99_us"])
-    by_round[(mode, n.rsplit("-", 1)[1])] = (r["p99_us"], statistics.median(sorted(w["p99_us"] for w in r.get("windows", [])) or [0]))
+    by_round[(mode, n.rsplit("-", 1)[1])] = (
+        r["p99_us"],
+        statistics.median(sorted(w["p99_us"] for w in r.get("windows", [])) or [0]),
+        statistics.median(sorted(w.get("server_p99_us") or 0 for w in r.get("windows", [])) or [0]),
+    )
     stalled[mode].append(r.get("send_lag_p99_us", 0) > stall_lag)
     log_off = mode in ("off", "off2")
     dropped = "-" if log_off else f"{s['dropped']:.0f}"
@@ -263,6 +274,19 @@ for m in ("on", "wt", "def", "off2"):
         sec = [a[1] / max(b[1], 1) for a, b in pairs]
         print(f"  each round's p99 against its own log-off run: {', '.join(f'{x:.2f}' for x in ratios)} (median {statistics.median(ratios):.3f}); "
               f"per-second p99 medians: {', '.join(f'{x:.2f}' for x in sec)} (median {statistics.median(sec):.3f})")
+        srv = [a[2] / max(b[2], 1) for a, b in pairs]
+        print(f"  each round's per-second server p99 median against its own log-off run: {', '.join(f'{x:.2f}' for x in srv)}")
+        # The mean of a round's ratio, with a 90% interval from resampling the rounds
+        # (a fixed seed: the same runs give the same interval). A figure "within 5%"
+        # holds when the interval's top is under 1.05, fails when its bottom is over,
+        # and this run cannot tell otherwise; "off2" shows how wide the interval of two
+        # identical servers is.
+        rng = random.Random(13)
+        for label, xs in (("per-second p99 medians", sec), ("per-second server p99 medians", srv)):
+            means = sorted(statistics.fmean(rng.choices(xs, k=len(xs))) for _ in range(10_000))
+            lo, hi = means[500], means[9_499]
+            verdict = "under 1.05" if hi < 1.05 else ("over 1.05" if lo > 1.05 else "cannot tell against 1.05")
+            print(f"  round by round, {label}: mean {statistics.fmean(xs):.3f}, 90% interval {lo:.3f}-{hi:.3f} ({verdict})")
     on, off = statistics.median(srv_p99[m]), statistics.median(srv_p99["off"])
     print(f"  median server p99 (arrival to answer): {on:.0f} µs against {off:.0f} µs, {m}/off {on / max(off, 1):.3f}")
     on, off = statistics.median(srv_sec_med[m]), statistics.median(srv_sec_med["off"])
