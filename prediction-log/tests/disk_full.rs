@@ -2,7 +2,8 @@
 #![cfg(target_os = "linux")]
 //! A log whose writes fail (the disk full) keeps taking records, counts the ones it
 //! cannot keep, and writes again once there is room: every record it counted as
-//! written reaches a Parquet file without a restart, and none is made up.
+//! written reaches a Parquet file without a restart (deferred: with a converter), and
+//! none is made up.
 //!
 //! The failure is real: the process's file-size limit (`RLIMIT_FSIZE`), lowered while
 //! the log runs, makes its writes past it fail with `EFBIG`, as a full disk makes them
@@ -14,7 +15,9 @@
 mod common;
 
 use common::record;
-use mesh_prediction_log::{read_all, wal_files, LogConfig, PredictionLog, ReadOptions, Role};
+use mesh_prediction_log::{
+    convert_closed, read_all, wal_files, LogConfig, ParquetMode, PredictionLog, ReadOptions, Role,
+};
 use std::time::{Duration, Instant};
 
 const CHILD: &str = "MESH_TEST_DISK_FULL_CHILD";
@@ -46,17 +49,23 @@ fn a_full_disk_loses_only_what_it_counts_and_the_log_writes_again_once_there_is_
         assert!(out.status.success(), "the child failed: {text}");
         // The child ran the body (a filter that matched nothing would pass too).
         assert!(text.contains("1 passed"), "{text}");
-        assert!(text.contains("disk full: "), "{text}");
+        assert!(text.contains("disk full, Inline: "), "{text}");
+        assert!(text.contains("disk full, Deferred: "), "{text}");
         return;
     }
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap()
-        .block_on(body());
+        .block_on(async {
+            body(ParquetMode::Inline).await;
+            body(ParquetMode::Deferred).await;
+        });
 }
 
-async fn body() {
+/// With `Inline`, the server builds every Parquet file; with `Deferred`, the abandoned
+/// segments wait in `_wal/closed/` like rolled ones, for a converter.
+async fn body(mode: ParquetMode) {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
 
     let dir = tempfile::tempdir().unwrap();
@@ -66,6 +75,7 @@ async fn body() {
     c.flush_interval = Duration::from_secs(30);
     // Larger than the limit below: each segment's wal fails before it would roll.
     c.segment_max_bytes = 4 << 20;
+    c.parquet = mode;
     let (log, writer) = PredictionLog::start(c).unwrap();
     let sent: Vec<_> = (0..8_000u64)
         .map(|i| record(i, "1", Role::Primary))
@@ -112,7 +122,7 @@ async fn body() {
         assert!(Instant::now() < deadline, "the writer never took {s:?}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
-    println!("disk full: {during:?}");
+    println!("disk full, {mode:?}: {during:?}");
     assert!(flushed_after_loss);
     assert!(during.lost > 0, "no write failed: {during:?}");
     assert!(during.written > 0, "nothing was written: {during:?}");
@@ -130,6 +140,13 @@ async fn body() {
     assert_eq!(stats.written + stats.lost, stats.accepted, "{stats:?}");
     assert_eq!(stats.lost, during.lost, "nothing lost once there was room");
 
+    if mode == ParquetMode::Deferred {
+        // What `mesh logs convert` does; every closed segment converts.
+        let mut failed = 0;
+        let done = convert_closed(dir.path(), |r| failed += usize::from(r.is_err())).unwrap();
+        assert_eq!(failed, 0);
+        assert!(done.len() > 1, "{} segments converted", done.len());
+    }
     // Every record counted written is in a file (a Parquet file or a wal left for the
     // next start).
     let on_disk = read_all(dir.path(), ReadOptions { include_wal: true }).unwrap();
