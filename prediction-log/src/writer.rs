@@ -59,6 +59,9 @@ const KEEP_BUFFER_BYTES: usize = 8 << 20;
 /// While writes keep failing, their error is logged at most this often (the metric
 /// counts every record lost).
 const ERROR_REPORT_INTERVAL: Duration = Duration::from_secs(10);
+/// After a segment could not be opened, the writer tries again only this much later;
+/// the records in between are lost, and counted.
+const OPEN_RETRY: Duration = Duration::from_millis(100);
 /// Microseconds in a day: segments hold the records of one UTC date.
 const DAY_US: i64 = 86_400_000_000;
 
@@ -147,6 +150,7 @@ struct Shared {
     written: AtomicU64,
     flushed: AtomicU64,
     lost: AtomicU64,
+    open_errors: AtomicU64,
     segments: AtomicU64,
     encoder_behind: AtomicU64,
     deferred: AtomicU64,
@@ -171,6 +175,10 @@ pub struct LogStats {
     pub flushed: u64,
     /// Records lost to write errors (disk full, permissions), logged as errors.
     pub lost: u64,
+    /// Attempts to open a new segment that failed (its wal could not be created).
+    /// After one, the writer tries again only 100 ms later; the records in between are
+    /// lost, and counted in `lost`.
+    pub open_errors: u64,
     /// Segments closed into Parquet files.
     pub segments: u64,
     /// Segments whose Parquet file the encoder gave up because it fell
@@ -194,6 +202,7 @@ impl Shared {
             written: AtomicU64::new(0),
             flushed: AtomicU64::new(0),
             lost: AtomicU64::new(0),
+            open_errors: AtomicU64::new(0),
             segments: AtomicU64::new(0),
             encoder_behind: AtomicU64::new(0),
             deferred: AtomicU64::new(0),
@@ -209,6 +218,7 @@ impl Shared {
             written: self.written.load(Ordering::Relaxed),
             flushed: self.flushed.load(Ordering::Acquire),
             lost: self.lost.load(Ordering::Relaxed),
+            open_errors: self.open_errors.load(Ordering::Relaxed),
             segments: self.segments.load(Ordering::Relaxed),
             encoder_behind: self.encoder_behind.load(Ordering::Relaxed),
             deferred: self.deferred.load(Ordering::Relaxed),
@@ -283,6 +293,7 @@ impl PredictionLog {
         // alert sees the first drop (a counter born at 5 has no increase).
         metrics::counter!("mesh_log_dropped_records_total").increment(0);
         metrics::counter!("mesh_log_lost_records_total").increment(0);
+        metrics::counter!("mesh_log_open_errors_total").increment(0);
         metrics::counter!("mesh_log_encoder_behind_segments_total").increment(0);
         metrics::gauge!("mesh_log_segments_waiting_for_closer").set(0.0);
         metrics::counter!("mesh_log_deferred_bound_segments_total").increment(0);
@@ -533,6 +544,8 @@ struct Writer<'a> {
     deferred: std::collections::VecDeque<(CloseJob, u64)>,
     /// When a write error was last logged.
     error_reported: Option<Instant>,
+    /// When opening a segment last failed, until one opens.
+    open_failed: Option<Instant>,
     /// The empty buffer the next take leaves in the queue.
     spare: Vec<u8>,
     /// Buffers the encoder is done with.
@@ -594,13 +607,10 @@ impl Writer<'_> {
                 (run, count) = (at, 0);
                 self.roll();
             }
-            if self.open.is_none() {
-                if let Err(e) = self.open_segment(day) {
-                    // This frame cannot be kept; the next one tries again.
-                    self.lose(1, &e);
-                    (run, at) = (end, end);
-                    continue;
-                }
+            if self.open.is_none() && !self.try_open(day) {
+                // This frame cannot be kept.
+                (run, at) = (end, end);
+                continue;
             }
             if let Some(set) =
                 set.filter(|s| self.open.as_ref().is_some_and(|o| !o.names.contains(*s)))
@@ -715,6 +725,37 @@ impl Writer<'_> {
         }
     }
 
+    /// Counts `n` records lost; the total so far.
+    fn count_lost(&self, n: u64) -> u64 {
+        metrics::counter!("mesh_log_lost_records_total").increment(n);
+        self.shared.lost.fetch_add(n, Ordering::Relaxed) + n
+    }
+
+    /// Opens a segment for records of `day`, none being open. After a failure it tries
+    /// again only once [`OPEN_RETRY`] has passed, so that a directory that takes no new
+    /// file (removed, full, read-only) costs an attempt (and a file created or not) per
+    /// interval, not one per record. False when no segment is open: the record is lost,
+    /// and counted.
+    fn try_open(&mut self, day: i64) -> bool {
+        if self.open_failed.is_some_and(|at| at.elapsed() < OPEN_RETRY) {
+            self.count_lost(1);
+            return false;
+        }
+        match self.open_segment(day) {
+            Ok(()) => {
+                self.open_failed = None;
+                true
+            }
+            Err(e) => {
+                self.open_failed = Some(Instant::now());
+                self.shared.open_errors.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("mesh_log_open_errors_total").increment(1);
+                self.lose(1, &e);
+                false
+            }
+        }
+    }
+
     /// Opens a new segment for records of `day`: its wal and its Parquet file.
     fn open_segment(&mut self, day: i64) -> Result<()> {
         let date = date_of_us(day.saturating_mul(DAY_US));
@@ -750,8 +791,7 @@ impl Writer<'_> {
     /// [`ERROR_REPORT_INTERVAL`] while writes keep failing (a full disk fails every
     /// write), with the total lost so far.
     fn lose(&mut self, n: u64, e: &LogError) {
-        let total = self.shared.lost.fetch_add(n, Ordering::Relaxed) + n;
-        metrics::counter!("mesh_log_lost_records_total").increment(n);
+        let total = self.count_lost(n);
         if self
             .error_reported
             .is_none_or(|at| at.elapsed() >= ERROR_REPORT_INTERVAL)
@@ -1394,6 +1434,7 @@ fn writer_main(
             to_close: std::collections::VecDeque::new(),
             deferred: std::collections::VecDeque::new(),
             error_reported: None,
+            open_failed: None,
             spare: Vec::new(),
             recycled: Some(recycle_rx),
         };
@@ -1459,6 +1500,7 @@ fn writer_main(
         written = s.written,
         dropped = s.dropped,
         lost = s.lost,
+        open_errors = s.open_errors,
         segments = s.segments,
         "prediction log closed"
     );
@@ -1581,6 +1623,7 @@ mod tests {
             to_close: std::collections::VecDeque::new(),
             deferred: std::collections::VecDeque::new(),
             error_reported: None,
+            open_failed: None,
             spare: Vec::new(),
             recycled: None,
         };

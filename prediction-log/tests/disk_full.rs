@@ -1,6 +1,6 @@
 #![allow(clippy::unwrap_used)]
 #![cfg(target_os = "linux")]
-//! A log whose writes fail (the disk full) keeps taking records, counts the ones it
+//! A log whose writes fail (the disk full, a directory gone) keeps taking records, counts the ones it
 //! cannot keep, and writes again once there is room: every record it counted as
 //! written reaches a Parquet file without a restart (deferred: with a converter), and
 //! none is made up.
@@ -16,7 +16,8 @@ mod common;
 
 use common::record;
 use mesh_prediction_log::{
-    convert_closed, read_all, wal_files, LogConfig, ParquetMode, PredictionLog, ReadOptions, Role,
+    convert_closed, read_all, recover, wal_files, LogConfig, ParquetMode, PredictionLog,
+    ReadOptions, Role,
 };
 use std::time::{Duration, Instant};
 
@@ -187,4 +188,78 @@ async fn body(mode: ParquetMode) {
     }
     // Once there was room, every record.
     assert_eq!(&back[back.len() - room.len()..], room);
+}
+
+/// A wal directory that takes no new file (here a file stands where it was; a full disk
+/// or a read-only mount does the same) costs the writer one attempt to open a segment
+/// every 100 ms, not one per record; the records in between are counted lost, and once
+/// the directory is back the log writes on.
+#[test]
+fn a_wal_directory_that_takes_no_new_file_costs_an_attempt_per_interval_not_per_record() {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let mut c = LogConfig::new(dir.path());
+            c.flush_interval = Duration::from_millis(20);
+            // Small segments: the open one rolls soon after the directory goes.
+            c.segment_max_bytes = 32 << 10;
+            let (log, writer) = PredictionLog::start(c).unwrap();
+            let sent: Vec<_> = (0..5_000u64)
+                .map(|i| record(i, "1", Role::Primary))
+                .collect();
+            for r in &sent[..1_000] {
+                log.record_wait(r.clone()).await.unwrap();
+            }
+            log.flush().await.unwrap();
+
+            let wal = dir.path().join("_wal");
+            let away = dir.path().join("_wal.away");
+            std::fs::rename(&wal, &away).unwrap();
+            std::fs::write(&wal, b"not a directory").unwrap();
+            let started = Instant::now();
+            for chunk in sent[1_000..4_000].chunks(100) {
+                for r in chunk {
+                    log.record_wait(r.clone()).await.unwrap();
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            log.flush().await.unwrap();
+            let during = log.stats();
+            let took = started.elapsed();
+            println!("directory gone for {took:?}: {during:?}");
+            assert!(during.lost > 100, "{during:?}");
+            // One attempt, then one per 100 ms at most (and a few for the scheduler's
+            // slack), where an attempt per record would make thousands.
+            let most = 2 + (took.as_millis() / 100) as u64;
+            assert!(
+                (1..=most).contains(&during.open_errors),
+                "{} attempts in {took:?}: {during:?}",
+                during.open_errors
+            );
+
+            std::fs::remove_file(&wal).unwrap();
+            std::fs::rename(&away, &wal).unwrap();
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            for r in &sent[4_000..] {
+                log.record_wait(r.clone()).await.unwrap();
+            }
+            let stats = log.shutdown().await.unwrap();
+            writer.join().unwrap();
+            assert_eq!(stats.dropped, 0);
+            assert_eq!(stats.written + stats.lost, stats.accepted, "{stats:?}");
+            assert_eq!(stats.open_errors, during.open_errors, "{stats:?}");
+            // The segments that rolled while the directory was gone could not have
+            // their wal removed after their Parquet file was in place: the next start
+            // finds them converted already, and removes them.
+            let report = recover(dir.path()).unwrap();
+            assert_eq!(report.records, 0, "{report:?}");
+            assert!(wal_files(dir.path()).unwrap().is_empty());
+            let back = read_all(dir.path(), ReadOptions::default()).unwrap();
+            assert_eq!(back.len() as u64, stats.written, "{stats:?}");
+            assert_eq!(&back[..1_000], &sent[..1_000]);
+            assert_eq!(&back[back.len() - 1_000..], &sent[4_000..]);
+        });
 }
