@@ -73,7 +73,8 @@ pub struct LogConfig {
     /// encoder thread then does only what they leave: the steps that write to the file
     /// (a row group, the footer and fsync at a roll), and all of it on a server whose
     /// workers are never idle. Default false here, since it needs a runtime that calls
-    /// [`crate::worker_turn`]; `mesh serve`'s does, and turns it on by default.
+    /// [`crate::worker_turn`]; `mesh serve`'s does, and leaves them off unless its
+    /// `[prediction_log] worker_turns = true`.
     pub worker_turns: bool,
     /// Records that may wait for the Parquet encoder. When the encoder falls this far
     /// behind (a machine with no idle CPU starves a `SCHED_IDLE` thread), the open
@@ -92,6 +93,16 @@ pub struct LogConfig {
     /// converter takes stays bounded. Default 1 GiB (16 segments of the default size);
     /// at least `segment_max_bytes`.
     pub deferred_max_bytes: u64,
+    /// The CPUs the log's threads (writer, encoder, closer) run on, by index; empty (the
+    /// default): wherever the process may run. On a machine with cores to spare, start
+    /// the server on the others (`taskset -c 1-7 mesh serve ...`) and give the log one
+    /// (`[0]`): its work then never preempts a serving thread nor shares its caches,
+    /// which on a core shared with the serving threads cost them about as much CPU
+    /// again as the log's own work (prediction-log/README.md). Linux only; refused at
+    /// start when the kernel takes none of them (a CPU that does not exist, or one
+    /// outside the cgroup's cpuset). Worker turns (`worker_turns`) run on the serving
+    /// workers, wherever they are.
+    pub cpus: Vec<usize>,
 }
 
 /// When the log builds its Parquet files.
@@ -143,6 +154,7 @@ impl LogConfig {
             encoder_backlog: 8192,
             parquet: ParquetMode::Inline,
             deferred_max_bytes: 1 << 30,
+            cpus: Vec::new(),
         }
     }
 
@@ -178,6 +190,10 @@ impl LogConfig {
                 "writer_nice {} is not in 0..=19",
                 self.writer_nice
             )));
+        }
+        if !self.cpus.is_empty() {
+            crate::priority::check_log_cpus(&self.cpus)
+                .map_err(|e| LogError::Config(format!("cpus {:?}: {e}", self.cpus)))?;
         }
         if let FeatureLogging::Sample(r) = self.features {
             if !(0.0..=1.0).contains(&r) {

@@ -17,6 +17,57 @@ pub(crate) fn lower_for_log(nice: i32, idle: bool) {
     lower_current_thread(nice);
 }
 
+/// Confines the calling thread, and the threads it starts from then on, to `cpus`
+/// ([`LogConfig::cpus`](crate::LogConfig::cpus)); nothing when empty.
+pub(crate) fn pin_for_log(cpus: &[usize]) {
+    if cpus.is_empty() {
+        return;
+    }
+    if let Err(e) = pin_current_thread(cpus) {
+        tracing::warn!(error = %e, ?cpus,
+            "could not confine the prediction log's threads to [prediction_log] cpus; they run wherever the process may");
+    }
+}
+
+/// Whether the kernel lets a thread of this process run on `cpus` (a short-lived thread
+/// tries it): the check at start behind [`LogConfig::cpus`](crate::LogConfig::cpus).
+pub(crate) fn check_log_cpus(cpus: &[usize]) -> Result<(), String> {
+    let cpus = cpus.to_vec();
+    std::thread::Builder::new()
+        .name("plog-cpus".into())
+        .spawn(move || pin_current_thread(&cpus))
+        .map_err(|e| format!("could not start a thread to try them: {e}"))?
+        .join()
+        .map_err(|_| "the thread that tried them panicked".to_string())?
+}
+
+/// Sets the calling thread's CPU affinity to `cpus` (Linux); elsewhere an error that
+/// says so.
+fn pin_current_thread(cpus: &[usize]) -> Result<(), String> {
+    #[cfg(target_os = "linux")]
+    {
+        use rustix::thread::{sched_setaffinity, CpuSet};
+        let mut set = CpuSet::new();
+        for &c in cpus {
+            if c >= CpuSet::MAX_CPU {
+                return Err(format!(
+                    "CPU {c} is past the last one a CPU set holds ({})",
+                    CpuSet::MAX_CPU - 1
+                ));
+            }
+            set.set(c);
+        }
+        sched_setaffinity(None, &set).map_err(|e| {
+            format!("the kernel runs this process on none of them ({e}); see /sys/devices/system/cpu/online and the process's cpuset")
+        })
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = cpus;
+        Err("CPU affinity is set on Linux only".into())
+    }
+}
+
 /// Puts the calling thread under `SCHED_IDLE` (Linux): it runs only when no other thread
 /// of the machine wants the CPU, and any thread that wakes preempts it at once. (Not
 /// starved outright: under contention it keeps a sliver of a core, about 0.3% against

@@ -1394,6 +1394,8 @@ fn writer_main(
     let encoder_idle = idle || cfg.encoder_idle;
     let turns = cfg.worker_turns;
     let inline = cfg.parquet == ParquetMode::Inline;
+    // Before the closer and the encoder start: they inherit it.
+    crate::priority::pin_for_log(&cfg.cpus);
     std::thread::scope(|scope| {
         // The closer and the encoder start before the writer lowers itself: a thread
         // inherits its parent's nice value, and each lowers itself once from the serving

@@ -684,6 +684,69 @@ async fn writer_threads_run_under_sched_idle_when_asked() {
     }
 }
 
+/// The CPUs a thread may run on, as /proc lists them ("0-1", "0").
+#[cfg(target_os = "linux")]
+fn cpus_allowed(task: &std::path::Path) -> String {
+    std::fs::read_to_string(task.join("status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// With `cpus`, the log's three threads run only there, and the thread that started the
+/// log keeps its own CPUs; CPUs the kernel does not run the process on are refused at
+/// start, naming the setting.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn the_logs_threads_run_on_the_cpus_they_are_given() {
+    let _one = ONE_LOG_AT_A_TIME.lock().await;
+    let own = cpus_allowed(std::path::Path::new("/proc/thread-self"));
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(dir.path());
+    c.cpus = vec![0];
+    let (log, writer) = PredictionLog::start(c).unwrap();
+    record_primary(&log, 0..100).await;
+    log.flush().await.unwrap();
+    let mut found = Vec::new();
+    for t in std::fs::read_dir("/proc/self/task").unwrap() {
+        let t = t.unwrap().path();
+        let comm = std::fs::read_to_string(t.join("comm")).unwrap_or_default();
+        if comm.starts_with("plog-") {
+            found.push((comm.trim_end().to_string(), cpus_allowed(&t)));
+        }
+    }
+    found.sort();
+    log.shutdown().await.unwrap();
+    writer.join().unwrap();
+    assert_eq!(
+        found,
+        [
+            ("plog-closer".to_string(), "0".to_string()),
+            ("plog-encoder".to_string(), "0".to_string()),
+            ("plog-writer".to_string(), "0".to_string())
+        ]
+    );
+    assert_eq!(
+        read_all(dir.path(), ReadOptions::default()).unwrap().len(),
+        100
+    );
+    assert_eq!(cpus_allowed(std::path::Path::new("/proc/thread-self")), own);
+
+    // Past what a CPU set holds, and one this machine does not have.
+    for bad in [vec![1 << 20], vec![1023]] {
+        let mut c = cfg(dir.path());
+        c.cpus = bad.clone();
+        let e = PredictionLog::start(c).err().expect("refused").to_string();
+        assert!(
+            e.contains("cpus") && e.contains(&format!("{}", bad[0])),
+            "{e}"
+        );
+    }
+}
+
 /// An encoder that cannot keep up (a queue of one message) costs segments their Parquet
 /// files, never a record: every segment is converted from its wal at close instead, each
 /// record reads back once and in order, and no temp file is left.

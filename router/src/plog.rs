@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use mesh_prediction_log::{
-    now_us, source, FeatureLogging, FeatureUsed, LogConfig, ParquetMode, PredictionLog,
+    now_us, source, FeatureLogging, FeatureUsed, LogConfig, LogError, ParquetMode, PredictionLog,
     PredictionLogHandle, Protocol, RecordRef, Role, StageMicros, VersionText, WriterTask,
 };
 use serde::Deserialize;
@@ -51,6 +51,9 @@ pub struct PredictionLogConfig {
     /// converter before the server converts the oldest itself
     /// (`LogConfig::deferred_max_bytes`).
     pub deferred_max_bytes: u64,
+    /// The CPUs the log's threads run on (`LogConfig::cpus`); empty (the default):
+    /// wherever the process may run.
+    pub cpus: Vec<usize>,
 }
 
 /// `[prediction_log]` as written, old spellings included.
@@ -80,6 +83,8 @@ struct PredictionLogFile {
     parquet: Option<String>,
     #[serde(default = "default_deferred_max_bytes")]
     deferred_max_bytes: u64,
+    #[serde(default)]
+    cpus: Vec<usize>,
 }
 
 impl TryFrom<PredictionLogFile> for PredictionLogConfig {
@@ -130,6 +135,7 @@ impl TryFrom<PredictionLogFile> for PredictionLogConfig {
             encoder_backlog: f.encoder_backlog,
             parquet,
             deferred_max_bytes: f.deferred_max_bytes,
+            cpus: f.cpus,
         })
     }
 }
@@ -185,8 +191,11 @@ pub fn start(cfg: &PredictionLogConfig) -> Result<(PredictionLogHandle, WriterTa
     c.encoder_backlog = cfg.encoder_backlog;
     c.parquet = cfg.parquet;
     c.deferred_max_bytes = cfg.deferred_max_bytes;
-    PredictionLog::start(c)
-        .map_err(|e| RouterError::Internal(format!("prediction log at {}: {e}", cfg.dir.display())))
+    c.cpus = cfg.cpus.clone();
+    PredictionLog::start(c).map_err(|e| match e {
+        LogError::Config(m) => RouterError::InvalidArgument(format!("[prediction_log] {m}")),
+        e => RouterError::Internal(format!("prediction log at {}: {e}", cfg.dir.display())),
+    })
 }
 
 /// Sends decision outcomes to the log. Runs on the request path: the outcome is encoded
@@ -283,6 +292,23 @@ mod tests {
             let e = parse(&format!("dir = \"d\"\nwriter_nice = {bad}")).unwrap_err();
             assert!(e.contains("writer_nice") && e.contains(bad), "{e}");
         }
+    }
+
+    /// `cpus` passes through to the log, which refuses at start, naming the setting, a
+    /// list the kernel runs the process on none of.
+    #[test]
+    fn cpus_default_to_anywhere_and_a_cpu_the_machine_lacks_is_refused_at_start() {
+        assert!(parse("dir = \"d\"").unwrap().cpus.is_empty());
+        assert_eq!(parse("dir = \"d\"\ncpus = [0]").unwrap().cpus, [0]);
+        assert!(parse("dir = \"d\"\ncpus = [-1]").is_err());
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = parse(&format!("dir = {:?}\ncpus = [1023]", dir.path())).unwrap();
+        let e = start(&c).err().expect("refused").to_string();
+        assert!(e.contains("[prediction_log] cpus [1023]"), "{e}");
+        c.cpus = vec![0];
+        let (log, writer) = start(&c).unwrap();
+        log.shutdown_blocking();
+        writer.join().unwrap();
     }
 
     #[test]
