@@ -36,6 +36,9 @@
 # (the serving workers build the Parquet columns in short turns before they park),
 # and "on" runs with `worker_turns = false` (the encoder
 # thread alone); the table then also shows how many records the workers built.
+# OWN_CORE=1: another mode in each round, "own", the log on with its threads on the
+# load generator's CPUs (`[prediction_log] cpus`, from BENCH_CPUS, which it needs
+# with SERVER_CPUS): the log's work kept off the server's core.
 # AA=1: another mode in each round, "off2", the log off again: its figures against
 # "off" are what the same comparison gives for two identical servers (the noise of
 # this machine, measured in the same run), to read the log's figures against.
@@ -56,6 +59,19 @@ RUN=()
 [ -n "${NICE:-}" ] && RUN=(nice -n "$NICE")
 DATA=$OUT/data
 mkdir -p "$DATA"
+# A taskset list ("0", "0,2", "4-7") as a TOML array of CPU indices.
+cpu_list() {
+    python3 -c 'import sys
+out = []
+for part in sys.argv[1].split(","):
+    a, _, b = part.partition("-")
+    out += range(int(a), int(b or a) + 1)
+print(", ".join(map(str, out)))' "$1"
+}
+if [ "${OWN_CORE:-0}" = 1 ] && { [ -z "${SERVER_CPUS:-}" ] || [ -z "${BENCH_CPUS:-}" ]; }; then
+    echo "OWN_CORE=1 needs SERVER_CPUS and BENCH_CPUS (the log's threads go to BENCH_CPUS)" >&2
+    exit 2
+fi
 pid=
 cleanup() { if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi; }
 trap cleanup EXIT
@@ -78,6 +94,7 @@ serve() { # name on|off
         if [ -n "${LOG_CONFIG:-}" ]; then sed -i "/^\[prediction_log\]/a $LOG_CONFIG" "$cfg"; fi
         if [ "$2" = def ]; then sed -i '/^\[prediction_log\]/a parquet = "deferred"' "$cfg"; fi
         if [ "$2" = wt ]; then sed -i '/^\[prediction_log\]/a worker_turns = true' "$cfg"; fi
+        if [ "$2" = own ]; then sed -i "/^\[prediction_log\]/a cpus = [$(cpu_list "$BENCH_CPUS")]" "$cfg"; fi
         if [ "$2" = on ] && [ "${TURNS:-0}" = 1 ]; then sed -i '/^\[prediction_log\]/a worker_turns = false' "$cfg"; fi
     fi
     for p in "$PORT" "$HTTP_PORT"; do
@@ -144,6 +161,7 @@ for r in $(seq "$ROUNDS"); do
     modes=(on)
     if [ "${DEFERRED:-0}" = 1 ]; then modes+=(def); fi
     if [ "${TURNS:-0}" = 1 ]; then modes+=(wt); fi
+    if [ "${OWN_CORE:-0}" = 1 ]; then modes+=(own); fi
     modes+=(off)
     if [ "${AA:-0}" = 1 ]; then modes+=(off2); fi
     n=${#modes[@]}
@@ -194,7 +212,7 @@ import json, os, random, statistics, sys
 out, rate, warmup, stall_lag, runs = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5:]
 print(f"\nDecide, open loop at {rate:.0f} req/s, prediction log on vs off (latency in µs from the intended send time)")
 print(f"{'run':<12}{'req/s':>8}{'p50':>7}{'p99':>8}{'p99.9':>8}{'max':>8}{'1s p99 med':>11}{'1s p99 max':>11}{'srv p99':>8}{'srv p99.9':>10}{'lag p99':>8}{'errors':>8}{'dropped':>9}{'written':>9}{'behind':>7}{'cpu %':>7}{'log cpu %':>10}")
-modes = ("on", "wt", "def", "off", "off2")
+modes = ("on", "wt", "def", "own", "off", "off2")
 p99 = {m: [] for m in modes}
 sec_med = {m: [] for m in modes}
 srv_p99 = {m: [] for m in modes}
@@ -252,10 +270,11 @@ for n in runs:
     if s.get("on_workers"):
         print(f"{'':<12}{s['on_workers']:.0f} records put into the columns in the workers' turns ({100 * s['on_workers'] / max(s['written'], 1):.0f}% of those written)")
 names = {"on": "log on", "wt": "log on, worker turns", "def": "log on, Parquet deferred",
+         "own": "log on, its threads off the server's CPUs (cpus)",
          "off2": "log off again (two identical servers: the noise of each figure below)"}
 if os.environ.get("TURNS") == "1":
     names["on"] = "log on, the encoder thread alone (worker_turns = false)"
-for m in ("on", "wt", "def", "off2"):
+for m in ("on", "wt", "def", "own", "off2"):
     if not (p99[m] and p99["off"]):
         continue
     print(f"{names[m]} against log off:")
