@@ -1560,7 +1560,9 @@ fn run(w: &mut Writer<'_>, rx: &Receiver<Msg>) -> MetricsReported {
 /// about drops since the last tick.
 #[derive(Default)]
 struct MetricsReported {
-    written: u64,
+    /// Records flushed, as `mesh_log_written_records_total` has counted them so far
+    /// (`flushed` never goes back; `written` can, after a failed write).
+    flushed: u64,
     dropped: u64,
     on_workers: u64,
 }
@@ -1572,7 +1574,7 @@ impl MetricsReported {
         // failed write takes back the records since the last good flush), and at a flush
         // tick, right after the flush, the same as `written`.
         metrics::counter!("mesh_log_written_records_total")
-            .increment(s.flushed.saturating_sub(self.written));
+            .increment(s.flushed.saturating_sub(self.flushed));
         metrics::counter!("mesh_log_worker_turn_records_total")
             .increment(s.on_workers.saturating_sub(self.on_workers));
         metrics::gauge!("mesh_log_queued_records")
@@ -1584,7 +1586,7 @@ impl MetricsReported {
                 "prediction log channel full: records dropped"
             );
         }
-        self.written = self.written.max(s.flushed);
+        self.flushed = s.flushed;
         self.dropped = s.dropped;
         self.on_workers = s.on_workers;
     }

@@ -562,17 +562,10 @@ impl WithTs for mesh_prediction_log::PredictionRecord {
 #[cfg(target_os = "linux")]
 async fn log_threads(i: &[usize], want: impl Fn(&str) -> Vec<i64>) -> Vec<(String, Vec<i64>)> {
     let threads = || {
-        let mut found = Vec::new();
-        for t in std::fs::read_dir("/proc/self/task").unwrap() {
-            let t = t.unwrap().path();
-            let comm = std::fs::read_to_string(t.join("comm")).unwrap_or_default();
-            if comm.starts_with("plog-") {
-                let fields = i.iter().map(|&i| stat_field(&t, i)).collect();
-                found.push((comm.trim_end().to_string(), fields));
-            }
-        }
-        found.sort();
-        found
+        plog_tasks()
+            .into_iter()
+            .map(|(name, t)| (name, i.iter().map(|&i| stat_field(&t, i)).collect()))
+            .collect::<Vec<_>>()
     };
     let mut found = threads();
     for _ in 0..100 {
@@ -582,6 +575,22 @@ async fn log_threads(i: &[usize], want: impl Fn(&str) -> Vec<i64>) -> Vec<(Strin
         tokio::time::sleep(Duration::from_millis(20)).await;
         found = threads();
     }
+    found
+}
+
+/// The log's threads in this process (named `plog-*`), by name, with their /proc
+/// directory.
+#[cfg(target_os = "linux")]
+fn plog_tasks() -> Vec<(String, std::path::PathBuf)> {
+    let mut found = Vec::new();
+    for t in std::fs::read_dir("/proc/self/task").unwrap() {
+        let t = t.unwrap().path();
+        let comm = std::fs::read_to_string(t.join("comm")).unwrap_or_default();
+        if comm.starts_with("plog-") {
+            found.push((comm.trim_end().to_string(), t));
+        }
+    }
+    found.sort();
     found
 }
 
@@ -710,15 +719,10 @@ async fn the_logs_threads_run_on_the_cpus_they_are_given() {
     let (log, writer) = PredictionLog::start(c).unwrap();
     record_primary(&log, 0..100).await;
     log.flush().await.unwrap();
-    let mut found = Vec::new();
-    for t in std::fs::read_dir("/proc/self/task").unwrap() {
-        let t = t.unwrap().path();
-        let comm = std::fs::read_to_string(t.join("comm")).unwrap_or_default();
-        if comm.starts_with("plog-") {
-            found.push((comm.trim_end().to_string(), cpus_allowed(&t)));
-        }
-    }
-    found.sort();
+    let found: Vec<_> = plog_tasks()
+        .into_iter()
+        .map(|(name, t)| (name, cpus_allowed(&t)))
+        .collect();
     log.shutdown().await.unwrap();
     writer.join().unwrap();
     assert_eq!(
