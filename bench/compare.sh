@@ -6,7 +6,8 @@
 #      the log off twice, for the noise of two identical servers (PLOG_AA=0 skips
 #      that), then again with the server and the load generator on cores of
 #      their own (PLOG_PINNED=0 skips that), where the log also runs with its threads
-#      on the load generator's core (`cpus`; PLOG_OWN_CORE=0 skips that mode)
+#      on the load generator's core (`reserved_cpus`, the server on both cores;
+#      PLOG_OWN_CORE=0 skips that mode)
 #   2. overload at 1x, 2x, 4x of saturation with a 50 ms deadline   (bench/overload_bench.sh)
 #   3. OIP gRPC and REST against do-nothing servers                  (bench/oip_compare.sh)
 #   4. feature lookups in process, with a writer                     (feature-store/benches/lookup.rs)
@@ -71,7 +72,7 @@ for p in $ONLY; do
             # the server's core, without the load generator competing for it.
             if [ "$(nproc)" -ge 2 ] && [ "${PLOG_PINNED:-1}" != 0 ]; then
                 part "Prediction log on vs off, the server on core 1, the load generator on core 0"
-                OUT=$OUT/plog-pinned ROUNDS=${PLOG_ROUNDS:-4} DEFERRED=${PLOG_DEFERRED:-1} TURNS=${PLOG_TURNS:-1} AA=${PLOG_AA:-1} OWN_CORE=${PLOG_OWN_CORE:-1} SERVER_CPUS=1 BENCH_CPUS=0 bench/plog_bench.sh "$MESH_BIN"
+                OUT=$OUT/plog-pinned ROUNDS=${PLOG_ROUNDS:-4} DEFERRED=${PLOG_DEFERRED:-1} TURNS=${PLOG_TURNS:-1} AA=${PLOG_AA:-1} OWN_CORE=${PLOG_OWN_CORE:-1} SERVER_CPUS=0 BENCH_CPUS=1 bench/plog_bench.sh "$MESH_BIN"
             fi ;;
         overload)
             part "Overload: useful answers within a ${DEADLINE_MS:-50} ms deadline"

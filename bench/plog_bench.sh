@@ -37,8 +37,11 @@
 # and "on" runs with `worker_turns = false` (the encoder
 # thread alone); the table then also shows how many records the workers built.
 # OWN_CORE=1: another mode in each round, "own", the log on with its threads on the
-# load generator's CPUs (`[prediction_log] cpus`, from BENCH_CPUS, which it needs
-# with SERVER_CPUS): the log's work kept off the server's core.
+# load generator's CPUs, which it needs with SERVER_CPUS: the log's work kept off the
+# server's core. When every CPU of BENCH_CPUS comes after every CPU of SERVER_CPUS
+# (SERVER_CPUS=0 BENCH_CPUS=1), the server runs on both lists with `[prediction_log]
+# reserved_cpus` set to the size of BENCH_CPUS, as a user would run it (the server
+# splits its CPUs itself); otherwise on SERVER_CPUS with `cpus` naming BENCH_CPUS.
 # AA=1: another mode in each round, "off2", the log off again: its figures against
 # "off" are what the same comparison gives for two identical servers (the noise of
 # this machine, measured in the same run), to read the log's figures against.
@@ -72,6 +75,16 @@ if [ "${OWN_CORE:-0}" = 1 ] && { [ -z "${SERVER_CPUS:-}" ] || [ -z "${BENCH_CPUS
     echo "OWN_CORE=1 needs SERVER_CPUS and BENCH_CPUS (the log's threads go to BENCH_CPUS)" >&2
     exit 2
 fi
+# OWN_CORE's way: reserved_cpus (the size of BENCH_CPUS) when BENCH_CPUS all come after
+# SERVER_CPUS, so that the CPUs the server sets aside are BENCH_CPUS; else empty.
+RESERVED=
+if [ "${OWN_CORE:-0}" = 1 ]; then
+    IFS=', ' read -ra srv <<<"$(cpu_list "$SERVER_CPUS")"
+    IFS=', ' read -ra ben <<<"$(cpu_list "$BENCH_CPUS")"
+    last_srv=$(printf '%s\n' "${srv[@]}" | sort -n | tail -1)
+    first_ben=$(printf '%s\n' "${ben[@]}" | sort -n | head -1)
+    if [ "$first_ben" -gt "$last_srv" ]; then RESERVED=${#ben[@]}; fi
+fi
 pid=
 cleanup() { if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi; }
 trap cleanup EXIT
@@ -94,7 +107,13 @@ serve() { # name on|off
         if [ -n "${LOG_CONFIG:-}" ]; then sed -i "/^\[prediction_log\]/a $LOG_CONFIG" "$cfg"; fi
         if [ "$2" = def ]; then sed -i '/^\[prediction_log\]/a parquet = "deferred"' "$cfg"; fi
         if [ "$2" = wt ]; then sed -i '/^\[prediction_log\]/a worker_turns = true' "$cfg"; fi
-        if [ "$2" = own ]; then sed -i "/^\[prediction_log\]/a cpus = [$(cpu_list "$BENCH_CPUS")]" "$cfg"; fi
+        if [ "$2" = own ]; then
+            if [ -n "$RESERVED" ]; then
+                sed -i "/^\[prediction_log\]/a reserved_cpus = $RESERVED" "$cfg"
+            else
+                sed -i "/^\[prediction_log\]/a cpus = [$(cpu_list "$BENCH_CPUS")]" "$cfg"
+            fi
+        fi
         if [ "$2" = on ] && [ "${TURNS:-0}" = 1 ]; then sed -i '/^\[prediction_log\]/a worker_turns = false' "$cfg"; fi
     fi
     for p in "$PORT" "$HTTP_PORT"; do
@@ -104,7 +123,9 @@ serve() { # name on|off
     # kernel's writeback of it does not land in this run's window: each run pays for
     # its own log's writes only.
     sync
-    "${RUN[@]}" ${SERVER_CPUS:+taskset -c "$SERVER_CPUS"} "$BIN" serve --config "$cfg" >"$OUT/serve-$1.log" 2>&1 &
+    local on=${SERVER_CPUS:-}
+    if [ "$2" = own ] && [ -n "$RESERVED" ]; then on="$SERVER_CPUS,$BENCH_CPUS"; fi
+    "${RUN[@]}" ${on:+taskset -c "$on"} "$BIN" serve --config "$cfg" >"$OUT/serve-$1.log" 2>&1 &
     pid=$!
     wait_port "$PORT"
     kill -0 "$pid" 2>/dev/null || { echo "mesh serve exited: $OUT/serve-$1.log" >&2; exit 1; }

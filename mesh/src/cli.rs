@@ -419,9 +419,25 @@ impl Command {
         let mut config = None;
         let threads = match self {
             Command::Serve(serve) => {
-                let c = serve.resolve()?;
+                let mut c = serve.resolve()?;
+                // `[prediction_log] reserved_cpus`: this thread, the only one so far,
+                // is confined to the CPUs left to serving, and every thread started
+                // from here on (the logs' flusher, the runtime, the model runners,
+                // the stores) inherits that; the log's threads go to the others.
+                let split = match c.prediction_log.as_mut() {
+                    Some(log) => log.reserve_cpus().map_err(anyhow::Error::msg)?,
+                    None => None,
+                };
                 let threads = c.server.compute_threads;
                 telemetry::init_logs(log_format.unwrap_or(c.log.format));
+                if let Some(split) = split {
+                    use mesh_prediction_log::priority::cpu_list;
+                    tracing::info!(
+                        log_cpus = %cpu_list(&split.log),
+                        serving_cpus = %cpu_list(&split.serving),
+                        "[prediction_log] reserved_cpus: the log's threads run on their own CPUs, every other thread on the rest"
+                    );
+                }
                 let file = serve.config.clone().unwrap_or_default();
                 for notice in &c.deprecations {
                     tracing::warn!(config = %file.display(), "{notice}");

@@ -29,6 +29,83 @@ pub(crate) fn pin_for_log(cpus: &[usize]) {
     }
 }
 
+/// How [`reserve_cpus`] split the CPUs the process may run on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpuSplit {
+    /// The CPUs set aside for the log's threads (for [`LogConfig::cpus`](crate::LogConfig::cpus)).
+    pub log: Vec<usize>,
+    /// The CPUs left to every other thread: the calling thread, and the threads it
+    /// starts from then on.
+    pub serving: Vec<usize>,
+}
+
+/// Splits `allowed` (the CPUs a process may run on, in any order) into the last `n`
+/// (highest-numbered) for the log and the rest for the serving threads. Refuses, saying
+/// why, an `n` that would leave the serving threads no CPU.
+pub fn split_cpus(allowed: &[usize], n: usize) -> Result<CpuSplit, String> {
+    let mut all = allowed.to_vec();
+    all.sort_unstable();
+    all.dedup();
+    if n >= all.len() {
+        return Err(format!(
+            "this process may run on {} CPU{} ({}); setting {n} aside for the log would leave the serving threads none",
+            all.len(),
+            if all.len() == 1 { "" } else { "s" },
+            cpu_list(&all),
+        ));
+    }
+    let log = all.split_off(all.len() - n);
+    Ok(CpuSplit { log, serving: all })
+}
+
+/// CPUs as `taskset -c` and `Cpus_allowed_list` write them: "0-3,6".
+pub fn cpu_list(cpus: &[usize]) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        if !out.is_empty() {
+            out.push(',');
+        }
+        if j == i {
+            out.push_str(&cpus[i].to_string());
+        } else {
+            out.push_str(&format!("{}-{}", cpus[i], cpus[j]));
+        }
+        i = j + 1;
+    }
+    out
+}
+
+/// Sets the last `n` of the CPUs the calling thread may run on aside for the log, and
+/// confines the calling thread, and every thread it starts from then on, to the others
+/// (Linux). Call it before any other thread exists (`mesh serve` does, for
+/// `[prediction_log] reserved_cpus`), then give the log [`CpuSplit::log`] as its `cpus`:
+/// the log's threads and the serving threads then never share a core. `n` = 0 changes
+/// nothing. Elsewhere than Linux, an error that says so.
+pub fn reserve_cpus(n: usize) -> Result<CpuSplit, String> {
+    #[cfg(target_os = "linux")]
+    {
+        use rustix::thread::{sched_getaffinity, CpuSet};
+        let set = sched_getaffinity(None)
+            .map_err(|e| format!("could not read the CPUs this process may run on: {e}"))?;
+        let allowed: Vec<usize> = (0..CpuSet::MAX_CPU).filter(|&c| set.is_set(c)).collect();
+        let split = split_cpus(&allowed, n)?;
+        if n > 0 {
+            pin_current_thread(&split.serving)?;
+        }
+        Ok(split)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = n;
+        Err("setting CPUs aside is Linux only".into())
+    }
+}
+
 /// Whether the kernel lets a thread of this process run on `cpus` (a short-lived thread
 /// tries it): the check at start behind [`LogConfig::cpus`](crate::LogConfig::cpus).
 pub(crate) fn check_log_cpus(cpus: &[usize]) -> Result<(), String> {
@@ -232,6 +309,65 @@ mod tests {
         pace.rest();
         pace.tick();
         assert_eq!(pace.naps(), before);
+    }
+
+    #[test]
+    fn the_last_cpus_go_to_the_log_and_the_rest_to_the_serving_threads() {
+        let s = split_cpus(&[3, 0, 1, 2], 1).unwrap();
+        assert_eq!((s.log, s.serving), (vec![3], vec![0, 1, 2]));
+        let s = split_cpus(&[0, 2, 4, 6, 7], 2).unwrap();
+        assert_eq!((s.log, s.serving), (vec![6, 7], vec![0, 2, 4]));
+        let s = split_cpus(&[5, 9], 0).unwrap();
+        assert_eq!((s.log, s.serving), (vec![], vec![5, 9]));
+        // Never all of them, nor more.
+        let e = split_cpus(&[0, 1], 2).unwrap_err();
+        assert!(e.contains("2 CPUs (0-1)") && e.contains("none"), "{e}");
+        let e = split_cpus(&[4], 3).unwrap_err();
+        assert!(e.contains("1 CPU (4)"), "{e}");
+        assert_eq!(cpu_list(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
+        assert_eq!(cpu_list(&[]), "");
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn reserving_cpus_confines_the_calling_thread_and_its_children_to_the_rest() {
+        let here = rustix::thread::sched_getaffinity(None).unwrap().count() as usize;
+        let (split, child) = std::thread::spawn(|| {
+            let split = reserve_cpus(1);
+            let child = std::thread::spawn(|| {
+                let s = rustix::thread::sched_getaffinity(None).unwrap();
+                (0..rustix::thread::CpuSet::MAX_CPU)
+                    .filter(|&c| s.is_set(c))
+                    .collect::<Vec<_>>()
+            })
+            .join()
+            .unwrap();
+            (split, child)
+        })
+        .join()
+        .unwrap();
+        if here < 2 {
+            assert!(split.unwrap_err().contains("none"));
+            return;
+        }
+        let split = split.unwrap();
+        assert_eq!(split.log.len(), 1);
+        assert_eq!(split.serving.len(), here - 1);
+        assert_eq!(
+            child, split.serving,
+            "a thread started after inherits the rest"
+        );
+        assert_eq!(
+            rustix::thread::sched_getaffinity(None).unwrap().count() as usize,
+            here,
+            "other threads keep theirs"
+        );
+        // Nothing to set aside: nothing changes.
+        let all = std::thread::spawn(|| reserve_cpus(0).unwrap())
+            .join()
+            .unwrap();
+        assert!(all.log.is_empty());
+        assert_eq!(all.serving.len(), here);
     }
 
     #[test]

@@ -54,6 +54,12 @@ pub struct PredictionLogConfig {
     /// The CPUs the log's threads run on (`LogConfig::cpus`); empty (the default):
     /// wherever the process may run.
     pub cpus: Vec<usize>,
+    /// How many of the process's CPUs to set aside for the log's threads: the last
+    /// ones, with every other thread of the server confined to the rest. 0 (the
+    /// default): none. `mesh serve` splits the CPUs before any other thread starts
+    /// ([`PredictionLogConfig::reserve_cpus`]); a router embedded elsewhere sets
+    /// `cpus` itself.
+    pub reserved_cpus: usize,
 }
 
 /// `[prediction_log]` as written, old spellings included.
@@ -85,6 +91,8 @@ struct PredictionLogFile {
     deferred_max_bytes: u64,
     #[serde(default)]
     cpus: Vec<usize>,
+    #[serde(default)]
+    reserved_cpus: usize,
 }
 
 impl TryFrom<PredictionLogFile> for PredictionLogConfig {
@@ -123,6 +131,12 @@ impl TryFrom<PredictionLogFile> for PredictionLogConfig {
                 f.deferred_max_bytes
             ));
         }
+        if f.reserved_cpus > 0 && !f.cpus.is_empty() {
+            return Err(format!(
+                "[prediction_log] cpus = {:?} and reserved_cpus = {}: set one of them (cpus names the log's CPUs; reserved_cpus sets the last of the process's CPUs aside for it)",
+                f.cpus, f.reserved_cpus
+            ));
+        }
         Ok(Self {
             dir: f.dir,
             features: f.features,
@@ -136,7 +150,32 @@ impl TryFrom<PredictionLogFile> for PredictionLogConfig {
             parquet,
             deferred_max_bytes: f.deferred_max_bytes,
             cpus: f.cpus,
+            reserved_cpus: f.reserved_cpus,
         })
+    }
+}
+
+impl PredictionLogConfig {
+    /// `reserved_cpus`: sets the last `reserved_cpus` of the CPUs the calling thread may
+    /// run on aside for the log (its `cpus` from then on) and confines the calling
+    /// thread, and every thread it starts from then on, to the others. Call it before
+    /// any other thread exists (`mesh serve` does). `None` when nothing is set aside;
+    /// an error, naming the setting, when the process has no CPU to spare.
+    pub fn reserve_cpus(
+        &mut self,
+    ) -> Result<Option<mesh_prediction_log::priority::CpuSplit>, String> {
+        if self.reserved_cpus == 0 || !self.cpus.is_empty() {
+            return Ok(None);
+        }
+        let split =
+            mesh_prediction_log::priority::reserve_cpus(self.reserved_cpus).map_err(|e| {
+                format!(
+                    "[prediction_log] reserved_cpus = {}: {e}",
+                    self.reserved_cpus
+                )
+            })?;
+        self.cpus = split.log.clone();
+        Ok(Some(split))
     }
 }
 
@@ -177,6 +216,13 @@ fn default_deferred_max_bytes() -> u64 {
 
 /// Starts the writer.
 pub fn start(cfg: &PredictionLogConfig) -> Result<(PredictionLogHandle, WriterTask), RouterError> {
+    if cfg.reserved_cpus > 0 && cfg.cpus.is_empty() {
+        // Too late to split the CPUs here: the serving threads exist and run anywhere.
+        return Err(RouterError::InvalidArgument(format!(
+            "[prediction_log] reserved_cpus = {}: the CPUs must be split before the server's threads start (`mesh serve` does it); a router embedded elsewhere sets [prediction_log] cpus and confines its own threads",
+            cfg.reserved_cpus
+        )));
+    }
     let mut c = LogConfig::new(&cfg.dir);
     c.features = cfg
         .features
@@ -309,6 +355,42 @@ mod tests {
         let (log, writer) = start(&c).unwrap();
         log.shutdown_blocking();
         writer.join().unwrap();
+    }
+
+    /// `reserved_cpus`: 0 by default, never with `cpus`, and refused by a start that
+    /// comes after the server's threads (a router embedded elsewhere) instead of being
+    /// ignored. `mesh serve`'s split is tested with the binary (mesh/tests/log_cpus.rs).
+    #[test]
+    fn reserved_cpus_is_off_by_default_exclusive_with_cpus_and_split_before_start() {
+        assert_eq!(parse("dir = \"d\"").unwrap().reserved_cpus, 0);
+        assert_eq!(
+            parse("dir = \"d\"\nreserved_cpus = 1")
+                .unwrap()
+                .reserved_cpus,
+            1
+        );
+        assert!(parse("dir = \"d\"\nreserved_cpus = -1").is_err());
+        let e = parse("dir = \"d\"\ncpus = [0]\nreserved_cpus = 1").unwrap_err();
+        assert!(e.contains("cpus = [0] and reserved_cpus = 1"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let c = parse(&format!("dir = {:?}\nreserved_cpus = 1", dir.path())).unwrap();
+        let e = start(&c).err().expect("refused").to_string();
+        assert!(
+            e.contains("reserved_cpus = 1") && e.contains("mesh serve"),
+            "{e}"
+        );
+        // Nothing set aside: nothing to split, the calling thread keeps its CPUs.
+        let mut c = parse(&format!("dir = {:?}", dir.path())).unwrap();
+        assert_eq!(c.reserve_cpus().unwrap(), None);
+        // More than the process has: refused, naming the setting.
+        let mut c = parse(&format!("dir = {:?}\nreserved_cpus = 100000", dir.path())).unwrap();
+        let e = std::thread::spawn(move || c.reserve_cpus().unwrap_err())
+            .join()
+            .unwrap();
+        assert!(
+            e.contains("[prediction_log] reserved_cpus = 100000") && e.contains("none"),
+            "{e}"
+        );
     }
 
     #[test]
