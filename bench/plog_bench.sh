@@ -291,7 +291,7 @@ for n in runs:
     if s.get("on_workers"):
         print(f"{'':<12}{s['on_workers']:.0f} records put into the columns in the workers' turns ({100 * s['on_workers'] / max(s['written'], 1):.0f}% of those written)")
 names = {"on": "log on", "wt": "log on, worker turns", "def": "log on, Parquet deferred",
-         "own": "log on, its threads off the server's CPUs (cpus)",
+         "own": "log on, its threads off the server's CPUs (reserved_cpus, or cpus)",
          "off2": "log off again (two identical servers: the noise of each figure below)"}
 if os.environ.get("TURNS") == "1":
     names["on"] = "log on, the encoder thread alone (worker_turns = false)"
