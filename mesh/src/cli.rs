@@ -423,10 +423,13 @@ impl Command {
                 // `[prediction_log] reserved_cpus`: this thread, the only one so far,
                 // is confined to the CPUs left to serving, and every thread started
                 // from here on (the logs' flusher, the runtime, the model runners,
-                // the stores) inherits that; the log's threads go to the others.
+                // the stores) inherits that; the log's threads go to the others. A
+                // features-only server runs no log, and sets nothing aside.
                 let split = match c.prediction_log.as_mut() {
-                    Some(log) => log.reserve_cpus().map_err(anyhow::Error::msg)?,
-                    None => None,
+                    Some(log) if c.server.role != Role::Features => {
+                        log.reserve_cpus().map_err(anyhow::Error::msg)?
+                    }
+                    _ => None,
                 };
                 let threads = c.server.compute_threads;
                 telemetry::init_logs(log_format.unwrap_or(c.log.format));

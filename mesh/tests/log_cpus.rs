@@ -9,7 +9,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The CPUs this process may run on.
@@ -42,7 +42,8 @@ fn threads(pid: u32) -> Vec<(String, String)> {
     out
 }
 
-/// A mesh.toml serving the example models with the log on and `reserved_cpus = 1`.
+/// A mesh.toml serving the example models and a feature store, with the log on and
+/// `reserved_cpus = 1`.
 fn config(dir: &std::path::Path) -> std::path::PathBuf {
     let path = dir.join("mesh.toml");
     std::fs::write(
@@ -53,11 +54,16 @@ fn config(dir: &std::path::Path) -> std::path::PathBuf {
 grpc_port = 0
 http_port = 0
 models = {:?}
+[features]
+path = {:?}
+views = {:?}
 [prediction_log]
 dir = {:?}
 reserved_cpus = 1
 "#,
             common::root().join("examples/models"),
+            dir.join("features"),
+            common::root().join("examples/features/views.toml"),
             dir.join("predictions"),
         ),
     )
@@ -65,14 +71,14 @@ reserved_cpus = 1
     path
 }
 
-/// `taskset -c <cpus> mesh serve --role model --config <config>`.
-fn serve_on(cpus: &[usize], config: &std::path::Path) -> Command {
+/// `taskset -c <cpus> mesh serve --role <role> --config <config>`.
+fn serve_as(role: &str, cpus: &[usize], config: &std::path::Path) -> Command {
     let list: Vec<String> = cpus.iter().map(|c| c.to_string()).collect();
     let mut cmd = Command::new("taskset");
     cmd.arg("-c")
         .arg(list.join(","))
         .arg(env!("CARGO_BIN_EXE_mesh"))
-        .args(["serve", "--role", "model", "--config"])
+        .args(["serve", "--role", role, "--config"])
         .arg(config)
         .env_remove("MESH_CONFIG")
         .env_remove("RUST_LOG")
@@ -80,19 +86,10 @@ fn serve_on(cpus: &[usize], config: &std::path::Path) -> Command {
     cmd
 }
 
-#[test]
-fn the_log_runs_on_the_last_cpu_and_every_other_thread_on_the_rest() {
-    let mine = my_cpus();
-    if mine.len() < 2 {
-        eprintln!(
-            "skipped: this process may run on {} CPU, and the split needs two",
-            mine.len()
-        );
-        return;
-    }
-    let (serving, log) = (mine[0], mine[1]);
-    let dir = tempfile::tempdir().unwrap();
-    let mut child = serve_on(&[serving, log], &config(dir.path()))
+/// Starts `cmd` and waits until it serves; returns the child and its stderr (read to
+/// the end once the child exits).
+fn start_serving(mut cmd: Command) -> (Child, std::thread::JoinHandle<String>) {
+    let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -118,6 +115,23 @@ fn the_log_runs_on_the_last_cpu_and_every_other_thread_on_the_rest() {
             );
         }
     }
+    (child, stderr)
+}
+
+#[test]
+fn the_log_runs_on_the_last_cpu_and_every_other_thread_on_the_rest() {
+    let mine = my_cpus();
+    if mine.len() < 2 {
+        eprintln!(
+            "skipped: this process may run on {} CPU, and the split needs two",
+            mine.len()
+        );
+        return;
+    }
+    let (serving, log) = (mine[0], mine[1]);
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, stderr) =
+        start_serving(serve_as("model", &[serving, log], &config(dir.path())));
     // The log's three threads start with the log, before the server answers; give
     // them a moment all the same.
     let since = Instant::now();
@@ -168,10 +182,12 @@ fn the_log_runs_on_the_last_cpu_and_every_other_thread_on_the_rest() {
 }
 
 #[test]
-fn a_server_with_no_cpu_to_spare_is_refused_naming_the_setting() {
+fn a_server_with_no_cpu_to_spare_is_refused_naming_the_setting_unless_it_runs_no_log() {
     let dir = tempfile::tempdir().unwrap();
     let only = my_cpus()[0];
-    let out = serve_on(&[only], &config(dir.path())).output().unwrap();
+    let out = serve_as("model", &[only], &config(dir.path()))
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
@@ -182,4 +198,9 @@ fn a_server_with_no_cpu_to_spare_is_refused_naming_the_setting() {
     );
     // Refused before anything started: no log directory.
     assert!(!dir.path().join("predictions").exists());
+    // A features-only server runs no log, sets nothing aside, and serves.
+    let (mut child, stderr) = start_serving(serve_as("features", &[only], &config(dir.path())));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!stderr.join().unwrap().contains("reserved_cpus"));
 }
