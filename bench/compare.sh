@@ -71,7 +71,7 @@ for p in $ONLY; do
             # another, as a client on another machine would see it: the log's cost to
             # the server's core, without the load generator competing for it.
             if [ "$(nproc)" -ge 2 ] && [ "${PLOG_PINNED:-1}" != 0 ]; then
-                part "Prediction log on vs off, the server on core 1, the load generator on core 0"
+                part "Prediction log on vs off, the server on core 0, the load generator on core 1"
                 OUT=$OUT/plog-pinned ROUNDS=${PLOG_ROUNDS:-4} DEFERRED=${PLOG_DEFERRED:-1} TURNS=${PLOG_TURNS:-1} AA=${PLOG_AA:-1} OWN_CORE=${PLOG_OWN_CORE:-1} SERVER_CPUS=0 BENCH_CPUS=1 bench/plog_bench.sh "$MESH_BIN"
             fi ;;
         overload)
