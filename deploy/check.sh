@@ -211,6 +211,18 @@ step "refused: TLS without a Secret" refuses "tls.enabled needs tls.secretName" 
 step "refused: minReplicas above maxReplicas" \
     refuses "autoscaling.minReplicas is above autoscaling.maxReplicas" \
     --set autoscaling.enabled=true,autoscaling.minReplicas=5,autoscaling.maxReplicas=2
+step "refused: reserved_cpus without CPUs of the pod's own" \
+    refuses "config.prediction_log.reserved_cpus = 1 needs CPUs of the pod's own" \
+    --set predictionLog.enabled=true,config.prediction_log.reserved_cpus=1
+step "refused: reserved_cpus that leaves no CPU to serve" \
+    refuses "config.prediction_log.reserved_cpus = 2 leaves no CPU to serve: the pod has 2" \
+    --set predictionLog.enabled=true,config.prediction_log.reserved_cpus=2,resources.requests.cpu=2000m,resources.limits.cpu=2,resources.limits.memory=1Gi,resources.requests.memory=1Gi
+reserves_a_cpu() {
+    local out
+    out=$("$helm" template x "$CHART" --set predictionLog.enabled=true,config.prediction_log.reserved_cpus=1,resources.requests.cpu=4,resources.limits.cpu=4,resources.limits.memory=2Gi,resources.requests.memory=2Gi 2>&1) || { echo "$out" | tail -n 3 | sed 's/^/   /'; return 1; }
+    grep -q '^    reserved_cpus = 1$' <<<"$out" || { echo "   no reserved_cpus = 1 in the rendered mesh.toml"; return 1; }
+}
+step "reserved_cpus renders for a pod with CPUs of its own" reserves_a_cpu
 step "refused: a prediction_log table with the log off" \
     refuses "config.prediction_log is set but predictionLog.enabled is false" --set config.prediction_log.features=none
 

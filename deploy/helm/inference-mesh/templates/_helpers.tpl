@@ -251,4 +251,27 @@ chart owns that `config` also sets fails the render, naming the value to use.
 {{- if and .Values.autoscaling.enabled (gt (int .Values.autoscaling.minReplicas) (int .Values.autoscaling.maxReplicas)) -}}
 {{- fail "autoscaling.minReplicas is above autoscaling.maxReplicas" -}}
 {{- end -}}
+{{- $reserved := int (dig "prediction_log" "reserved_cpus" 0 (default dict .Values.config)) -}}
+{{- if gt $reserved 0 -}}
+{{- $req := include "inference-mesh.wholeCpus" (dig "requests" "cpu" "" .Values.resources) -}}
+{{- $lim := include "inference-mesh.wholeCpus" (dig "limits" "cpu" "" .Values.resources) -}}
+{{- $memReq := toString (dig "requests" "memory" "" .Values.resources) -}}
+{{- $memLim := toString (dig "limits" "memory" "" .Values.resources) -}}
+{{- if or (not $req) (ne $req $lim) (not $memReq) (ne $memReq $memLim) -}}
+{{- fail (printf "config.prediction_log.reserved_cpus = %d needs CPUs of the pod's own: resources.requests and resources.limits with the same whole cpu and the same memory (Guaranteed QoS), on nodes with the static CPU manager policy" $reserved) -}}
+{{- end -}}
+{{- if le (atoi $req) $reserved -}}
+{{- fail (printf "config.prediction_log.reserved_cpus = %d leaves no CPU to serve: the pod has %s" $reserved $req) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A cpu quantity that is a whole number of CPUs ("2", 2, "2000m") as that number; else empty. */}}
+{{- define "inference-mesh.wholeCpus" -}}
+{{- $s := toString . -}}
+{{- if regexMatch "^[1-9][0-9]*$" $s -}}
+{{- $s -}}
+{{- else if regexMatch "^[1-9][0-9]*000m$" $s -}}
+{{- trimSuffix "000m" $s -}}
+{{- end -}}
 {{- end -}}
