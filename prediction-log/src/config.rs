@@ -101,7 +101,10 @@ pub struct LogConfig {
     /// again as the log's own work (prediction-log/README.md). Linux only; refused at
     /// start when the kernel takes none of them (a CPU that does not exist, or one
     /// outside the cgroup's cpuset). Worker turns (`worker_turns`) run on the serving
-    /// workers, wherever they are.
+    /// workers, wherever they are. [`priority::reserve_cpus`](crate::priority::reserve_cpus)
+    /// makes the split without CPU numbers (`mesh serve`'s `[prediction_log]
+    /// reserved_cpus`): the last CPUs the process is given for the log, the rest for
+    /// every other thread.
     pub cpus: Vec<usize>,
 }
 
