@@ -327,7 +327,7 @@ pub(crate) fn push_column_rows(
 /// `rows` of `v` as one columnar push (`PushRequest.columns`): the keys, the event
 /// times, and one list per feature that is not null in every row (a feature without
 /// a column is null), its values in row order and its null rows listed. What
-/// [`push_column_rows`] reads back.
+/// `push_column_rows` reads back.
 pub fn push_columns(v: &ViewInfo, rows: &[Row]) -> pb::PushColumns {
     let mut out = pb::PushColumns {
         event_time_unix_micros: rows.iter().map(|r| r.event_time).collect(),

@@ -110,7 +110,7 @@ pub struct IngestArgs {
     /// Use it whenever a mesh serves the store (sled lets one process open it).
     #[arg(long, value_name = "URL")]
     pub addr: Option<String>,
-    /// With --addr: a file holding the writer-plane token (the mesh's [writer]
+    /// With --addr: a file holding the writer-plane token (the mesh's `[writer]`
     /// token), sent as `authorization: Bearer`. Without it, the token is read from
     /// the environment variable MESH_WRITER_TOKEN, if set.
     #[arg(long, value_name = "FILE", requires = "addr")]

@@ -25,7 +25,7 @@ pub struct DecideArgs {
     /// A version to pin (default: the deployment's routing).
     #[arg(long)]
     pub version: Option<String>,
-    /// Request id (default: cli-<unix millis>).
+    /// Request id (default: `cli-<unix millis>`).
     #[arg(long)]
     pub request_id: Option<String>,
     /// Entity key `card_id` (int64).

@@ -1,5 +1,5 @@
 //! `mesh logs join`, `mesh logs tail` and `mesh logs convert`: the command line of the prediction log's
-//! [`commands`](mesh_prediction_log::commands).
+//! [`mesh_prediction_log::commands`].
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};

@@ -1,5 +1,5 @@
-//! Kind `mlp`: dense layers read from safetensors (`l{i}.weight` [out, in] and
-//! `l{i}.bias` [out], the torch `Linear` layout), run with candle.
+//! Kind `mlp`: dense layers read from safetensors (`l{i}.weight` `[out, in]` and
+//! `l{i}.bias` `[out]`, the torch `Linear` layout), run with candle.
 //!
 //! A small batch of a small f32 model on the CPU is computed directly from the same
 //! weights instead ([`DIRECT_MAX_MACS`]): there candle's cost per operation (a new

@@ -1,5 +1,5 @@
 //! Where the model actors run. Each runner of an actor group is an actix sync actor
-//! ([`ModelActor`], started by a [`SyncArbiter`] on a thread of its own named
+//! (`ModelActor`, started by a [`SyncArbiter`] on a thread of its own named
 //! `mesh-runner`): it owns one instance of the model and its device, takes the next
 //! batch from its group's queue itself and answers each caller directly, so a
 //! request crosses one thread boundary on the way in and one on the way out (the

@@ -21,7 +21,7 @@ pub struct ReadOptions {
 /// Calls `f` with every record of `dir`, file by file, oldest segment first: the
 /// Parquet segments, then (with `include_wal`) the wal files. Each record comes once even
 /// while a segment is converted beside the read (by the writer, or by `mesh logs
-/// convert`): see [`listing`]; a wal removed before it could be read is read from its
+/// convert`): see `listing`; a wal removed before it could be read is read from its
 /// Parquet file.
 pub fn scan(dir: &Path, opts: ReadOptions, mut f: impl FnMut(PredictionRecord)) -> Result<()> {
     let (parquet, wals) = listing(dir, opts.include_wal)?;

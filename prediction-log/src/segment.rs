@@ -294,7 +294,7 @@ fn lock_segment(wal: &Path) -> Result<Option<fs::File>> {
     }
 }
 
-/// One closed segment converted by [`convert_closed_segment`].
+/// One closed segment converted by `convert_closed_segment`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ConvertedSegment {
     /// The segment's id (its wal's and its Parquet file's names carry it).

@@ -1,5 +1,5 @@
 //! A global budget of request bytes in flight. Every request body, on both ports,
-//! draws its bytes from one pool ([server] max_inflight_bytes) as they arrive and
+//! draws its bytes from one pool (`[server] max_inflight_bytes`) as they arrive and
 //! gives them back when the body is dropped (after decoding). When the pool is
 //! empty the request is refused (RESOURCE_EXHAUSTED over gRPC, 503 over HTTP)
 //! instead of buffering more: many large requests at once cannot take the process

@@ -221,8 +221,8 @@ fn redact(url: &str) -> String {
 }
 
 /// Applies one row under the event-time rule, atomically.
-/// KEYS[1]: the entity's hash. ARGV[1]: event time as `keys::time_field`, ARGV[2]:
-/// the encoded row, ARGV[3]: max future skew (µs), ARGV[4]: event time (µs,
+/// `KEYS[1]`: the entity's hash. `ARGV[1]`: event time as `keys::time_field`, `ARGV[2]`:
+/// the encoded row, `ARGV[3]`: max future skew (µs), `ARGV[4]`: event time (µs,
 /// decimal). Returns 1 (written), 0 (the stored row is newer: skipped), -1 (dated
 /// past the server clock's horizon: refused). Equal times: the later write wins,
 /// so replays are idempotent (the sled rule).

@@ -5,8 +5,8 @@
 //! the feature store's `GetOnlineFeatures`.
 //!
 //! Modules, each depending only on those before it: [`report`] (what is
-//! reported), [`args`] (the command line), [`tally`] (counting while the load
-//! runs), [`html`] (the HTML page, from [`report`] only), [`load`] (sending the
+//! reported), [`args`] (the command line), `tally` (counting while the load
+//! runs), [`html`] (the HTML page, from [`report`] only), `load` (sending the
 //! requests); this module runs them in order.
 use std::collections::BTreeMap;
 use std::path::Path;
