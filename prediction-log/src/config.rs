@@ -194,6 +194,12 @@ impl LogConfig {
                 self.writer_nice
             )));
         }
+        if self.worker_turns && !self.cpus.is_empty() {
+            return Err(LogError::Config(format!(
+                "worker_turns and cpus {:?}: the turns would build the Parquet columns on the serving workers, off the CPUs the log is given; set one of them",
+                self.cpus
+            )));
+        }
         if !self.cpus.is_empty() {
             crate::priority::check_log_cpus(&self.cpus)
                 .map_err(|e| LogError::Config(format!("cpus {:?}: {e}", self.cpus)))?;
@@ -218,9 +224,13 @@ mod tests {
     fn out_of_range_settings_are_refused_naming_the_field() {
         LogConfig::new("d").validate().unwrap();
         type Set = fn(&mut LogConfig);
-        let cases: [(&str, Set); 5] = [
+        let cases: [(&str, Set); 6] = [
             ("deferred_max_bytes", |c| {
                 c.deferred_max_bytes = c.segment_max_bytes - 1
+            }),
+            ("worker_turns and cpus [0]", |c| {
+                c.worker_turns = true;
+                c.cpus = vec![0];
             }),
             ("channel_capacity", |c| c.channel_capacity = 0),
             ("encoder_backlog", |c| c.encoder_backlog = 0),

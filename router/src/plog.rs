@@ -137,6 +137,12 @@ impl TryFrom<PredictionLogFile> for PredictionLogConfig {
                 f.cpus, f.reserved_cpus
             ));
         }
+        if f.worker_turns && f.reserved_cpus > 0 {
+            return Err(format!(
+                "[prediction_log] worker_turns = true and reserved_cpus = {}: the turns would build the Parquet columns on the serving CPUs that reserved_cpus keeps the log off; set one of them",
+                f.reserved_cpus
+            ));
+        }
         Ok(Self {
             dir: f.dir,
             features: f.features,
@@ -372,6 +378,11 @@ mod tests {
         assert!(parse("dir = \"d\"\nreserved_cpus = -1").is_err());
         let e = parse("dir = \"d\"\ncpus = [0]\nreserved_cpus = 1").unwrap_err();
         assert!(e.contains("cpus = [0] and reserved_cpus = 1"), "{e}");
+        let e = parse("dir = \"d\"\nworker_turns = true\nreserved_cpus = 1").unwrap_err();
+        assert!(
+            e.contains("worker_turns = true and reserved_cpus = 1"),
+            "{e}"
+        );
         let dir = tempfile::tempdir().unwrap();
         let c = parse(&format!("dir = {:?}\nreserved_cpus = 1", dir.path())).unwrap();
         let e = start(&c).err().expect("refused").to_string();
