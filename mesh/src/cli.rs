@@ -440,6 +440,13 @@ impl Command {
                         serving_cpus = %cpu_list(&split.serving),
                         "[prediction_log] reserved_cpus: the log's threads run on their own CPUs, every other thread on the rest"
                     );
+                    if !split.shared_cores.is_empty() {
+                        tracing::warn!(
+                            log_cpus = %cpu_list(&split.log),
+                            serving_cpus_on_the_same_cores = %cpu_list(&split.shared_cores),
+                            "[prediction_log] reserved_cpus: some of the log's CPUs share a core with serving CPUs (hyperthreads); a multiple of the threads per core gives the log whole cores"
+                        );
+                    }
                 }
                 let file = serve.config.clone().unwrap_or_default();
                 for notice in &c.deprecations {

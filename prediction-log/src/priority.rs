@@ -37,12 +37,24 @@ pub struct CpuSplit {
     /// The CPUs left to every other thread: the calling thread, and the threads it
     /// starts from then on.
     pub serving: Vec<usize>,
+    /// The serving CPUs that share a core with one of the log's (its hyperthreads):
+    /// empty when the log has whole cores of its own.
+    pub shared_cores: Vec<usize>,
 }
 
-/// Splits `allowed` (the CPUs a process may run on, in any order) into the last `n`
-/// (highest-numbered) for the log and the rest for the serving threads. Refuses, saying
-/// why, an `n` that would leave the serving threads no CPU.
-pub fn split_cpus(allowed: &[usize], n: usize) -> Result<CpuSplit, String> {
+/// Splits `allowed` (the CPUs a process may run on, in any order) into `n` for the log
+/// and the rest for the serving threads, taking the log's core by core from the end:
+/// every allowed CPU of the last core (the one with the highest-numbered CPU), then of
+/// the core before it, until `n` are taken. `siblings(cpu)` names the CPUs that share
+/// `cpu`'s core (its hyperthreads). So on a machine with two threads per core an even
+/// `n` gives the log whole cores, and an odd one leaves one CPU beside the log's to the
+/// serving threads ([`CpuSplit::shared_cores`]). Refuses, saying why, an `n` that would
+/// leave the serving threads no CPU.
+pub fn split_cpus(
+    allowed: &[usize],
+    n: usize,
+    siblings: impl Fn(usize) -> Vec<usize>,
+) -> Result<CpuSplit, String> {
     let mut all = allowed.to_vec();
     all.sort_unstable();
     all.dedup();
@@ -54,8 +66,83 @@ pub fn split_cpus(allowed: &[usize], n: usize) -> Result<CpuSplit, String> {
             cpu_list(&all),
         ));
     }
-    let log = all.split_off(all.len() - n);
-    Ok(CpuSplit { log, serving: all })
+    // Each core's allowed CPUs, highest first, the cores in the order of their highest.
+    let core_of = |c: usize| {
+        let mut core: Vec<usize> = siblings(c)
+            .into_iter()
+            .chain([c])
+            .filter(|x| all.binary_search(x).is_ok())
+            .collect();
+        core.sort_unstable_by(|a, b| b.cmp(a));
+        core.dedup();
+        core
+    };
+    let mut log = Vec::with_capacity(n);
+    let mut taken = std::collections::BTreeSet::new();
+    for &c in all.iter().rev() {
+        if log.len() == n {
+            break;
+        }
+        if taken.contains(&c) {
+            continue;
+        }
+        for x in core_of(c) {
+            taken.insert(x);
+            if log.len() < n {
+                log.push(x);
+            }
+        }
+    }
+    log.sort_unstable();
+    let serving: Vec<usize> = all
+        .iter()
+        .copied()
+        .filter(|c| log.binary_search(c).is_err())
+        .collect();
+    let mut shared_cores: Vec<usize> = log
+        .iter()
+        .flat_map(|&c| core_of(c))
+        .filter(|c| log.binary_search(c).is_err())
+        .collect();
+    shared_cores.sort_unstable();
+    shared_cores.dedup();
+    Ok(CpuSplit {
+        log,
+        serving,
+        shared_cores,
+    })
+}
+
+/// The CPUs that share `cpu`'s core, as Linux lists them
+/// (`/sys/devices/system/cpu/cpuN/topology/thread_siblings_list`); just `cpu` where
+/// that cannot be read.
+pub fn core_siblings(cpu: usize) -> Vec<usize> {
+    std::fs::read_to_string(format!(
+        "/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list"
+    ))
+    .ok()
+    .and_then(|s| parse_cpu_list(&s))
+    .unwrap_or_else(|| vec![cpu])
+}
+
+/// A list as `taskset -c` and the kernel write it ("0-3,6") as CPUs; `None` when it is
+/// not one.
+pub fn parse_cpu_list(s: &str) -> Option<Vec<usize>> {
+    let mut out = Vec::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a.trim().parse().ok()?, b.trim().parse().ok()?),
+            None => {
+                let c: usize = part.trim().parse().ok()?;
+                (c, c)
+            }
+        };
+        if b < a || b - a > 1 << 16 {
+            return None;
+        }
+        out.extend(a..=b);
+    }
+    Some(out)
 }
 
 /// CPUs as `taskset -c` and `Cpus_allowed_list` write them: "0-3,6".
@@ -80,9 +167,9 @@ pub fn cpu_list(cpus: &[usize]) -> String {
     out
 }
 
-/// Sets the last `n` of the CPUs the calling thread may run on aside for the log, and
-/// confines the calling thread, and every thread it starts from then on, to the others
-/// (Linux). Call it before any other thread exists (`mesh serve` does, for
+/// Sets `n` of the CPUs the calling thread may run on aside for the log, the last ones
+/// core by core ([`split_cpus`], with the kernel's [`core_siblings`]), and confines the
+/// calling thread, and every thread it starts from then on, to the others (Linux). Call it before any other thread exists (`mesh serve` does, for
 /// `[prediction_log] reserved_cpus`), then give the log [`CpuSplit::log`] as its `cpus`:
 /// the log's threads and the serving threads then never share a core. `n` = 0 changes
 /// nothing. Elsewhere than Linux, an error that says so.
@@ -93,7 +180,7 @@ pub fn reserve_cpus(n: usize) -> Result<CpuSplit, String> {
         let set = sched_getaffinity(None)
             .map_err(|e| format!("could not read the CPUs this process may run on: {e}"))?;
         let allowed: Vec<usize> = (0..CpuSet::MAX_CPU).filter(|&c| set.is_set(c)).collect();
-        let split = split_cpus(&allowed, n)?;
+        let split = split_cpus(&allowed, n, core_siblings)?;
         if n > 0 {
             pin_current_thread(&split.serving)?;
         }
@@ -313,19 +400,62 @@ mod tests {
 
     #[test]
     fn the_last_cpus_go_to_the_log_and_the_rest_to_the_serving_threads() {
-        let s = split_cpus(&[3, 0, 1, 2], 1).unwrap();
+        let alone = |c: usize| vec![c];
+        let s = split_cpus(&[3, 0, 1, 2], 1, alone).unwrap();
         assert_eq!((s.log, s.serving), (vec![3], vec![0, 1, 2]));
-        let s = split_cpus(&[0, 2, 4, 6, 7], 2).unwrap();
+        assert!(s.shared_cores.is_empty());
+        let s = split_cpus(&[0, 2, 4, 6, 7], 2, alone).unwrap();
         assert_eq!((s.log, s.serving), (vec![6, 7], vec![0, 2, 4]));
-        let s = split_cpus(&[5, 9], 0).unwrap();
+        let s = split_cpus(&[5, 9], 0, alone).unwrap();
         assert_eq!((s.log, s.serving), (vec![], vec![5, 9]));
         // Never all of them, nor more.
-        let e = split_cpus(&[0, 1], 2).unwrap_err();
+        let e = split_cpus(&[0, 1], 2, alone).unwrap_err();
         assert!(e.contains("2 CPUs (0-1)") && e.contains("none"), "{e}");
-        let e = split_cpus(&[4], 3).unwrap_err();
+        let e = split_cpus(&[4], 3, alone).unwrap_err();
         assert!(e.contains("1 CPU (4)"), "{e}");
+    }
+
+    /// With hyperthreads the log's CPUs are taken a core at a time, so an even count on
+    /// two threads per core gives it whole cores, and a CPU left beside the log's is
+    /// named.
+    #[test]
+    fn the_logs_cpus_are_taken_core_by_core() {
+        // 8 cores of 2 threads, numbered as x86 servers do: CPU c and c + 8 share a core.
+        let smt = |c: usize| vec![c % 8, c % 8 + 8];
+        let all: Vec<usize> = (0..16).collect();
+        let s = split_cpus(&all, 2, smt).unwrap();
+        assert_eq!(
+            s.log,
+            [7, 15],
+            "both threads of the last core, not CPUs 14 and 15"
+        );
+        assert!(s.shared_cores.is_empty());
+        assert_eq!(s.serving.len(), 14);
+        let s = split_cpus(&all, 1, smt).unwrap();
+        assert_eq!((s.log, s.shared_cores), (vec![15], vec![7]));
+        let s = split_cpus(&all, 3, smt).unwrap();
+        assert_eq!((s.log, s.shared_cores), (vec![7, 14, 15], vec![6]));
+        // A container given whole cores (CPUs 3, 4, 11 and 12): the last core is 4/12.
+        let s = split_cpus(&[3, 11, 4, 12], 2, smt).unwrap();
+        assert_eq!((s.log, s.serving), (vec![4, 12], vec![3, 11]));
+        assert!(s.shared_cores.is_empty());
+        // A sibling the process may not use is neither taken nor named.
+        let s = split_cpus(&[0, 1, 2, 15], 1, smt).unwrap();
+        assert_eq!((s.log, s.serving), (vec![15], vec![0, 1, 2]));
+        assert!(s.shared_cores.is_empty());
+    }
+
+    #[test]
+    fn cpu_lists_read_and_write_as_the_kernel_does() {
         assert_eq!(cpu_list(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
         assert_eq!(cpu_list(&[]), "");
+        assert_eq!(parse_cpu_list("0-2,5,7-8\n"), Some(vec![0, 1, 2, 5, 7, 8]));
+        assert_eq!(parse_cpu_list("3"), Some(vec![3]));
+        for bad in ["x", "3-1", "1,,a", "0-999999999"] {
+            assert_eq!(parse_cpu_list(bad), None, "{bad}");
+        }
+        // This machine's own topology reads, and names the CPU itself.
+        assert!(core_siblings(0).contains(&0));
     }
 
     #[cfg(target_os = "linux")]
