@@ -129,6 +129,15 @@ serve() { # name on|off
     pid=$!
     wait_port "$PORT"
     kill -0 "$pid" 2>/dev/null || { echo "mesh serve exited: $OUT/serve-$1.log" >&2; exit 1; }
+    if [ "$2" = own ] && [ -n "$RESERVED" ]; then
+        # The server takes its log's CPUs core by core (hyperthreads together): on a
+        # machine where that is not BENCH_CPUS the mode would measure something else.
+        got=$(sed -n 's/.*log_cpus=\([0-9,-]*\).*/\1/p' "$OUT/serve-$1.log" | head -n 1)
+        if [ -z "$got" ] || [ "$(cpu_list "$got")" != "$(cpu_list "$BENCH_CPUS")" ]; then
+            echo "the server set CPUs '${got:-none}' aside for its log, not BENCH_CPUS $BENCH_CPUS (hyperthreads?): choose SERVER_CPUS and BENCH_CPUS on whole cores" >&2
+            exit 1
+        fi
+    fi
 }
 stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=; }
 bench() { # name seconds args...
