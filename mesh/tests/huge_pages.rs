@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used)] // a test fails loudly on the first surprise
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -49,32 +49,9 @@ fn mesh_serve() -> Command {
 /// Starts `mesh serve` (the example models, any free ports) with `extra` flags and
 /// `env`, waits until it serves, and returns its `THP_enabled` and its log.
 fn thp_of_a_serving_mesh(extra: &[&str], env: &[(&str, &str)]) -> (String, String) {
-    let mut child = mesh_serve()
-        .args(extra)
-        .envs(env.iter().copied())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let err = child.stderr.take().unwrap();
-    let log = std::thread::spawn(move || {
-        let mut s = String::new();
-        for line in BufReader::new(err).lines().map_while(Result::ok) {
-            s.push_str(&line);
-            s.push('\n');
-        }
-        s
-    });
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    // `mesh serving: grpc=... http=...` once both listeners are up.
-    while !line.starts_with("mesh serving") {
-        line.clear();
-        if out.read_line(&mut line).unwrap() == 0 {
-            child.kill().ok();
-            panic!("mesh serve exited before serving: {}", log.join().unwrap());
-        }
-    }
+    let mut cmd = mesh_serve();
+    cmd.args(extra).envs(env.iter().copied());
+    let (mut child, log) = common::start_serving(cmd);
     let thp = thp_enabled(child.id());
     child.kill().unwrap();
     child.wait().unwrap();

@@ -8,8 +8,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// The CPUs this process may run on.
@@ -86,38 +85,6 @@ fn serve_as(role: &str, cpus: &[usize], config: &std::path::Path) -> Command {
     cmd
 }
 
-/// Starts `cmd` and waits until it serves; returns the child and its stderr (read to
-/// the end once the child exits).
-fn start_serving(mut cmd: Command) -> (Child, std::thread::JoinHandle<String>) {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let err = child.stderr.take().unwrap();
-    let stderr = std::thread::spawn(move || {
-        let mut s = String::new();
-        for line in BufReader::new(err).lines().map_while(Result::ok) {
-            s.push_str(&line);
-            s.push('\n');
-        }
-        s
-    });
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    while !line.starts_with("mesh serving") {
-        line.clear();
-        if out.read_line(&mut line).unwrap() == 0 {
-            child.kill().ok();
-            panic!(
-                "mesh serve exited before serving: {}",
-                stderr.join().unwrap()
-            );
-        }
-    }
-    (child, stderr)
-}
-
 #[test]
 fn the_log_runs_on_the_last_cpu_and_every_other_thread_on_the_rest() {
     let mine = my_cpus();
@@ -131,7 +98,7 @@ fn the_log_runs_on_the_last_cpu_and_every_other_thread_on_the_rest() {
     let (serving, log) = (mine[0], mine[1]);
     let dir = tempfile::tempdir().unwrap();
     let (mut child, stderr) =
-        start_serving(serve_as("model", &[serving, log], &config(dir.path())));
+        common::start_serving(serve_as("model", &[serving, log], &config(dir.path())));
     // The log's three threads start with the log, before the server answers; give
     // them a moment all the same.
     let since = Instant::now();
@@ -199,7 +166,8 @@ fn a_server_with_no_cpu_to_spare_is_refused_naming_the_setting_unless_it_runs_no
     // Refused before anything started: no log directory.
     assert!(!dir.path().join("predictions").exists());
     // A features-only server runs no log, sets nothing aside, and serves.
-    let (mut child, stderr) = start_serving(serve_as("features", &[only], &config(dir.path())));
+    let (mut child, stderr) =
+        common::start_serving(serve_as("features", &[only], &config(dir.path())));
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(!stderr.join().unwrap().contains("reserved_cpus"));

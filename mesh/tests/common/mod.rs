@@ -3,8 +3,9 @@
 #![allow(clippy::unwrap_used)] // a test fails loudly on the first surprise
 #![allow(dead_code)] // each test binary uses a different part
 
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 
 /// The repository root.
 pub fn root() -> PathBuf {
@@ -87,4 +88,38 @@ pub fn bench_args(addr: &str) -> mesh::bench::BenchArgs {
         event_times_per_view: false,
         decode_values: false,
     }
+}
+
+/// Starts `cmd` (a `mesh serve`) and waits until it serves: until it prints `mesh
+/// serving: grpc=... http=...`, once both listeners are up. Returns the child and its
+/// stderr, read to the end once the child exits. Panics with that stderr when the
+/// server exits before serving.
+pub fn start_serving(mut cmd: Command) -> (Child, std::thread::JoinHandle<String>) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = child.stderr.take().unwrap();
+    let stderr = std::thread::spawn(move || {
+        let mut s = String::new();
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            s.push_str(&line);
+            s.push('\n');
+        }
+        s
+    });
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("mesh serving") {
+        line.clear();
+        if out.read_line(&mut line).unwrap() == 0 {
+            child.kill().ok();
+            panic!(
+                "mesh serve exited before serving: {}",
+                stderr.join().unwrap()
+            );
+        }
+    }
+    (child, stderr)
 }
