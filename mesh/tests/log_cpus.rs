@@ -13,10 +13,7 @@ use std::time::{Duration, Instant};
 
 /// The CPUs this process may run on.
 fn my_cpus() -> Vec<usize> {
-    let set = rustix::thread::sched_getaffinity(None).unwrap();
-    (0..rustix::thread::CpuSet::MAX_CPU)
-        .filter(|&c| set.is_set(c))
-        .collect()
+    mesh_prediction_log::priority::current_cpus().unwrap()
 }
 
 /// Each thread of `pid`: (name, its `Cpus_allowed_list`).

@@ -167,30 +167,35 @@ pub fn cpu_list(cpus: &[usize]) -> String {
     out
 }
 
-/// Sets `n` of the CPUs the calling thread may run on aside for the log, the last ones
-/// core by core ([`split_cpus`], with the kernel's [`core_siblings`]), and confines the
-/// calling thread, and every thread it starts from then on, to the others (Linux). Call it before any other thread exists (`mesh serve` does, for
-/// `[prediction_log] reserved_cpus`), then give the log [`CpuSplit::log`] as its `cpus`:
-/// the log's threads and the serving threads then never share a core. `n` = 0 changes
-/// nothing. Elsewhere than Linux, an error that says so.
-pub fn reserve_cpus(n: usize) -> Result<CpuSplit, String> {
+/// The CPUs the calling thread may run on, in order (Linux); elsewhere an error that
+/// says so.
+pub fn current_cpus() -> Result<Vec<usize>, String> {
     #[cfg(target_os = "linux")]
     {
         use rustix::thread::{sched_getaffinity, CpuSet};
         let set = sched_getaffinity(None)
             .map_err(|e| format!("could not read the CPUs this process may run on: {e}"))?;
-        let allowed: Vec<usize> = (0..CpuSet::MAX_CPU).filter(|&c| set.is_set(c)).collect();
-        let split = split_cpus(&allowed, n, core_siblings)?;
-        if n > 0 {
-            pin_current_thread(&split.serving)?;
-        }
-        Ok(split)
+        Ok((0..CpuSet::MAX_CPU).filter(|&c| set.is_set(c)).collect())
     }
     #[cfg(not(target_os = "linux"))]
     {
-        let _ = n;
-        Err("setting CPUs aside is Linux only".into())
+        Err("CPU affinity is read on Linux only".into())
     }
+}
+
+/// Sets `n` of the CPUs the calling thread may run on aside for the log, the last ones
+/// core by core ([`split_cpus`], with the kernel's [`core_siblings`]), and confines the
+/// calling thread, and every thread it starts from then on, to the others (Linux).
+/// Call it before any other thread exists (`mesh serve` does, for `[prediction_log]
+/// reserved_cpus`), then give the log [`CpuSplit::log`] as its `cpus`: the log's
+/// threads and the serving threads then never share a core. `n` = 0 changes nothing.
+/// Elsewhere than Linux, an error that says so.
+pub fn reserve_cpus(n: usize) -> Result<CpuSplit, String> {
+    let split = split_cpus(&current_cpus()?, n, core_siblings)?;
+    if n > 0 {
+        pin_current_thread(&split.serving)?;
+    }
+    Ok(split)
 }
 
 /// Whether the kernel lets a thread of this process run on `cpus` (a short-lived thread
@@ -461,17 +466,12 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn reserving_cpus_confines_the_calling_thread_and_its_children_to_the_rest() {
-        let here = rustix::thread::sched_getaffinity(None).unwrap().count() as usize;
+        let here = current_cpus().unwrap().len();
         let (split, child) = std::thread::spawn(|| {
             let split = reserve_cpus(1);
-            let child = std::thread::spawn(|| {
-                let s = rustix::thread::sched_getaffinity(None).unwrap();
-                (0..rustix::thread::CpuSet::MAX_CPU)
-                    .filter(|&c| s.is_set(c))
-                    .collect::<Vec<_>>()
-            })
-            .join()
-            .unwrap();
+            let child = std::thread::spawn(|| current_cpus().unwrap())
+                .join()
+                .unwrap();
             (split, child)
         })
         .join()
@@ -488,7 +488,7 @@ mod tests {
             "a thread started after inherits the rest"
         );
         assert_eq!(
-            rustix::thread::sched_getaffinity(None).unwrap().count() as usize,
+            current_cpus().unwrap().len(),
             here,
             "other threads keep theirs"
         );
