@@ -45,6 +45,11 @@
 # AA=1: another mode in each round, "off2", the log off again: its figures against
 # "off" are what the same comparison gives for two identical servers (the noise of
 # this machine, measured in the same run), to read the log's figures against.
+# SCHED=1: in each measured run, `perf sched record` for SCHED_SECS (3) seconds from
+# a second in, and `bench/sched_view.py` on it (what kept the serving threads from a
+# CPU, and who preempted them; $OUT/<run>.sched.txt); the summary then gives each mode's
+# preemptions of serving threads by the log's threads and the serving threads' waits
+# for a CPU. Needs perf and root; perf's own work lands in every mode alike.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-${MESH_BIN:-${CARGO_TARGET_DIR:-target}/release/mesh}}
@@ -209,8 +214,19 @@ for r in $(seq "$ROUNDS"); do
         # would be converted inside the measured run.
         bench "$name-warmup" 2 --rate "$RATE" --concurrency "$CONCURRENCY"
         read -r cpu0 log0 < <(cpu)
+        spid=
+        if [ "${SCHED:-0}" = 1 ]; then
+            (sleep "$(python3 -c "print($WARMUP + 1)")" && perf sched record -q -o "$OUT/$name.sched.data" -- sleep "${SCHED_SECS:-3}") >/dev/null 2>&1 &
+            spid=$!
+        fi
         bench "$name" "$SECS" --rate "$RATE" --concurrency "$CONCURRENCY" --warmup "$WARMUP"
         read -r cpu1 log1 < <(cpu)
+        if [ -n "$spid" ]; then
+            wait "$spid" || true
+            python3 bench/sched_view.py "$OUT/$name.sched.data" "$pid" >"$OUT/$name.sched.txt" || true
+            python3 bench/sched_view.py "$OUT/$name.sched.data" "$pid" --json >"$OUT/$name.sched.json" || true
+            rm -f "$OUT/$name.sched.data"
+        fi
         sleep 0.5 # one flush tick, so the written count is current
         printf '{"mode": "%s", "dropped": %s, "written": %s, "on_workers": %s, "behind": %s, "cpu_s": %s, "log_cpu_s": %s' "$mode" \
             "$(metric mesh_log_dropped_records_total)" "$(metric mesh_log_written_records_total)" \
@@ -373,3 +389,28 @@ for n, s in converts:
           f"{s['wal_left']} wal files left: {'every written record is in Parquet' if ok else 'RECORDS MISSING'}")
 print(f"raw output in {out}")
 PY
+if [ "${SCHED:-0}" = 1 ]; then
+    python3 - "$OUT" "${runs[@]}" <<'PY'
+import json, os, statistics, sys
+out, runs = sys.argv[1], sys.argv[2:]
+by_mode = {}
+for n in runs:
+    p = os.path.join(out, f"{n}.sched.json")
+    if os.path.exists(p) and os.path.getsize(p):
+        by_mode.setdefault(n.split("-")[1], []).append(json.load(open(p)))
+if by_mode:
+    print("\nThe scheduler's view (bench/sched_view.py, perf sched): serving threads preempted by the log's threads,")
+    print("a second (each run's figure; median over the runs), and the serving threads' waits for a CPU")
+    z = {"per_s": 0.0, "ms_per_s": 0.0, "p90_us": 0.0}
+    for m, rs in by_mode.items():
+        for k, label in (("server:plog-writer", "writer"), ("server:plog-encoder", "encoder")):
+            xs = [r["preempted_by"].get(k, z) for r in rs]
+            print(f"  {m:<5} by the {label:<8} {statistics.median(x['per_s'] for x in xs):6.1f}/s "
+                  f"({', '.join(format(x['per_s'], '.1f') for x in xs)}), "
+                  f"{statistics.median(x['ms_per_s'] for x in xs):5.2f} ms/s, p90 wait "
+                  f"{statistics.median(x['p90_us'] for x in xs):.0f} µs")
+        w = [r["waits"] for r in rs]
+        print(f"  {m:<5} waits for a CPU: {statistics.median(x['ms_per_s'] for x in w):.1f} ms/s, "
+              f"p99 {statistics.median(x['p99_us'] for x in w):.0f} µs, p99.9 {statistics.median(x['p999_us'] for x in w):.0f} µs")
+PY
+fi

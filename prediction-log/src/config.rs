@@ -39,20 +39,23 @@ pub struct LogConfig {
     /// (Linux, where nice is per thread; the sum is capped at 19): 0 runs them like the
     /// serving threads. Default 10: the log's CPU work waits for the serving threads, yet
     /// still gets about a tenth of a busy core's time against each of them, so it keeps up
-    /// near saturation instead of falling behind and dropping.
+    /// near saturation instead of falling behind and dropping. Above 0 they also run under
+    /// Linux's `SCHED_BATCH`, which keeps that share but never lets a log thread that
+    /// wakes preempt the serving thread on its CPU: it waits for a free CPU or that
+    /// thread's turn to end (`priority::set_current_thread_batch`).
     pub writer_nice: i32,
     /// Run the writer thread under Linux's `SCHED_IDLE` too, instead of `writer_nice`
     /// (the encoder and closer run there by default, `encoder_idle`): it takes only
     /// CPU time no other thread wants, and a serving thread that wakes takes the CPU back
     /// at once. Under `writer_nice`, a serving thread that wakes while the writer works
     /// may wait for the next scheduler tick (up to 4 ms on a 250 Hz kernel), but the
-    /// writer's own work is small (the wal frames, about 1.3% of a core at 15,000
-    /// records/s). The cost: under a load that leaves no CPU idle the writer itself falls
-    /// behind, and once `channel_capacity` records wait, records are dropped and counted
-    /// (`mesh demo`, both cores busy, dropped 29% of its records when this applied to
-    /// the whole log). A thread cannot leave `SCHED_IDLE` without `CAP_SYS_NICE`, so it
-    /// is set once, at start. Where it cannot be set, `writer_nice` applies. Default
-    /// false.
+    /// writer never preempts one when it wakes (`SCHED_BATCH`), and its own work is small
+    /// (the wal frames, about 1.3% of a core at 15,000 records/s). The cost: under a
+    /// load that leaves no CPU idle the writer itself falls behind, and once
+    /// `channel_capacity` records wait, records are dropped and counted (`mesh demo`,
+    /// both cores busy, dropped 29% of its records when this applied to the whole log).
+    /// A thread cannot leave `SCHED_IDLE` without `CAP_SYS_NICE`, so it is set once, at
+    /// start. Where it cannot be set, `writer_nice` applies. Default false.
     pub writer_idle: bool,
     /// Run the log's Parquet work under Linux's `SCHED_IDLE`: the encoder thread (column
     /// builders, slice encoding and compression, the footer at close) and the closer

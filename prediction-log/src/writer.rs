@@ -8,7 +8,7 @@
 //! - The writer thread takes the whole buffer every few milliseconds (swapping in its
 //!   own, emptied), fills in each frame's checksum, appends the frames to the wal of the
 //!   open segment as they are, and passes a copy on to the encoder. The wal is what keeps
-//!   a record; this thread runs at [`LogConfig::writer_nice`].
+//!   a record; this thread runs at [`LogConfig::writer_nice`] (under `SCHED_BATCH`).
 //! - The encoder thread decodes the frames (borrowing their text) into the segment's
 //!   Parquet column builders, encodes and compresses a slice of rows at a time and, when
 //!   the segment rolls, finishes the file (footer, fsync, rename) and removes the wal.

@@ -607,6 +607,8 @@ const POLICY: usize = 41;
 #[cfg(target_os = "linux")]
 const SCHED_OTHER: i64 = 0;
 #[cfg(target_os = "linux")]
+const SCHED_BATCH: i64 = 3;
+#[cfg(target_os = "linux")]
 const SCHED_IDLE: i64 = 5;
 
 /// Starts a log with `c`, writes 100 records, and returns the log's threads with their
@@ -634,8 +636,8 @@ async fn threads_of_a_log(
 }
 
 /// By default the writer runs `writer_nice` steps below the thread that started the log
-/// (Linux: nice is per thread), and the Parquet work (the encoder and the closer) under
-/// SCHED_IDLE.
+/// (Linux: nice is per thread) under SCHED_BATCH (waking, it never preempts a serving
+/// thread), and the Parquet work (the encoder and the closer) under SCHED_IDLE.
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn the_writer_runs_nicer_than_the_serving_threads_and_the_parquet_work_under_sched_idle() {
@@ -649,7 +651,7 @@ async fn the_writer_runs_nicer_than_the_serving_threads_and_the_parquet_work_und
     let want = |name: &str| match name {
         // Under SCHED_IDLE the nice value is not used; it keeps the one it inherited.
         "plog-encoder" | "plog-closer" => vec![own, SCHED_IDLE],
-        _ => vec![nice, SCHED_OTHER],
+        _ => vec![nice, SCHED_BATCH],
     };
     let found = threads_of_a_log(c, want).await;
     let names: Vec<&str> = found.iter().map(|(n, _)| n.as_str()).collect();
@@ -659,8 +661,9 @@ async fn the_writer_runs_nicer_than_the_serving_threads_and_the_parquet_work_und
     }
 }
 
-/// With `encoder_idle` off, the encoder and the closer run at `writer_nice` like the
-/// writer.
+/// With `encoder_idle` off, the encoder and the closer run at `writer_nice` under
+/// SCHED_BATCH like the writer; with `writer_nice = 0` too, all three run as the thread
+/// that started the log.
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn the_encoder_runs_at_writer_nice_when_encoder_idle_is_off() {
@@ -670,10 +673,19 @@ async fn the_encoder_runs_at_writer_nice_when_encoder_idle_is_off() {
     let mut c = cfg(dir.path());
     c.encoder_idle = false;
     let nice = (own + 10).min(19);
-    let found = threads_of_a_log(c, |_| vec![nice, SCHED_OTHER]).await;
+    let found = threads_of_a_log(c, |_| vec![nice, SCHED_BATCH]).await;
     assert_eq!(found.len(), 3, "{found:?}");
     for (name, fields) in found {
-        assert_eq!(fields, vec![nice, SCHED_OTHER], "{name}: [nice, policy]");
+        assert_eq!(fields, vec![nice, SCHED_BATCH], "{name}: [nice, policy]");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(dir.path());
+    c.encoder_idle = false;
+    c.writer_nice = 0;
+    let found = threads_of_a_log(c, |_| vec![own, SCHED_OTHER]).await;
+    assert_eq!(found.len(), 3, "{found:?}");
+    for (name, fields) in found {
+        assert_eq!(fields, vec![own, SCHED_OTHER], "{name}: [nice, policy]");
     }
 }
 

@@ -28,7 +28,8 @@ pub struct PredictionLogConfig {
     /// Records that may wait for the writer before new ones are dropped.
     pub channel_capacity: usize,
     /// Nice value of the log's writer threads (0..=19; 0 = the serving threads' own),
-    /// when they do not run under SCHED_IDLE.
+    /// when they do not run under SCHED_IDLE; above 0 they run under SCHED_BATCH too
+    /// (waking, they never preempt a serving thread).
     pub writer_nice: i32,
     /// The log's writer threads run under SCHED_IDLE instead (see
     /// `LogConfig::writer_idle`; off by default).
