@@ -76,6 +76,10 @@ for part in sys.argv[1].split(","):
     out += range(int(a), int(b or a) + 1)
 print(", ".join(map(str, out)))' "$1"
 }
+if [ "${SCHED:-0}" = 1 ] && ! perf sched record -q -o /dev/null -- true >/dev/null 2>&1; then
+    echo "SCHED=1 needs perf with the sched tracepoints (apt-get install linux-perf; as root, or kernel.perf_event_paranoid = -1)" >&2
+    exit 2
+fi
 if [ "${OWN_CORE:-0}" = 1 ] && { [ -z "${SERVER_CPUS:-}" ] || [ -z "${BENCH_CPUS:-}" ]; }; then
     echo "OWN_CORE=1 needs SERVER_CPUS and BENCH_CPUS (the log's threads go to BENCH_CPUS)" >&2
     exit 2
