@@ -61,8 +61,11 @@ def analyse(lines, server):
         c = re.sub(r"[-/:]?\d+$", "", comm.get(tid, "?"))
         return f"server:{c}" if tgid.get(tid) == server else c
 
+    def log_thread(tid):
+        return tgid.get(tid) == server and comm.get(tid, "").startswith("plog-")
+
     def serving(tid):
-        return tgid.get(tid) == server and not comm.get(tid, "").startswith("plog-")
+        return tgid.get(tid) == server and not log_thread(tid)
 
     runnable, origin, running, spans, waits = {}, {}, {}, collections.defaultdict(list), []
     for t, cpu, ev, rest in events:
@@ -103,7 +106,7 @@ def analyse(lines, server):
         all_waits.append(us)
         if org and org[0] == "preempted":
             by_preemptor[name(org[2])].append(us)
-            if comm.get(org[2], "").startswith("plog-") and tgid.get(org[2]) == server:
+            if log_thread(org[2]):
                 by_preemptor["log"].append(us)
         elif org and org[0] == "woken" and org[1] == cpu:
             by_running[on_cpu_at(cpu, since)].append(us)
