@@ -71,8 +71,9 @@ async fn body(mode: ParquetMode) {
 
     let dir = tempfile::tempdir().unwrap();
     let mut c = LogConfig::new(dir.path());
-    // Writes reach the file when the wal's buffer (256 KiB) fills, and at the flushes
-    // asked for below: both kinds of write fail.
+    // Writes reach the file when the wal's buffer (32 KiB, about two takes of 100
+    // records below) fills, and at the flushes asked for below: both kinds of write
+    // fail.
     c.flush_interval = Duration::from_secs(30);
     // Larger than the limit below: each segment's wal fails before it would roll.
     c.segment_max_bytes = 4 << 20;
