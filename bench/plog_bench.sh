@@ -258,7 +258,7 @@ PY
 done
 
 TURNS="${TURNS:-0}" python3 - "$OUT" "$RATE" "$WARMUP" "${STALL_LAG_US:-10000}" "${runs[@]}" <<'PY'
-import json, os, random, statistics, sys
+import json, os, statistics, sys
 out, rate, warmup, stall_lag, runs = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5:]
 print(f"\nDecide, open loop at {rate:.0f} req/s, prediction log on vs off (latency in µs from the intended send time)")
 print(f"{'run':<12}{'req/s':>8}{'p50':>7}{'p99':>8}{'p99.9':>8}{'max':>8}{'1s p99 med':>11}{'1s p99 max':>11}{'srv p99':>8}{'srv p99.9':>10}{'lag p99':>8}{'errors':>8}{'dropped':>9}{'written':>9}{'behind':>7}{'cpu %':>7}{'log cpu %':>10}")
@@ -319,13 +319,11 @@ for n in runs:
         converts.append((n, s))
     if s.get("on_workers"):
         print(f"{'':<12}{s['on_workers']:.0f} records put into the columns in the workers' turns ({100 * s['on_workers'] / max(s['written'], 1):.0f}% of those written)")
-def interval(rng, xs):
-    """The mean of the rounds' ratios, with a 90% interval from resampling the rounds,
-    and what it says of the 5% asked."""
-    means = sorted(statistics.fmean(rng.choices(xs, k=len(xs))) for _ in range(10_000))
-    lo, hi = means[500], means[9_499]
-    verdict = "under 1.05" if hi < 1.05 else ("over 1.05" if lo > 1.05 else "cannot tell against 1.05")
-    return f"mean {statistics.fmean(xs):.3f}, 90% interval {lo:.3f}-{hi:.3f} ({verdict})"
+# The mean of the rounds' ratios, with a 90% interval from resampling the rounds, and
+# what it says of the 5% asked: the same function bench/plog_pool.py pools several
+# runs with.
+sys.path.insert(0, "bench")
+from plog_pool import interval
 names = {"on": "log on", "wt": "log on, worker turns", "def": "log on, Parquet deferred",
          "own": "log on, its threads off the server's CPUs (reserved_cpus, or cpus)",
          "off2": "log off again (two identical servers: the noise of each figure below)"}
@@ -357,18 +355,16 @@ for m in ("on", "wt", "def", "own", "off2"):
         # holds when the interval's top is under 1.05, fails when its bottom is over,
         # and this run cannot tell otherwise; "off2" shows how wide the interval of two
         # identical servers is.
-        rng = random.Random(13)
         for label, xs in (("per-second p99 medians", sec), ("per-second server p99 medians", srv)):
-            print(f"  round by round, {label}: {interval(rng, xs)}")
+            print(f"  round by round, {label}: {interval(xs)}")
         # With AA=1 each round has two log-off runs: against their mean, the baseline's
         # own noise counts half as much (the off2 lines say how large it is).
         both = [(a, by_round[("off", r)], by_round[("off2", r)]) for (mm, r), a in by_round.items()
                 if mm == m and m != "off2" and ("off", r) in by_round and ("off2", r) in by_round]
         if both:
-            rng = random.Random(13)
             for label, k in (("per-second p99 medians", 1), ("per-second server p99 medians", 2)):
                 xs = [a[k] / max((b[k] + c[k]) / 2, 1) for a, b, c in both]
-                print(f"  against both log-off runs of each round (their mean), {label}: {interval(rng, xs)}")
+                print(f"  against both log-off runs of each round (their mean), {label}: {interval(xs)}")
     on, off = statistics.median(srv_p99[m]), statistics.median(srv_p99["off"])
     print(f"  median server p99 (arrival to answer): {on:.0f} µs against {off:.0f} µs, {m}/off {on / max(off, 1):.3f}")
     on, off = statistics.median(srv_sec_med[m]), statistics.median(srv_sec_med["off"])
@@ -391,7 +387,7 @@ for n, s in converts:
     rps = s["converted"] / s["convert_s"] if s["convert_s"] > 0 else 0
     print(f"{n}: mesh logs convert afterwards: {s['converted']} records in {s['convert_s']:.2f} s ({rps:,.0f} records/s), "
           f"{s['wal_left']} wal files left: {'every written record is in Parquet' if ok else 'RECORDS MISSING'}")
-print(f"raw output in {out}")
+print(f"raw output in {out} (several runs' rounds pooled: python3 bench/plog_pool.py DIR DIR ...)")
 PY
 if [ "${SCHED:-0}" = 1 ]; then
     python3 - "$OUT" "${runs[@]}" <<'PY'

@@ -488,7 +488,7 @@ mod tests {
                 r
             })
             .collect();
-        // Runs of 1, 2, 3, ... frames, the longest several pieces long.
+        // Runs of 1, 4, 13, 40, ... frames, the longest several pieces long.
         let mut runs: Vec<Vec<u8>> = Vec::new();
         let mut at = 0;
         let mut n = 1;
