@@ -206,12 +206,11 @@ fn put_feature(
         (None, Some(v)) => out.extend_from_slice(&v.to_le_bytes()),
         (None, None) => {}
     }
-    let st = f.status();
-    match status::ALL.iter().position(|s| *s == st) {
-        Some(i) => out.push(i as u8),
+    match f.status_index() {
+        Some(i) => out.push(i),
         None => {
             out.push(OTHER_STATUS);
-            put_str(out, st);
+            put_str(out, f.status());
         }
     }
     if let Some(t) = time {
@@ -279,6 +278,8 @@ pub(crate) struct FeatureRef<'a> {
     pub name: &'a str,
     pub value: Option<f64>,
     pub status: &'a str,
+    /// `status`'s position in [`status::ALL`] (None: another text).
+    pub status_index: Option<u8>,
     pub event_time_us: Option<i64>,
 }
 
@@ -294,6 +295,9 @@ impl LoggedFeature for FeatureRef<'_> {
     }
     fn event_time_us(&self) -> Option<i64> {
         self.event_time_us
+    }
+    fn status_index(&self) -> Option<u8> {
+        self.status_index
     }
 }
 
@@ -345,6 +349,12 @@ impl NameSets {
                 Ok(())
             }
         }
+    }
+
+    /// The names of the name set that a record's payload names its features by (None:
+    /// named inline, not a V2 record, or a set not met).
+    pub(crate) fn names_of(&self, payload: &[u8]) -> Option<&Names> {
+        self.by_id.get(&name_set_of(payload)?)
     }
 
     /// Takes in every name-set frame of `frames` (whole wal frames) from offset `at` on.
@@ -540,6 +550,7 @@ impl<'a> Reader<'a> {
 
     /// The rest of a feature named `name` of a payload of layout `tag`; `last_time` as
     /// [`put_feature`] has it.
+    #[inline(always)]
     fn feature(
         &mut self,
         name: &'a str,
@@ -568,11 +579,14 @@ impl<'a> Reader<'a> {
         } else {
             None
         };
-        let status = match self.u8()? {
-            OTHER_STATUS => self.str()?,
-            i => status::ALL
-                .get(usize::from(i))
-                .ok_or(DecodeError::Malformed("status"))?,
+        let (status, status_index) = match self.u8()? {
+            OTHER_STATUS => (self.str()?, None),
+            i => (
+                *status::ALL
+                    .get(usize::from(i))
+                    .ok_or(DecodeError::Malformed("status"))?,
+                Some(i),
+            ),
         };
         let event_time_us = if flags & TIME_SAME != 0 {
             *last_time
@@ -588,6 +602,7 @@ impl<'a> Reader<'a> {
             name,
             value,
             status,
+            status_index,
             event_time_us,
         })
     }

@@ -15,7 +15,13 @@
 //! Dictionaries: a repeated string (a feature's name, its status, the model, an entity
 //! key's name) is looked up first where the previous record had it, by comparing bytes
 //! (the feature at position 7 of this record is almost always the one at position 7 of
-//! the last), and hashed only when that misses. Strings from requests (entity key
+//! the last), and hashed only when that misses. An event time equal to the one before
+//! it in the record (each feature of one entity's row) takes the index just pushed, and
+//! integers under [`SMALL_INTS`] (stage times) are found by indexing a table. A record
+//! decoded from a wal frame (the encoder thread's) goes faster still: feature names
+//! given by a name set take the indices that set's last record took in this row group
+//! (one copy, no compare), and a status known by its position in [`status::ALL`] takes
+//! that status's index. Strings from requests (entity key
 //! values) use the standard library's keyed hash, so a caller cannot choose colliding
 //! keys; the integers (event and stage times, measured here) a multiplicative one. A
 //! column whose dictionary passes [`DICT_BYTES`] in a row group goes on in plain encoding
@@ -23,7 +29,7 @@
 
 use crate::codec::put_var;
 use crate::error::{LogError, Result};
-use crate::record::{LoggedFeature, RecordRef};
+use crate::record::{status, LoggedFeature, RecordRef};
 use bytes::Bytes;
 use parquet::basic::{Compression, Encoding};
 use parquet::column::page::{CompressedPage, Page, PageWriter};
@@ -250,11 +256,23 @@ enum Dict {
         plain: Vec<u8>,
         spans: Vec<(u32, u32)>,
     },
+    /// `small`: the index of each value under [`SMALL_INTS`] (`u32::MAX`: none yet),
+    /// looked up by the value itself (stage times in µs, mostly), the rest in `map`.
     Int {
         map: HashMap<i64, u32, BuildHasherDefault<IntHasher>>,
+        small: Vec<u32>,
         values: Vec<i64>,
     },
 }
+
+/// Name sets whose names' dictionary indices a row group keeps (a server has a name
+/// set a model version; the rest go in name by name).
+const SETS_KEPT: usize = 16;
+
+/// Integers from 0 up to this (exclusive) are found in a dictionary by indexing a table
+/// rather than hashing: the stage times of a fast decision, in µs. At most 16 KiB a
+/// column, grown to the largest such value seen.
+const SMALL_INTS: i64 = 4096;
 
 impl Dict {
     fn len(&self) -> usize {
@@ -271,8 +289,9 @@ impl Dict {
                 plain.clear();
                 spans.clear();
             }
-            Dict::Int { map, values } => {
+            Dict::Int { map, small, values } => {
                 map.clear();
+                small.clear();
                 values.clear();
             }
         }
@@ -458,6 +477,13 @@ struct Column {
     dict: Option<Dict>,
     /// Per position in a record's list, the dictionary index used there last.
     hints: Vec<u32>,
+    /// Feature names: the dictionary indices of a name set's names in this row group,
+    /// for the records of that set (the Arc kept, so its identity stays its own), at
+    /// most [`SETS_KEPT`].
+    by_set: Vec<(crate::codec::Names, Vec<u32>)>,
+    /// Statuses: the dictionary index of each of [`status::ALL`] in this row group
+    /// (`u32::MAX`: not in it yet), for features that give their status's position.
+    by_status: [u32; status::ALL.len()],
     /// The dictionary filled up in this row group: plain from here on.
     fell_back: bool,
     stats: Stats,
@@ -487,6 +513,7 @@ impl Column {
             }),
             Kind::DictI64 => Some(Dict::Int {
                 map: HashMap::default(),
+                small: Vec::new(),
                 values: Vec::new(),
             }),
             _ => None,
@@ -504,6 +531,8 @@ impl Column {
             idx: Vec::new(),
             dict,
             hints: Vec::new(),
+            by_set: Vec::new(),
+            by_status: [u32::MAX; status::ALL.len()],
             fell_back: false,
             stats: Stats::default(),
             pages: TrackedWrite::new(Vec::new()),
@@ -597,6 +626,64 @@ impl Column {
         }
     }
 
+    /// The values of a record's feature names when they are those of name set `set`
+    /// and the set's indices in this row group's dictionary are known: pushed in one
+    /// copy. False when the caller is to put the names one by one.
+    #[inline]
+    fn put_set(&mut self, set: Option<&crate::codec::Names>) -> bool {
+        let Some(set) = set else { return false };
+        if self.fell_back || self.with_stats {
+            return false;
+        }
+        match self.by_set.iter().find(|(s, _)| Arc::ptr_eq(s, set)) {
+            Some((_, ix)) => {
+                self.idx.extend_from_slice(ix);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// After a record's feature names of name set `set` went in one by one, from index
+    /// entry `from` on: keeps their dictionary indices for the set's next records.
+    fn keep_set(&mut self, set: Option<&crate::codec::Names>, from: usize) {
+        let Some(set) = set else { return };
+        let ix = self.idx.get(from..).unwrap_or_default();
+        // All of them through the dictionary (not fallen back to plain values).
+        if !self.fell_back
+            && !self.with_stats
+            && ix.len() == set.len()
+            && self.by_set.len() < SETS_KEPT
+        {
+            let ix = ix.to_vec();
+            self.by_set.push((set.clone(), ix));
+        }
+    }
+
+    /// The status of a feature at position `slot` of its record's list: by its
+    /// position in [`status::ALL`] when the feature gives it and this row group's
+    /// dictionary has it, else as [`Column::put_bytes`].
+    #[inline]
+    fn put_status(&mut self, slot: usize, f: &impl LoggedFeature) {
+        let known = f
+            .status_index()
+            .map(usize::from)
+            .filter(|&k| k < self.by_status.len() && !self.fell_back && !self.with_stats);
+        let Some(k) = known else {
+            return self.put_bytes(slot, f.status().as_bytes());
+        };
+        match self.by_status[k] {
+            u32::MAX => {
+                let at = self.idx.len();
+                self.put_bytes(slot, f.status().as_bytes());
+                if let Some(&i) = self.idx.get(at) {
+                    self.by_status[k] = i;
+                }
+            }
+            i => self.idx.push(i),
+        }
+    }
+
     #[inline]
     fn int(&mut self, slot: usize, v: i64, rep: i16) {
         self.levels(self.max_def, rep);
@@ -609,22 +696,49 @@ impl Column {
         if self.with_stats {
             self.stats.int(v);
         }
-        if let (false, Some(Dict::Int { map, values })) = (self.fell_back, &mut self.dict) {
+        if let (false, Some(Dict::Int { map, small, values })) = (self.fell_back, &mut self.dict) {
             if let Some(&h) = self.hints.get(slot) {
                 if values.get(h as usize) == Some(&v) {
                     self.idx.push(h);
                     return;
                 }
             }
-            let i = *map.entry(v).or_insert_with(|| {
-                values.push(v);
-                (values.len() - 1) as u32
-            });
+            let i = if (0..SMALL_INTS).contains(&v) {
+                let at = v as usize;
+                if at >= small.len() {
+                    small.resize(at + 1, u32::MAX);
+                }
+                if small[at] == u32::MAX {
+                    values.push(v);
+                    small[at] = (values.len() - 1) as u32;
+                }
+                small[at]
+            } else {
+                *map.entry(v).or_insert_with(|| {
+                    values.push(v);
+                    (values.len() - 1) as u32
+                })
+            };
             remember(&mut self.hints, slot, i);
             self.idx.push(i);
             return;
         }
         self.plain.extend_from_slice(&v.to_le_bytes());
+    }
+
+    /// [`Column::put_int`] for a value that often repeats the one before it in the
+    /// record (`last`, None at the record's start): the features of one entity's row
+    /// share its event time. A repeat takes the index just pushed, with no lookup.
+    #[inline]
+    fn put_int_again(&mut self, slot: usize, v: i64, last: &mut Option<i64>) {
+        if *last == Some(v) && !self.fell_back && !self.with_stats {
+            if let Some(&i) = self.idx.last() {
+                self.idx.push(i);
+                return;
+            }
+        }
+        self.put_int(slot, v);
+        *last = Some(v);
     }
 
     #[inline]
@@ -789,6 +903,8 @@ impl Column {
             d.clear();
         }
         self.hints.clear();
+        self.by_set.clear();
+        self.by_status = [u32::MAX; status::ALL.len()];
         self.fell_back = false;
         self.stats = Stats::default();
         self.chunk_entries = 0;
@@ -964,7 +1080,7 @@ impl OpenParquet {
         &mut self,
         r: &RecordRef<'_, K, F>,
     ) -> Result<()> {
-        self.push(r)?;
+        self.push(r, None)?;
         self.cut_due_pages()?;
         if self.row_group_full() {
             self.write_row_group()?;
@@ -981,7 +1097,13 @@ impl OpenParquet {
     /// Puts one record into the column buffers; a page it fills is cut after it
     /// ([`OpenParquet::cut_due_pages`], or step by step in `append_frames_from`), and the
     /// row group goes to the file apart.
-    fn push<K: AsRef<str>, F: LoggedFeature>(&mut self, r: &RecordRef<'_, K, F>) -> Result<()> {
+    /// `names`: the name set that names the record's features, in order, when it has
+    /// one (a record from a wal frame).
+    fn push<K: AsRef<str>, F: LoggedFeature>(
+        &mut self,
+        r: &RecordRef<'_, K, F>,
+        names: Option<&crate::codec::Names>,
+    ) -> Result<()> {
         let c = &mut self.columns;
         c[leaf::REQUEST_ID].bytes(0, r.request_id.as_bytes(), 0);
         c[leaf::TS].int(0, r.ts_us, 0);
@@ -1011,13 +1133,17 @@ impl OpenParquet {
                 let n = fs.len();
                 let col = &mut c[leaf::F_NAME];
                 col.list_levels(n, Some(col.max_def as u8));
-                for (j, f) in fs.iter().enumerate() {
-                    col.put_bytes(j, f.name().as_bytes());
+                if !col.put_set(names) {
+                    let from = col.idx.len();
+                    for (j, f) in fs.iter().enumerate() {
+                        col.put_bytes(j, f.name().as_bytes());
+                    }
+                    col.keep_set(names, from);
                 }
                 let col = &mut c[leaf::F_STATUS];
                 col.list_levels(n, Some(col.max_def as u8));
                 for (j, f) in fs.iter().enumerate() {
-                    col.put_bytes(j, f.status().as_bytes());
+                    col.put_status(j, f);
                 }
                 // A value or an event time may be null (one definition level less).
                 let col = &mut c[leaf::F_VALUE];
@@ -1035,11 +1161,12 @@ impl OpenParquet {
                 let col = &mut c[leaf::F_TIME];
                 col.list_levels(n, None);
                 let top = col.max_def as u8;
+                let mut last = None;
                 for (j, f) in fs.iter().enumerate() {
                     match f.event_time_us() {
                         Some(t) => {
                             col.def.push(top);
-                            col.put_int(j, t);
+                            col.put_int_again(j, t, &mut last);
                         }
                         None => col.def.push(top - 1),
                     }
@@ -1159,7 +1286,7 @@ impl OpenParquet {
             let r = crate::codec::decode_ref(payload, &mut lists, sets).map_err(|e| {
                 LogError::Config(format!("a queued wal frame did not decode ({e:?})"))
             })?;
-            self.push(&r)?;
+            self.push(&r, sets.names_of(payload))?;
             at = next;
             n += 1;
         }
@@ -1546,6 +1673,75 @@ mod tests {
             .unwrap_err();
         assert!(e.to_string().contains("did not decode"), "{e}");
         assert_eq!(between, 0);
+    }
+
+    /// The shortcuts of the frames' path (a name set's dictionary indices kept per row
+    /// group, statuses by their position, an event time repeated within a record) make
+    /// the file that the records make name by name, also when the feature names'
+    /// dictionary fills up in the middle of a row group and the names go on plain
+    /// between records of a kept set.
+    #[test]
+    fn kept_name_sets_make_the_same_file_when_the_names_fall_back_to_plain() {
+        use crate::{FeatureUsed, PredictionRecord, Role};
+        let dir = tempfile::tempdir().unwrap();
+        let feature = |name: String, i: usize| FeatureUsed {
+            name: name.into(),
+            value: Some(i as f64),
+            status: [crate::status::PRESENT, crate::status::MISSING, "ELSEWHERE"][i % 3].into(),
+            event_time_us: (i % 4 != 3).then_some(1_796_000_000_000_000 + (i / 4) as i64),
+        };
+        let kept: Vec<String> = (0..12).map(|i| format!("card:f{i}")).collect();
+        let recs: Vec<PredictionRecord> = (0..600)
+            .map(|i| {
+                let mut r = PredictionRecord::new(format!("r{i}"), "fraud", "3", Role::Primary);
+                r.ts_us = 1_796_170_000_000_000 + i as i64;
+                // Every other record the kept set; the others name 30 features of 200
+                // bytes each of their own: 3 MB of names, past the dictionary's 1 MB.
+                r.features = Some(if i % 2 == 0 {
+                    kept.iter()
+                        .enumerate()
+                        .map(|(j, n)| feature(n.clone(), i + j))
+                        .collect()
+                } else {
+                    (0..30)
+                        .map(|j| feature(format!("{i:>100}:{j:>99}"), i + j))
+                        .collect()
+                });
+                r.stages = crate::StageMicros::from_array(std::array::from_fn(|k| {
+                    (i * 7 + k * 1_000) as u64
+                }));
+                r
+            })
+            .collect();
+        let direct = dir.path().join("direct.parquet");
+        crate::write_parquet(&direct, &recs).unwrap();
+        let framed = dir.path().join("framed.parquet");
+        let mut enc = crate::FrameEncoder::create(&framed).unwrap();
+        let mut maker = crate::FrameMaker::default();
+        let mut frames = Vec::new();
+        for run in recs.chunks(50) {
+            frames.clear();
+            maker.push_frames(run, &mut frames);
+            enc.append_frames(&frames).unwrap();
+        }
+        enc.finish().unwrap();
+        assert_eq!(
+            std::fs::read(&framed).unwrap(),
+            std::fs::read(&direct).unwrap()
+        );
+        let back = crate::read_parquet(&framed).unwrap();
+        assert_eq!(back.len(), recs.len());
+        for (a, b) in back.iter().zip(&recs) {
+            assert_eq!(a.features, b.features);
+            assert_eq!(a.stages, b.stages);
+        }
+        // The names' dictionary did fill up: the file has plain pages of names.
+        use parquet::file::reader::{FileReader, SerializedFileReader};
+        let reader = SerializedFileReader::new(std::fs::File::open(&framed).unwrap()).unwrap();
+        let names = reader.metadata().row_group(0).column(leaf::F_NAME);
+        let encodings: Vec<Encoding> = names.encodings().collect();
+        assert!(encodings.contains(&Encoding::RLE_DICTIONARY), "{encodings:?}");
+        assert!(encodings.contains(&Encoding::PLAIN), "{encodings:?}");
     }
 
     /// A worker's turns (`row_groups` false, `go_on` always yes) append records until

@@ -317,6 +317,14 @@ pub trait LoggedFeature {
     /// One of [`status`] (any other text is kept as it is).
     fn status(&self) -> &str;
     fn event_time_us(&self) -> Option<i64>;
+    /// The status's position in [`status::ALL`], or None for any other text. The
+    /// default compares [`LoggedFeature::status`] with each; a type that holds the
+    /// position (a feature decoded from a wal frame) gives it without comparing, and
+    /// must give the one of the text `status` returns.
+    fn status_index(&self) -> Option<u8> {
+        let s = self.status();
+        status::ALL.iter().position(|a| *a == s).map(|i| i as u8)
+    }
 }
 
 impl LoggedFeature for FeatureUsed {
