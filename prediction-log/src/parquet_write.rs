@@ -1740,7 +1740,10 @@ mod tests {
         let reader = SerializedFileReader::new(std::fs::File::open(&framed).unwrap()).unwrap();
         let names = reader.metadata().row_group(0).column(leaf::F_NAME);
         let encodings: Vec<Encoding> = names.encodings().collect();
-        assert!(encodings.contains(&Encoding::RLE_DICTIONARY), "{encodings:?}");
+        assert!(
+            encodings.contains(&Encoding::RLE_DICTIONARY),
+            "{encodings:?}"
+        );
         assert!(encodings.contains(&Encoding::PLAIN), "{encodings:?}");
     }
 
