@@ -1627,6 +1627,35 @@ mod tests {
         assert!(crate::read_parquet(&path).unwrap().is_empty());
     }
 
+    /// Writes `recs` into `dir` twice, from the records and from wal frames in runs of
+    /// `run` records (as the encoder thread gets them), asserts that the two files are
+    /// the same byte for byte, and returns the frames' file and the runs it took.
+    fn framed_as_direct(
+        dir: &Path,
+        recs: &[crate::PredictionRecord],
+        run: usize,
+    ) -> (PathBuf, usize) {
+        let direct = dir.join("direct.parquet");
+        crate::write_parquet(&direct, recs).unwrap();
+        let framed = dir.join("framed.parquet");
+        let mut enc = crate::FrameEncoder::create(&framed).unwrap();
+        let mut maker = crate::FrameMaker::default();
+        let mut frames = Vec::new();
+        let mut runs = 0;
+        for part in recs.chunks(run) {
+            frames.clear();
+            maker.push_frames(part, &mut frames);
+            enc.append_frames(&frames).unwrap();
+            runs += 1;
+        }
+        enc.finish().unwrap();
+        assert_eq!(
+            std::fs::read(&framed).unwrap(),
+            std::fs::read(&direct).unwrap()
+        );
+        (framed, runs)
+    }
+
     /// The encoder thread's path (wal frames decoded in place, in runs) writes the file
     /// that the records themselves make, byte for byte; a frame that does not decode
     /// stops it with an error.
@@ -1634,25 +1663,8 @@ mod tests {
     fn frames_make_the_same_file_as_records() {
         let dir = tempfile::tempdir().unwrap();
         let recs = assorted(20_000);
-        let direct = dir.path().join("direct.parquet");
-        crate::write_parquet(&direct, &recs).unwrap();
-        let framed = dir.path().join("framed.parquet");
-        let mut enc = crate::FrameEncoder::create(&framed).unwrap();
-        let mut maker = crate::FrameMaker::default();
-        let mut frames = Vec::new();
-        let mut runs = 0;
-        for run in recs.chunks(97) {
-            frames.clear();
-            maker.push_frames(run, &mut frames);
-            enc.append_frames(&frames).unwrap();
-            runs += 1;
-        }
-        enc.finish().unwrap();
+        let (_, runs) = framed_as_direct(dir.path(), &recs, 97);
         assert!(runs > 100);
-        assert_eq!(
-            std::fs::read(&framed).unwrap(),
-            std::fs::read(&direct).unwrap()
-        );
 
         let mut open = OpenParquet::create(&dir.path().join("bad.parquet")).unwrap();
         let mut frames = Vec::new();
@@ -1713,22 +1725,7 @@ mod tests {
                 r
             })
             .collect();
-        let direct = dir.path().join("direct.parquet");
-        crate::write_parquet(&direct, &recs).unwrap();
-        let framed = dir.path().join("framed.parquet");
-        let mut enc = crate::FrameEncoder::create(&framed).unwrap();
-        let mut maker = crate::FrameMaker::default();
-        let mut frames = Vec::new();
-        for run in recs.chunks(50) {
-            frames.clear();
-            maker.push_frames(run, &mut frames);
-            enc.append_frames(&frames).unwrap();
-        }
-        enc.finish().unwrap();
-        assert_eq!(
-            std::fs::read(&framed).unwrap(),
-            std::fs::read(&direct).unwrap()
-        );
+        let (framed, _) = framed_as_direct(dir.path(), &recs, 50);
         let back = crate::read_parquet(&framed).unwrap();
         assert_eq!(back.len(), recs.len());
         for (a, b) in back.iter().zip(&recs) {
