@@ -4,8 +4,14 @@
 //! Also the fraud MLP at 1, 4, 16 and 64 rows through candle only and through the
 //! direct path (`mlp::DIRECT_MAX_MACS`; forced here up to 64 rows), side by side.
 //!
+//!
+//! Built with the `cuda` feature, a `gpu` group adds both models on `cuda:0` against
+//! the CPU at 1, 64 and 1,024 rows, each pass from host rows to host answers (the
+//! copies in and out included, as the actor runs it).
+//!
 //!     cargo bench -p mesh-model-actor --bench forward
 //!     RUSTFLAGS="-C target-cpu=x86-64-v3" cargo bench -p mesh-model-actor --bench forward
+//!     cargo bench -p mesh-model-actor --features cuda --bench forward -- gpu
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
@@ -21,13 +27,23 @@ fn load(dir: &Path) -> Box<dyn Model> {
     build_factory(&config, &dir.join("1")).expect("weights")()
 }
 
-/// A 32-1024-1024-1 MLP with seeded random weights, in a temporary repository.
-fn heavy(tmp: &Path) -> Box<dyn Model> {
-    let dir = tmp.join("heavy");
+/// The example's model.toml with the model on `device` (a GPU computes no batch
+/// inline on the caller's thread, which the configuration refuses).
+fn toml_on(device: &str) -> String {
+    let toml = std::fs::read_to_string(example_dir().join("model.toml")).expect("model.toml");
+    if device == "cpu" {
+        return toml;
+    }
+    toml.replacen("device = \"cpu\"", &format!("device = \"{device}\""), 1)
+        .replacen("inline_below_us = 50", "", 1)
+}
+
+/// A 32-1024-1024-1 MLP with seeded random weights on `device`, in a temporary
+/// repository.
+fn heavy(tmp: &Path, device: &str) -> Box<dyn Model> {
+    let dir = tmp.join(format!("heavy-{device}"));
     std::fs::create_dir_all(dir.join("1")).expect("dir");
-    let example = example_dir().join("model.toml");
-    let toml = std::fs::read_to_string(example).expect("example model.toml");
-    std::fs::write(dir.join("model.toml"), toml).expect("model.toml");
+    std::fs::write(dir.join("model.toml"), toml_on(device)).expect("model.toml");
     let widths = [32, 1024, 1024, 1];
     let mut tensors = HashMap::new();
     for (i, w) in widths.windows(2).enumerate() {
@@ -62,7 +78,7 @@ fn forward(c: &mut Criterion) {
     let tmp = tempfile::tempdir().expect("tempdir");
     let mut models = [
         ("fraud_mlp", load(&example_dir())),
-        ("heavy_mlp", heavy(tmp.path())),
+        ("heavy_mlp", heavy(tmp.path(), "cpu")),
     ];
     let mut g = c.benchmark_group("forward");
     for (name, model) in models.iter_mut() {
@@ -106,5 +122,43 @@ fn forward(c: &mut Criterion) {
     g.finish();
 }
 
+/// Both models on `cuda:0` against the CPU, at batch sizes where each side wins.
+#[cfg(feature = "cuda")]
+fn gpu(c: &mut Criterion) {
+    std::env::set_var("RAYON_NUM_THREADS", "1");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let fraud_on = |device: &str| {
+        let dir = tmp.path().join(format!("fraud-{device}"));
+        std::fs::create_dir_all(dir.join("1")).expect("dir");
+        std::fs::write(dir.join("model.toml"), toml_on(device)).expect("model.toml");
+        std::fs::copy(
+            example_dir().join("1/model.safetensors"),
+            dir.join("1/model.safetensors"),
+        )
+        .expect("weights");
+        load(&dir)
+    };
+    let mut models = [
+        ("fraud_mlp_cpu", fraud_on("cpu")),
+        ("fraud_mlp_cuda", fraud_on("cuda:0")),
+        ("heavy_mlp_cpu", heavy(tmp.path(), "cpu")),
+        ("heavy_mlp_cuda", heavy(tmp.path(), "cuda:0")),
+    ];
+    let mut g = c.benchmark_group("gpu");
+    for rows in [1usize, 64, 1024] {
+        let b = batch(rows);
+        g.throughput(Throughput::Elements(rows as u64));
+        for (name, model) in models.iter_mut() {
+            g.bench_function(format!("{name}/batch{rows}"), |bench| {
+                bench.iter(|| black_box(model.forward(black_box(&b)).expect("forward")))
+            });
+        }
+    }
+    g.finish();
+}
+
+#[cfg(feature = "cuda")]
+criterion_group!(benches, forward, gpu);
+#[cfg(not(feature = "cuda"))]
 criterion_group!(benches, forward);
 criterion_main!(benches);

@@ -91,6 +91,42 @@ impl ModelError {
 
 impl From<candle_core::Error> for ModelError {
     fn from(e: candle_core::Error) -> Self {
-        Self::Compute(e.to_string())
+        Self::Compute(candle_message(&e))
+    }
+}
+
+/// A candle error as one line. Candle appends the backtrace it captured to its
+/// errors' text when `RUST_BACKTRACE` is set (a GPU's errors always take one), and
+/// that must not reach a gRPC status, a log line or the repository index.
+pub fn candle_message(e: &candle_core::Error) -> String {
+    match e {
+        candle_core::Error::WithBacktrace { inner, .. } => candle_message(inner),
+        // A backtrace wrapped deeper: the first line is the message.
+        other => other.to_string().lines().next().unwrap_or("").to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_candle_error_with_its_backtrace_is_one_line() {
+        let with_bt = |inner| candle_core::Error::WithBacktrace {
+            inner: Box::new(inner),
+            backtrace: Box::new(std::backtrace::Backtrace::force_capture()),
+        };
+        let e = with_bt(candle_core::Error::Msg("invalid device ordinal".into()));
+        assert!(e.to_string().contains('\n'), "no backtrace was captured");
+        assert_eq!(candle_message(&e), "invalid device ordinal");
+        let m = ModelError::from(with_bt(candle_core::Error::Msg("out of memory".into())));
+        assert_eq!(m.to_string().lines().count(), 1, "{m}");
+        assert!(m.to_string().contains("out of memory"), "{m}");
+        // Wrapped deeper, the message's first line is kept.
+        let deep = candle_core::Error::WithPath {
+            inner: Box::new(with_bt(candle_core::Error::Msg("bad header".into()))),
+            path: "model.safetensors".into(),
+        };
+        assert_eq!(candle_message(&deep), "bad header");
     }
 }

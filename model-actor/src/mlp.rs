@@ -11,7 +11,7 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor, D};
 
 use crate::config::{Activation, DeviceSpec, MlpConfig, OutputActivation, Precision};
-use crate::error::ModelError;
+use crate::error::{candle_message, ModelError};
 use crate::model::{Batch, Forward, Model};
 
 /// One dense layer, weight stored transposed ([in, out]) so the forward pass is a
@@ -135,13 +135,13 @@ impl Direct {
                 .w_t
                 .t()
                 .and_then(|t| t.contiguous())
-                .map_err(|e| e.to_string())?;
-            let (o, i) = w.dims2().map_err(|e| e.to_string())?;
+                .map_err(|e| candle_message(&e))?;
+            let (o, i) = w.dims2().map_err(|e| candle_message(&e))?;
             out.push(DirectDense {
                 w: w.flatten_all()
                     .and_then(|t| t.to_vec1::<f32>())
-                    .map_err(|e| e.to_string())?,
-                b: l.b.to_vec1::<f32>().map_err(|e| e.to_string())?,
+                    .map_err(|e| candle_message(&e))?,
+                b: l.b.to_vec1::<f32>().map_err(|e| candle_message(&e))?,
                 inp: i,
                 out: o,
                 act: l.act,
@@ -195,7 +195,7 @@ pub fn open_device(spec: DeviceSpec) -> Result<Device, String> {
     match spec {
         DeviceSpec::Cpu => Ok(Device::Cpu),
         #[cfg(feature = "cuda")]
-        DeviceSpec::Cuda(n) => Device::new_cuda(n).map_err(|e| format!("cuda:{n}: {e}")),
+        DeviceSpec::Cuda(n) => Device::new_cuda(n).map_err(|e| format!("cuda:{n}: {}", candle_message(&e))),
         #[cfg(not(feature = "cuda"))]
         DeviceSpec::Cuda(n) => Err(format!(
             "device cuda:{n} asked for, but this build has no GPU support (rebuild with `--features cuda`)"
@@ -229,7 +229,7 @@ fn all_finite(t: &Tensor) -> Result<bool, String> {
         .to_dtype(candle_core::DType::F32)
         .and_then(|t| t.flatten_all())
         .and_then(|t| t.to_vec1::<f32>())
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| candle_message(&e))?;
     Ok(v.iter().all(|x| x.is_finite()))
 }
 
@@ -246,7 +246,7 @@ impl Mlp {
         output_width: usize,
     ) -> Result<Self, String> {
         let tensors = candle_core::safetensors::load(path, device)
-            .map_err(|e| format!("reading {}: {e}", shown(path)))?;
+            .map_err(|e| format!("reading {}: {}", shown(path), candle_message(&e)))?;
         let dtype = dtype_of(precision);
         let mut layers = Vec::new();
         let mut width = input_width;
@@ -269,7 +269,9 @@ impl Mlp {
             let b = tensors
                 .get(&format!("l{i}.bias"))
                 .ok_or_else(|| format!("{}: l{i}.bias is missing", shown(path)))?;
-            let (out, inp) = w.dims2().map_err(|e| format!("l{i}.weight: {e}"))?;
+            let (out, inp) = w
+                .dims2()
+                .map_err(|e| format!("l{i}.weight: {}", candle_message(&e)))?;
             for (name, t) in [("weight", w), ("bias", b)] {
                 if !all_finite(t)? {
                     return Err(format!(
@@ -288,11 +290,11 @@ impl Mlp {
                     b.dims()
                 ));
             }
-            let conv = |t: &Tensor| t.to_dtype(dtype).map_err(|e| e.to_string());
+            let conv = |t: &Tensor| t.to_dtype(dtype).map_err(|e| candle_message(&e));
             let w_t = conv(
                 &w.t()
                     .and_then(|t| t.contiguous())
-                    .map_err(|e| e.to_string())?,
+                    .map_err(|e| candle_message(&e))?,
             )?;
             let act = cfg.activations.get(i).copied().unwrap_or(Activation::None);
             layers.push(Dense {
