@@ -195,7 +195,9 @@ pub fn open_device(spec: DeviceSpec) -> Result<Device, String> {
     match spec {
         DeviceSpec::Cpu => Ok(Device::Cpu),
         #[cfg(feature = "cuda")]
-        DeviceSpec::Cuda(n) => Device::new_cuda(n).map_err(|e| format!("cuda:{n}: {}", candle_message(&e))),
+        DeviceSpec::Cuda(n) => {
+            Device::new_cuda(n).map_err(|e| format!("cuda:{n}: {}", candle_message(&e)))
+        }
         #[cfg(not(feature = "cuda"))]
         DeviceSpec::Cuda(n) => Err(format!(
             "device cuda:{n} asked for, but this build has no GPU support (rebuild with `--features cuda`)"
