@@ -4,7 +4,6 @@
 //! Also the fraud MLP at 1, 4, 16 and 64 rows through candle only and through the
 //! direct path (`mlp::DIRECT_MAX_MACS`; forced here up to 64 rows), side by side.
 //!
-//!
 //! Built with the `cuda` feature, a `gpu` group adds both models on `cuda:0` against
 //! the CPU at 1, 64 and 1,024 rows, each pass from host rows to host answers (the
 //! copies in and out included, as the actor runs it).
@@ -17,7 +16,8 @@ use std::hint::black_box;
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::measurement::WallTime;
+use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
 use mesh_model_actor::mlp::Mlp;
 use mesh_model_actor::repository::build_factory;
 use mesh_model_actor::{Batch, Model, ModelConfig};
@@ -38,12 +38,18 @@ fn toml_on(device: &str) -> String {
         .replacen("inline_below_us = 50", "", 1)
 }
 
+/// `tmp/<name>-<device>` with `toml_on(device)` and an empty version 1.
+fn model_dir(tmp: &Path, name: &str, device: &str) -> PathBuf {
+    let dir = tmp.join(format!("{name}-{device}"));
+    std::fs::create_dir_all(dir.join("1")).expect("dir");
+    std::fs::write(dir.join("model.toml"), toml_on(device)).expect("model.toml");
+    dir
+}
+
 /// A 32-1024-1024-1 MLP with seeded random weights on `device`, in a temporary
 /// repository.
 fn heavy(tmp: &Path, device: &str) -> Box<dyn Model> {
-    let dir = tmp.join(format!("heavy-{device}"));
-    std::fs::create_dir_all(dir.join("1")).expect("dir");
-    std::fs::write(dir.join("model.toml"), toml_on(device)).expect("model.toml");
+    let dir = model_dir(tmp, "heavy", device);
     let widths = [32, 1024, 1024, 1];
     let mut tensors = HashMap::new();
     for (i, w) in widths.windows(2).enumerate() {
@@ -69,6 +75,23 @@ fn batch(rows: usize) -> Batch {
         rows,
         cols: 32,
         data,
+    }
+}
+
+/// Each of `models` at each of `rows`, the models side by side at each size.
+fn side_by_side(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    rows: &[usize],
+    models: &mut [(&str, Box<dyn Model>)],
+) {
+    for &rows in rows {
+        let b = batch(rows);
+        g.throughput(Throughput::Elements(rows as u64));
+        for (name, model) in models.iter_mut() {
+            g.bench_function(format!("{name}/batch{rows}"), |bench| {
+                bench.iter(|| black_box(model.forward(black_box(&b)).expect("forward")))
+            });
+        }
     }
 }
 
@@ -106,19 +129,11 @@ fn forward(c: &mut Criterion) {
     )
     .expect("weights");
     // The direct path forced up to 64 rows, to show where candle's kernels win.
-    let mut paths = [
-        ("candle", mlp.clone().candle_only()),
-        ("direct", mlp.with_direct_rows(64)),
+    let mut paths: [(&str, Box<dyn Model>); 2] = [
+        ("fraud_mlp_candle", Box::new(mlp.clone().candle_only())),
+        ("fraud_mlp_direct", Box::new(mlp.with_direct_rows(64))),
     ];
-    for rows in [1usize, 4, 16, 64] {
-        let b = batch(rows);
-        g.throughput(Throughput::Elements(rows as u64));
-        for (name, model) in paths.iter_mut() {
-            g.bench_function(format!("fraud_mlp_{name}/batch{rows}"), |bench| {
-                bench.iter(|| black_box(model.forward(black_box(&b)).expect("forward")))
-            });
-        }
-    }
+    side_by_side(&mut g, &[1, 4, 16, 64], &mut paths);
     g.finish();
 }
 
@@ -128,9 +143,7 @@ fn gpu(c: &mut Criterion) {
     std::env::set_var("RAYON_NUM_THREADS", "1");
     let tmp = tempfile::tempdir().expect("tempdir");
     let fraud_on = |device: &str| {
-        let dir = tmp.path().join(format!("fraud-{device}"));
-        std::fs::create_dir_all(dir.join("1")).expect("dir");
-        std::fs::write(dir.join("model.toml"), toml_on(device)).expect("model.toml");
+        let dir = model_dir(tmp.path(), "fraud", device);
         std::fs::copy(
             example_dir().join("1/model.safetensors"),
             dir.join("1/model.safetensors"),
@@ -145,15 +158,7 @@ fn gpu(c: &mut Criterion) {
         ("heavy_mlp_cuda", heavy(tmp.path(), "cuda:0")),
     ];
     let mut g = c.benchmark_group("gpu");
-    for rows in [1usize, 64, 1024] {
-        let b = batch(rows);
-        g.throughput(Throughput::Elements(rows as u64));
-        for (name, model) in models.iter_mut() {
-            g.bench_function(format!("{name}/batch{rows}"), |bench| {
-                bench.iter(|| black_box(model.forward(black_box(&b)).expect("forward")))
-            });
-        }
-    }
+    side_by_side(&mut g, &[1, 64, 1024], &mut models);
     g.finish();
 }
 

@@ -12,65 +12,24 @@ use common::*;
 
 use std::path::Path;
 
-use mesh_model_actor::{ActorSystem, Batch, ModelError, ModelRepository};
+use mesh_model_actor::{ActorSystem, ModelError, ModelRepository};
 
 /// The example fraud_mlp, version 1 only, on `device` in `dtype`. The example
 /// computes small batches inline on the caller's thread, which the configuration
 /// refuses for a GPU: that line goes.
 fn gpu_repo(dst: &Path, device: &str, dtype: &str) {
-    let src = root().join("examples/models/fraud_mlp");
-    std::fs::create_dir_all(dst.join("fraud_mlp/1")).unwrap();
-    let toml = std::fs::read_to_string(src.join("model.toml")).unwrap();
-    for line in [
-        "latest = 2",
-        "device = \"cpu\"",
-        "dtype = \"f32\"",
-        "inline_below_us = 50",
-    ] {
-        assert!(
-            toml.contains(line),
-            "the example's model.toml lost `{line}`"
-        );
-    }
-    let toml = toml
-        .replacen("latest = 2", "latest = 1", 1)
-        .replacen("device = \"cpu\"", &format!("device = \"{device}\""), 1)
-        .replacen("dtype = \"f32\"", &format!("dtype = \"{dtype}\""), 1)
-        .replacen("inline_below_us = 50", "", 1);
-    std::fs::write(dst.join("fraud_mlp/model.toml"), toml).unwrap();
-    std::fs::copy(
-        reference_dir().join("fraud_mlp.safetensors"),
-        dst.join("fraud_mlp/1/model.safetensors"),
-    )
-    .unwrap();
-}
-
-fn rows_batch(chunk: &[(Vec<f32>, f32)]) -> Batch {
-    Batch {
-        rows: chunk.len(),
-        cols: 32,
-        data: chunk.iter().flat_map(|(x, _)| x.iter().copied()).collect(),
-    }
-}
-
-/// The worst error against scikit-learn's probability, and the answers, of `rows`
-/// sent as batches of `size` rows.
-async fn batched(
-    h: &mesh_model_actor::VersionHandle,
-    rows: &[(Vec<f32>, f32)],
-    size: usize,
-) -> (f32, Vec<f32>) {
-    let (mut worst, mut answers) = (0f32, Vec::new());
-    for chunk in rows.chunks(size) {
-        let out = h.infer(rows_batch(chunk), deadline()).await.unwrap();
-        assert_eq!(out.data.len(), chunk.len());
-        for (got, (_, want)) in out.data.iter().zip(chunk) {
-            assert!(got.is_finite(), "{got}");
-            worst = worst.max((got - want).abs());
-        }
-        answers.extend(out.data);
-    }
-    (worst, answers)
+    let (device, dtype) = (
+        format!("device = \"{device}\""),
+        format!("dtype = \"{dtype}\""),
+    );
+    example_repo(
+        dst,
+        &[
+            ("device = \"cpu\"", &device),
+            ("dtype = \"f32\"", &dtype),
+            ("inline_below_us = 50", ""),
+        ],
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -97,32 +56,15 @@ async fn the_reference_model_on_the_gpu_answers_as_on_the_cpu() {
 
         // One row per request, all in flight at once: the batcher forms batches
         // out of separate callers.
-        let mut tasks = Vec::new();
-        for (x, want) in rows.clone() {
-            let h = h.clone();
-            tasks.push(tokio::spawn(async move {
-                let batch = Batch {
-                    rows: 1,
-                    cols: 32,
-                    data: x,
-                };
-                (h.infer(batch, deadline()).await.unwrap().data[0], want)
-            }));
-        }
-        let mut worst = 0f32;
-        for t in tasks {
-            let (got, want) = t.await.unwrap();
-            assert!(got.is_finite(), "{dtype}: {got}");
-            worst = worst.max((got - want).abs());
-        }
+        let worst = worst_one_row_each(&h, &rows).await;
         println!("{dtype}: GPU, one row a request: max abs error {worst}");
         assert!(worst <= tolerance, "{dtype}: one-row max abs error {worst}");
 
         // Batches of several sizes in one request each, and the CPU's answers.
-        let (cpu_worst, on_cpu) = batched(&cpu, &rows, 64).await;
+        let (cpu_worst, on_cpu) = worst_in_batches(&cpu, &rows, 64).await;
         println!("{dtype}: CPU, batches of 64: max abs error {cpu_worst}");
         for size in [2usize, 7, 64] {
-            let (worst, on_gpu) = batched(&h, &rows, size).await;
+            let (worst, on_gpu) = worst_in_batches(&h, &rows, size).await;
             let apart = on_gpu
                 .iter()
                 .zip(&on_cpu)
@@ -141,17 +83,7 @@ async fn the_reference_model_on_the_gpu_answers_as_on_the_cpu() {
                 assert!(worst > 1e-6, "{dtype}: error {worst} suspiciously small");
             }
         }
-        let stats = &h.stats;
-        let executions = stats
-            .execution_count
-            .load(std::sync::atomic::Ordering::Relaxed);
-        let rows_done = stats
-            .inference_count
-            .load(std::sync::atomic::Ordering::Relaxed);
-        assert!(
-            executions < rows_done,
-            "{executions} executions for {rows_done} rows: no batch formed"
-        );
+        assert_batches_formed(&h);
         system.stop();
     }
 }
@@ -196,9 +128,7 @@ async fn a_gpu_that_is_not_there_is_a_load_error_and_the_serving_version_stays()
     let h = repo.get("fraud_mlp", None).unwrap();
     assert_eq!(h.version, 1);
     let rows = samples();
-    let out = h.infer(rows_batch(&rows[..64]), deadline()).await.unwrap();
-    for (got, (_, want)) in out.data.iter().zip(&rows[..64]) {
-        assert!((got - want).abs() <= 1e-5, "got {got}, want {want}");
-    }
+    let (worst, _) = worst_in_batches(&h, &rows[..64], 64).await;
+    assert!(worst <= 1e-5, "max abs error {worst}");
     system.stop();
 }

@@ -5,38 +5,15 @@
 mod common;
 use common::*;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use mesh_model_actor::{ActorSystem, Batch, ModelError, ModelRepository};
 
-/// The example fraud_mlp with version 1 only, and the policy `latest = 1` (the
-/// example serves two versions; these tests watch one window move).
-fn copy_repo(dst: &Path) {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/models/fraud_mlp");
-    std::fs::create_dir_all(dst.join("fraud_mlp/1")).unwrap();
-    let toml = std::fs::read_to_string(src.join("model.toml")).unwrap();
-    assert!(
-        toml.contains("latest = 2"),
-        "the example's version policy moved"
-    );
-    std::fs::write(
-        dst.join("fraud_mlp/model.toml"),
-        toml.replacen("latest = 2", "latest = 1", 1),
-    )
-    .unwrap();
-    std::fs::copy(
-        reference_dir().join("fraud_mlp.safetensors"),
-        dst.join("fraud_mlp/1/model.safetensors"),
-    )
-    .unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reproduces_expected_proba_one_row_and_batched() {
     let dir = tempfile::tempdir().unwrap();
-    copy_repo(dir.path());
+    example_repo(dir.path(), &[]);
     let repo = ModelRepository::new(dir.path(), ActorSystem::start().unwrap()).unwrap();
     repo.load_all().await.unwrap();
     let h = repo.get("fraud_mlp", None).unwrap();
@@ -46,73 +23,21 @@ async fn reproduces_expected_proba_one_row_and_batched() {
 
     // One row per request, many requests in flight at once so the batcher forms
     // batches out of separate callers.
-    let mut tasks = Vec::new();
-    for (x, want) in rows.clone() {
-        let h = h.clone();
-        tasks.push(tokio::spawn(async move {
-            let out = h
-                .infer(
-                    Batch {
-                        rows: 1,
-                        cols: 32,
-                        data: x,
-                    },
-                    deadline(),
-                )
-                .await
-                .unwrap();
-            (out.data[0], want)
-        }));
-    }
-    let mut worst = 0f32;
-    for t in tasks {
-        let (got, want) = t.await.unwrap();
-        worst = worst.max((got - want).abs());
-    }
+    let worst = worst_one_row_each(&h, &rows).await;
     assert!(worst <= 1e-5, "one-row max abs error {worst}");
 
     // Batches of several sizes in one request each.
     for size in [2usize, 7, 32, 64] {
-        for chunk in rows.chunks(size) {
-            let data: Vec<f32> = chunk.iter().flat_map(|(x, _)| x.iter().copied()).collect();
-            let out = h
-                .infer(
-                    Batch {
-                        rows: chunk.len(),
-                        cols: 32,
-                        data,
-                    },
-                    deadline(),
-                )
-                .await
-                .unwrap();
-            assert_eq!(out.data.len(), chunk.len());
-            for (got, (_, want)) in out.data.iter().zip(chunk) {
-                assert!(
-                    (got - want).abs() <= 1e-5,
-                    "batch {size}: got {got}, want {want}"
-                );
-            }
-        }
+        let (worst, _) = worst_in_batches(&h, &rows, size).await;
+        assert!(worst <= 1e-5, "batches of {size}: max abs error {worst}");
     }
-    // The batcher did combine requests.
-    let stats = &h.stats;
-    let executions = stats
-        .execution_count
-        .load(std::sync::atomic::Ordering::Relaxed);
-    let rows_done = stats
-        .inference_count
-        .load(std::sync::atomic::Ordering::Relaxed);
-    assert!(
-        executions < rows_done,
-        "{executions} executions for {rows_done} rows"
-    );
+    assert_batches_formed(&h);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_batches_are_invalid_argument() {
     let dir = tempfile::tempdir().unwrap();
-    copy_repo(dir.path());
+    example_repo(dir.path(), &[]);
     let repo = ModelRepository::new(dir.path(), ActorSystem::start().unwrap()).unwrap();
     repo.load_all().await.unwrap();
     let h = repo.get("fraud_mlp", None).unwrap();
@@ -151,7 +76,7 @@ async fn bad_batches_are_invalid_argument() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hot_load_under_load_fails_nothing_and_a_broken_version_keeps_the_old() {
     let dir = tempfile::tempdir().unwrap();
-    copy_repo(dir.path());
+    example_repo(dir.path(), &[]);
     let repo = Arc::new(ModelRepository::new(dir.path(), ActorSystem::start().unwrap()).unwrap());
     repo.load_all().await.unwrap();
     let rows = samples();
@@ -227,33 +152,12 @@ async fn half_precision_weights_stay_close_to_the_reference() {
     let rows = samples();
     for (dtype, tolerance) in [("f16", 5e-3f32), ("bf16", 5e-2f32)] {
         let dir = tempfile::tempdir().unwrap();
-        copy_repo(dir.path());
-        let toml = dir.path().join("fraud_mlp/model.toml");
-        let text = std::fs::read_to_string(&toml)
-            .unwrap()
-            .replace("dtype = \"f32\"", &format!("dtype = \"{dtype}\""));
-        std::fs::write(&toml, text).unwrap();
+        let dtype_line = format!("dtype = \"{dtype}\"");
+        example_repo(dir.path(), &[("dtype = \"f32\"", &dtype_line)]);
         let repo = ModelRepository::new(dir.path(), ActorSystem::start().unwrap()).unwrap();
         repo.load_all().await.unwrap();
         let h = repo.get("fraud_mlp", None).unwrap();
-        let mut worst = 0f32;
-        for chunk in rows[..256].chunks(64) {
-            let data: Vec<f32> = chunk.iter().flat_map(|(x, _)| x.iter().copied()).collect();
-            let out = h
-                .infer(
-                    Batch {
-                        rows: chunk.len(),
-                        cols: 32,
-                        data,
-                    },
-                    deadline(),
-                )
-                .await
-                .unwrap();
-            for (got, (_, want)) in out.data.iter().zip(chunk) {
-                worst = worst.max((got - want).abs());
-            }
-        }
+        let (worst, _) = worst_in_batches(&h, &rows[..256], 64).await;
         println!("{dtype}: max abs error {worst}");
         assert!(worst <= tolerance, "{dtype}: max abs error {worst}");
         // Not the f32 path in disguise: some rounding must show.
@@ -268,7 +172,7 @@ async fn half_precision_weights_stay_close_to_the_reference() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_loads_are_refused_and_the_serving_version_stays() {
     let dir = tempfile::tempdir().unwrap();
-    copy_repo(dir.path());
+    example_repo(dir.path(), &[]);
     let system = ActorSystem::start().unwrap();
     let repo = ModelRepository::new(dir.path(), system.clone()).unwrap();
     repo.load("fraud_mlp").await.unwrap();

@@ -56,3 +56,81 @@ pub async fn infer_rows<R: AsRef<[f32]>>(
     assert_eq!((out.rows, out.cols), (rows.len(), 1));
     Ok(out.data)
 }
+
+/// The example fraud_mlp in `dst` with the reference weights as version 1 only and
+/// the policy `latest = 1` (the example serves two versions; these tests watch one
+/// window move), each `(from, to)` of `edits` applied once to its model.toml. Every
+/// line replaced must be there: a test does not run against an example that moved.
+pub fn example_repo(dst: &Path, edits: &[(&str, &str)]) {
+    let src = root().join("examples/models/fraud_mlp");
+    std::fs::create_dir_all(dst.join("fraud_mlp/1")).expect("version directory");
+    let mut toml = std::fs::read_to_string(src.join("model.toml")).expect("model.toml");
+    for (from, to) in [("latest = 2", "latest = 1")].iter().chain(edits) {
+        assert!(
+            toml.contains(from),
+            "the example's model.toml lost `{from}`"
+        );
+        toml = toml.replacen(from, to, 1);
+    }
+    std::fs::write(dst.join("fraud_mlp/model.toml"), toml).expect("model.toml");
+    std::fs::copy(
+        reference_dir().join("fraud_mlp.safetensors"),
+        dst.join("fraud_mlp/1/model.safetensors"),
+    )
+    .expect("weights");
+}
+
+/// Sends each of `rows` (32 features and the expected value) as its own request,
+/// all in flight at once, so the batcher forms batches out of separate callers.
+/// Returns the worst absolute error; every answer must be finite.
+pub async fn worst_one_row_each(
+    h: &std::sync::Arc<mesh_model_actor::VersionHandle>,
+    rows: &[(Vec<f32>, f32)],
+) -> f32 {
+    let mut tasks = Vec::new();
+    for (x, want) in rows.iter().cloned() {
+        let h = h.clone();
+        tasks.push(tokio::spawn(async move {
+            let got = infer_rows(&h, &[x], 32).await.expect("one row");
+            (got[0], want)
+        }));
+    }
+    let mut worst = 0f32;
+    for t in tasks {
+        let (got, want) = t.await.expect("task");
+        assert!(got.is_finite(), "{got}");
+        worst = worst.max((got - want).abs());
+    }
+    worst
+}
+
+/// Sends `rows` as requests of `size` rows each. Returns the worst absolute error
+/// and the answers in order; every answer must be finite.
+pub async fn worst_in_batches(
+    h: &mesh_model_actor::VersionHandle,
+    rows: &[(Vec<f32>, f32)],
+    size: usize,
+) -> (f32, Vec<f32>) {
+    let (mut worst, mut answers) = (0f32, Vec::new());
+    for chunk in rows.chunks(size) {
+        let x: Vec<&[f32]> = chunk.iter().map(|(x, _)| x.as_slice()).collect();
+        let out = infer_rows(h, &x, 32).await.expect("batch");
+        for (got, (_, want)) in out.iter().zip(chunk) {
+            assert!(got.is_finite(), "{got}");
+            worst = worst.max((got - want).abs());
+        }
+        answers.extend(out);
+    }
+    (worst, answers)
+}
+
+/// Asserts that the batcher combined requests: fewer forward passes than rows.
+pub fn assert_batches_formed(h: &mesh_model_actor::VersionHandle) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let executions = h.stats.execution_count.load(Relaxed);
+    let rows = h.stats.inference_count.load(Relaxed);
+    assert!(
+        executions < rows,
+        "{executions} executions for {rows} rows: no batch formed"
+    );
+}
