@@ -10,6 +10,7 @@
 mod batcher;
 pub mod batching;
 pub mod config;
+pub mod device;
 pub mod error;
 pub mod handle;
 pub mod mlp;

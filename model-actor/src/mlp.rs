@@ -11,6 +11,7 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor, D};
 
 use crate::config::{Activation, DeviceSpec, MlpConfig, OutputActivation, Precision};
+use crate::device::DeviceLock;
 use crate::error::{candle_message, ModelError};
 use crate::model::{Batch, Forward, Model};
 
@@ -37,6 +38,8 @@ pub struct Mlp {
     direct: Option<Arc<Direct>>,
     /// Scratch for the direct path's hidden layers.
     scratch: Vec<f32>,
+    /// On a GPU, its lock: one pass at a time (see [`crate::device`]).
+    device_lock: Option<Arc<DeviceLock>>,
 }
 
 /// Batches of an f32 MLP on the CPU that take at most this many multiply-adds (rows x
@@ -321,6 +324,10 @@ impl Mlp {
             output_width,
             direct,
             scratch: Vec::new(),
+            device_lock: match device.location() {
+                candle_core::DeviceLocation::Cuda { gpu_id } => Some(crate::device::gpu(gpu_id)),
+                _ => None,
+            },
         })
     }
 
@@ -379,6 +386,10 @@ impl Model for Mlp {
 
     fn output_width(&self) -> usize {
         self.output_width
+    }
+
+    fn device_lock(&self) -> Option<Arc<DeviceLock>> {
+        self.device_lock.clone()
     }
 
     fn forward(&mut self, batch: &Batch) -> Result<Forward, ModelError> {

@@ -1,6 +1,9 @@
 //! The `Model` trait and the plain types that cross the batcher/runner boundary.
 //! Free of candle and of threads so tests can plug in fakes.
+use std::sync::Arc;
 use std::time::Duration;
+
+use crate::device::DeviceLock;
 
 use crate::error::ModelError;
 
@@ -54,6 +57,12 @@ pub trait Model: Send + 'static {
     fn output_width(&self) -> usize;
     /// Runs the batch; the output has `batch.rows` rows in the same order.
     fn forward(&mut self, batch: &Batch) -> Result<Forward, ModelError>;
+    /// The lock of the device this model computes on, when its passes must run one at
+    /// a time with those of every other model there (a GPU: see [`crate::device`]).
+    /// `None`, the default, for the CPU.
+    fn device_lock(&self) -> Option<Arc<DeviceLock>> {
+        None
+    }
 }
 
 /// Builds one model instance per runner thread (instances share read-only weights).

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::batcher::{Pending, Queue};
 use crate::batching::{assemble, split};
+use crate::device::DeviceLock;
 use crate::error::ModelError;
 use crate::model::{Batch, Model};
 use crate::stats::{Meters, VersionStats};
@@ -19,7 +20,8 @@ pub struct Output {
     pub cols: usize,
     /// The version that computed it.
     pub version: u64,
-    /// Time spent waiting in the batcher queue.
+    /// Time spent waiting in the batcher queue, and for the device when its passes run
+    /// one at a time (a GPU).
     pub queue: Duration,
     /// Time of the forward pass (input + infer + output) of the batch it rode in.
     pub compute: Duration,
@@ -72,14 +74,16 @@ pub(crate) struct Runner {
 impl Runner {
     /// Runs batches until the queue closes.
     pub fn run(mut self) {
+        let device = self.model.device_lock();
         while let Some(items) = self.queue.next_batch(self.slot) {
-            self.run_batch(items);
+            self.run_batch(items, device.as_deref());
         }
     }
 
-    /// Computes one batch, tells the queue (its cost, and that this runner is
-    /// free), and answers its callers.
-    fn run_batch(&mut self, items: Vec<Pending>) {
+    /// Computes one batch (holding `device` for the pass, when the model has one),
+    /// tells the queue (its cost, and that this runner is free), and answers its
+    /// callers.
+    fn run_batch(&mut self, items: Vec<Pending>, device: Option<&DeviceLock>) {
         // Everyone left while the batch formed: skip the work.
         if items.iter().all(|p| p.reply.is_closed()) {
             self.meters.cancelled.increment(items.len() as u64);
@@ -93,6 +97,9 @@ impl Runner {
             cols: self.cols,
             data: assemble(items.iter().map(|p| &p.data[..]), total * self.cols),
         };
+        let took = Instant::now();
+        let pass = device.map(DeviceLock::lock);
+        // The wait for the device counts as queueing, not computing.
         let started = Instant::now();
         for p in &items {
             let waited = started.saturating_duration_since(p.enqueued_at);
@@ -101,7 +108,11 @@ impl Runner {
         }
         let (compute, done, result) =
             forward(&mut *self.model, &batch, &rows, &self.stats, &self.meters);
-        self.queue.finished(self.slot, Some((total, compute)));
+        drop(pass);
+        // The queue's cost of a batch includes that wait: admission estimates how long
+        // this runner takes per batch, other models' passes on its device included.
+        self.queue
+            .finished(self.slot, Some((total, compute + (started - took))));
         match result {
             Ok((cols, parts)) => {
                 for (p, data) in items.into_iter().zip(parts) {

@@ -1,9 +1,11 @@
 //! The batching actors with a fake model (no candle): admission, batch formation,
 //! deadlines and cancelled callers.
 #![allow(clippy::unwrap_used)] // tests may unwrap
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use mesh_model_actor::device::DeviceLock;
 use mesh_model_actor::{
     ActorSystem, Batch, Forward, Model, ModelConfig, ModelError, ModelFactory, VersionHandle,
 };
@@ -471,4 +473,121 @@ async fn while_the_kept_instance_computes_the_next_request_queues_for_a_runner()
     let seen = threads.lock().clone();
     assert_eq!(seen.len(), 2, "{seen:?}");
     assert_ne!(seen[0], "mesh-runner", "{seen:?}");
+}
+
+/// Answers each row with its first value after `delay`; counts the passes running at
+/// once over every model that shares `running`, and the most there ever were; says it
+/// computes on `device`.
+struct OnDevice {
+    delay: Duration,
+    device: Option<Arc<DeviceLock>>,
+    running: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
+}
+
+impl Model for OnDevice {
+    fn input_width(&self) -> usize {
+        2
+    }
+    fn output_width(&self) -> usize {
+        1
+    }
+    fn forward(&mut self, b: &Batch) -> Result<Forward, ModelError> {
+        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        std::thread::sleep(self.delay);
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        Ok(Forward {
+            data: b.data.chunks(2).map(|r| r[0]).collect(),
+            cols: 1,
+            ..Default::default()
+        })
+    }
+    fn device_lock(&self) -> Option<Arc<DeviceLock>> {
+        self.device.clone()
+    }
+}
+
+/// A group (one runner, batches of up to 8) of an `OnDevice` model.
+fn on_device(
+    delay: Duration,
+    device: Option<Arc<DeviceLock>>,
+    running: &Arc<AtomicUsize>,
+    most: &Arc<AtomicUsize>,
+) -> Arc<VersionHandle> {
+    let (running, most) = (running.clone(), most.clone());
+    let factory = Arc::new(move || {
+        Box::new(OnDevice {
+            delay,
+            device: device.clone(),
+            running: running.clone(),
+            most: most.clone(),
+        }) as Box<dyn Model>
+    });
+    spawn_ready(config(8, 0, 256, 1), factory)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_on_one_device_take_turns_and_the_wait_for_it_is_queueing() {
+    // Two groups, 40 callers each, all at once: without a device lock their runners
+    // compute at the same time (the control), with a shared one never.
+    for shared in [false, true] {
+        let device = shared.then(|| Arc::new(DeviceLock::default()));
+        let running = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let groups: Vec<_> = (0..2)
+            .map(|_| on_device(Duration::from_millis(2), device.clone(), &running, &most))
+            .collect();
+        let calls: Vec<_> = groups
+            .iter()
+            .flat_map(|h| {
+                (0..40).map(move |i| {
+                    let h = h.clone();
+                    tokio::spawn(async move { (i, h.infer(row(i as f32), in_secs(10)).await) })
+                })
+            })
+            .collect();
+        for c in calls {
+            let (i, out) = c.await.unwrap();
+            assert_eq!(out.unwrap().data, vec![i as f32]);
+        }
+        let most = most.load(Ordering::SeqCst);
+        if shared {
+            assert_eq!(most, 1, "two passes ran at once on one device");
+        } else {
+            assert_eq!(most, 2, "the control never overlapped: it shows nothing");
+        }
+    }
+    // A request waits 30 ms for a device held elsewhere: that is queueing, and its
+    // compute is its own pass alone.
+    let device = Arc::new(DeviceLock::default());
+    let (running, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let h = on_device(Duration::ZERO, Some(device.clone()), &running, &most);
+    let held = device.lock();
+    let call = tokio::spawn({
+        let h = h.clone();
+        async move { h.infer(row(5.0), in_secs(5)).await }
+    });
+    let give_up = Instant::now() + Duration::from_secs(5);
+    while device.waiting() == 0 {
+        assert!(
+            Instant::now() < give_up,
+            "the runner never asked for the device"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    drop(held);
+    let out = call.await.unwrap().unwrap();
+    assert_eq!(out.data, vec![5.0]);
+    assert!(
+        out.queue >= Duration::from_millis(30),
+        "queue {:?}",
+        out.queue
+    );
+    assert!(
+        out.compute < Duration::from_millis(30),
+        "compute {:?}",
+        out.compute
+    );
 }
