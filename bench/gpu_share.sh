@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Models sharing one GPU: the fraud MLP on cuda:0 in 1, 2 and 4 replicas (one runner
+# each, nothing inline) and a 256-1024-1024-1 MLP (bench/make_heavy_mlp.py, random
+# weights) in 1 and 2, one release `mesh serve` built with `--features cuda`, 32
+# callers (`mesh bench --target infer`), two rounds. With BASE set to a second such
+# binary (another build), the two servers alternate within each round, so that their
+# figures come from one run. Prints one line per run: throughput, latency, and the
+# server's queue and compute per request (the pass of the batch a request rode in).
+#
+#   cargo build --release -p mesh --features cuda && bench/gpu_share.sh
+#   BASE=/path/to/the/build/before/mesh bench/gpu_share.sh
+#
+# Needs a GPU, and numpy for the large MLP (MESH_VENV's python, else python3).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${MESH_BIN:-${CARGO_TARGET_DIR:-target}/release/mesh}
+OUT=${OUT:-$(mktemp -d)}
+SECONDS_PER_RUN=${SECONDS_PER_RUN:-4}
+CONCURRENCY=${CONCURRENCY:-32}
+DEVICE=${DEVICE:-cuda:0}   # DEVICE=cpu: the same runs on the CPU (a check of the script)
+PY=python3; [ -x "${MESH_VENV:-}/bin/python" ] && PY=$MESH_VENV/bin/python
+mkdir -p "$OUT/models"
+
+# The repository: the example fraud MLP moved to $DEVICE, and the large MLP.
+for r in 1 2 4; do
+    d=$OUT/models/fraud_gpu_r$r; rm -rf "$d"; cp -r examples/models/fraud_mlp "$d"
+    sed -i -e "s/^device = \"cpu\"/device = \"$DEVICE\"/" -e '/^inline_below_us = /d' \
+        -e "s/^replicas = 2/replicas = $r/" "$d/model.toml"
+done
+"$PY" bench/make_heavy_mlp.py "$OUT/heavy"
+for r in 1 2; do
+    d=$OUT/models/heavy_gpu_r$r; rm -rf "$d"; cp -r "$OUT/heavy/heavy_batched" "$d"
+    sed -i -e "s/^kind = \"mlp\"/kind = \"mlp\"\ndevice = \"$DEVICE\"/" -e 's/^max_batch_size = .*/max_batch_size = 64/' \
+        -e 's/^max_queue_delay_us = .*/max_queue_delay_us = 0/' \
+        -e "s/^runner_instances = .*/runner_instances = 1\nreplicas = $r/" "$d/model.toml"
+done
+MODELS=${MODELS:-fraud_gpu_r1 fraud_gpu_r2 fraud_gpu_r4 heavy_gpu_r1 heavy_gpu_r2}
+
+pid=
+cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null || true; }
+trap cleanup EXIT
+wait_port() { for _ in $(seq 600); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.2; done; echo "port $1 never opened" >&2; exit 1; }
+
+run() { # label model
+    "$BIN" bench --target infer --addr http://127.0.0.1:8421 --model "$2" --concurrency "$CONCURRENCY" \
+        --seconds "$SECONDS_PER_RUN" --warmup 1 --json >"$OUT/$1-$2-r$round.json" 2>/dev/null
+    python3 - "$OUT/$1-$2-r$round.json" "$1" "$2" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+errors = {k: v for k, v in r["codes"].items() if k != "OK"}
+s = r.get("stages_us", {})
+print(f"{sys.argv[2]:5} {sys.argv[3]:13} {r['throughput']:8.0f} req/s  p50 {r['p50_us']:>6} us  "
+      f"p99 {r['p99_us']:>6} us  p99.9 {r['p999_us']:>6} us  server queue {s.get('queue', 0):.0f} us  "
+      f"compute {s.get('compute_infer', 0):.0f} us  errors {errors or 0}")
+PY
+}
+
+for round in 1 2; do
+    echo "round $round"
+    for label in ${BASE:+base} this; do
+        b=$BIN; [ "$label" = base ] && b=$BASE
+        "$b" serve --models "$OUT/models" --grpc-port 8421 --http-port 8420 >"$OUT/serve-$label-r$round.log" 2>&1 &
+        pid=$!
+        wait_port 8421
+        for m in $MODELS; do run "$label" "$m"; done
+        curl -s 127.0.0.1:8420/metrics >"$OUT/metrics-$label-r$round.txt" || true
+        kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
+    done
+done
+echo "raw reports in $OUT"
