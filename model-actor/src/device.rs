@@ -2,10 +2,10 @@
 //!
 //! Every runner thread owns its copy of its model, and on a GPU each issues its
 //! kernels on its own stream. Measured on an H200 with the fraud MLP at 32 callers,
-//! passes from several runners at once did not share the GPU well: a pass of about
-//! 20 rows took 122-174 µs with one replica, 462-502 µs with two and 932-1,096 µs with
-//! four, so two replicas answered 0.68-0.76 of one replica's requests a second. Taken
-//! one at a time, each pass took 132-157 µs however many replicas there were. So the
+//! passes from several runners at once did not share the GPU well: a pass (batches of
+//! 3-8 rows) took 137-174 µs with one replica, 462-502 µs with two and 932-1,096 µs
+//! with four, so two replicas answered 0.69-0.78 of one replica's requests a second.
+//! Taken one at a time, a pass took 132-157 µs however many replicas there were. So the
 //! runners of every model and replica on one GPU share that GPU's [`DeviceLock`] (see
 //! [`gpu`]), and a runner holds it for its forward pass only: the batch is assembled
 //! before and answered after.

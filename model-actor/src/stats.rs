@@ -9,7 +9,8 @@ use parking_lot::Mutex;
 
 /// Metric names of this crate.
 pub mod names {
-    /// Histogram: time a request waited in the batcher queue.
+    /// Histogram: time a request waited in the batcher queue, and for its device when
+    /// that runs one pass at a time (a GPU: `crate::device`).
     pub const QUEUE_WAIT: &str = "mesh_model_queue_wait_seconds";
     /// Histogram: forward-pass time of one batch (input + infer + output).
     pub const COMPUTE: &str = "mesh_model_compute_seconds";
