@@ -4,7 +4,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::device::DeviceLock;
-
 use crate::error::ModelError;
 
 /// A batch of rows, row-major: `data.len() == rows * cols`.
