@@ -80,14 +80,23 @@ impl Runner {
         }
     }
 
+    /// Whether every caller of `items` has stopped waiting; if so they are counted as
+    /// cancelled and the queue is told this runner is free.
+    fn all_left(&self, items: &[Pending]) -> bool {
+        if !items.iter().all(|p| p.reply.is_closed()) {
+            return false;
+        }
+        self.meters.cancelled.increment(items.len() as u64);
+        self.queue.finished(self.slot, None);
+        true
+    }
+
     /// Computes one batch (holding `device` for the pass, when the model has one),
     /// tells the queue (its cost, and that this runner is free), and answers its
     /// callers.
     fn run_batch(&mut self, items: Vec<Pending>, device: Option<&DeviceLock>) {
         // Everyone left while the batch formed: skip the work.
-        if items.iter().all(|p| p.reply.is_closed()) {
-            self.meters.cancelled.increment(items.len() as u64);
-            self.queue.finished(self.slot, None);
+        if self.all_left(&items) {
             return;
         }
         let rows: Vec<usize> = items.iter().map(|p| p.rows).collect();
@@ -99,6 +108,11 @@ impl Runner {
         };
         let took = Instant::now();
         let pass = device.map(DeviceLock::lock);
+        // The wait for the device outlived every caller (each gives up at its deadline):
+        // the pass would answer no one, and would hold the device from those waiting.
+        if pass.is_some() && self.all_left(&items) {
+            return;
+        }
         // The wait for the device counts as queueing, not computing.
         let started = Instant::now();
         for p in &items {

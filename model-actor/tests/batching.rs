@@ -475,14 +475,20 @@ async fn while_the_kept_instance_computes_the_next_request_queues_for_a_runner()
     assert_ne!(seen[0], "mesh-runner", "{seen:?}");
 }
 
-/// Answers each row with its first value after `delay`; counts the passes running at
-/// once over every model that shares `running`, and the most there ever were; says it
-/// computes on `device`.
+/// What `OnDevice` models saw: passes running now, the most at once, and all passes.
+#[derive(Default)]
+struct Tally {
+    running: AtomicUsize,
+    most: AtomicUsize,
+    passes: AtomicUsize,
+}
+
+/// Answers each row with its first value after `delay`, counting its passes in
+/// `tally` (shared by every model that shares it); says it computes on `device`.
 struct OnDevice {
     delay: Duration,
     device: Option<Arc<DeviceLock>>,
-    running: Arc<AtomicUsize>,
-    most: Arc<AtomicUsize>,
+    tally: Arc<Tally>,
 }
 
 impl Model for OnDevice {
@@ -493,10 +499,12 @@ impl Model for OnDevice {
         1
     }
     fn forward(&mut self, b: &Batch) -> Result<Forward, ModelError> {
-        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
-        self.most.fetch_max(now, Ordering::SeqCst);
+        let t = &self.tally;
+        let now = t.running.fetch_add(1, Ordering::SeqCst) + 1;
+        t.most.fetch_max(now, Ordering::SeqCst);
+        t.passes.fetch_add(1, Ordering::SeqCst);
         std::thread::sleep(self.delay);
-        self.running.fetch_sub(1, Ordering::SeqCst);
+        t.running.fetch_sub(1, Ordering::SeqCst);
         Ok(Forward {
             data: b.data.chunks(2).map(|r| r[0]).collect(),
             cols: 1,
@@ -512,19 +520,29 @@ impl Model for OnDevice {
 fn on_device(
     delay: Duration,
     device: Option<Arc<DeviceLock>>,
-    running: &Arc<AtomicUsize>,
-    most: &Arc<AtomicUsize>,
+    tally: &Arc<Tally>,
 ) -> Arc<VersionHandle> {
-    let (running, most) = (running.clone(), most.clone());
+    let tally = tally.clone();
     let factory = Arc::new(move || {
         Box::new(OnDevice {
             delay,
             device: device.clone(),
-            running: running.clone(),
-            most: most.clone(),
+            tally: tally.clone(),
         }) as Box<dyn Model>
     });
     spawn_ready(config(8, 0, 256, 1), factory)
+}
+
+/// Polls until `device` has a pass waiting (5 s at most).
+async fn until_one_waits(device: &DeviceLock) {
+    let give_up = Instant::now() + Duration::from_secs(5);
+    while device.waiting() == 0 {
+        assert!(
+            Instant::now() < give_up,
+            "the runner never asked for the device"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -533,10 +551,9 @@ async fn groups_on_one_device_take_turns_and_the_wait_for_it_is_queueing() {
     // compute at the same time (the control), with a shared one never.
     for shared in [false, true] {
         let device = shared.then(|| Arc::new(DeviceLock::default()));
-        let running = Arc::new(AtomicUsize::new(0));
-        let most = Arc::new(AtomicUsize::new(0));
+        let tally = Arc::new(Tally::default());
         let groups: Vec<_> = (0..2)
-            .map(|_| on_device(Duration::from_millis(2), device.clone(), &running, &most))
+            .map(|_| on_device(Duration::from_millis(2), device.clone(), &tally))
             .collect();
         let calls: Vec<_> = groups
             .iter()
@@ -551,7 +568,7 @@ async fn groups_on_one_device_take_turns_and_the_wait_for_it_is_queueing() {
             let (i, out) = c.await.unwrap();
             assert_eq!(out.unwrap().data, vec![i as f32]);
         }
-        let most = most.load(Ordering::SeqCst);
+        let most = tally.most.load(Ordering::SeqCst);
         if shared {
             assert_eq!(most, 1, "two passes ran at once on one device");
         } else {
@@ -561,21 +578,13 @@ async fn groups_on_one_device_take_turns_and_the_wait_for_it_is_queueing() {
     // A request waits 30 ms for a device held elsewhere: that is queueing, and its
     // compute is its own pass alone.
     let device = Arc::new(DeviceLock::default());
-    let (running, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let h = on_device(Duration::ZERO, Some(device.clone()), &running, &most);
+    let h = on_device(Duration::ZERO, Some(device.clone()), &Arc::default());
     let held = device.lock();
     let call = tokio::spawn({
         let h = h.clone();
         async move { h.infer(row(5.0), in_secs(5)).await }
     });
-    let give_up = Instant::now() + Duration::from_secs(5);
-    while device.waiting() == 0 {
-        assert!(
-            Instant::now() < give_up,
-            "the runner never asked for the device"
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    until_one_waits(&device).await;
     tokio::time::sleep(Duration::from_millis(30)).await;
     drop(held);
     let out = call.await.unwrap().unwrap();
@@ -589,5 +598,33 @@ async fn groups_on_one_device_take_turns_and_the_wait_for_it_is_queueing() {
         out.compute < Duration::from_millis(30),
         "compute {:?}",
         out.compute
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_callers_gave_up_waiting_for_the_device_is_not_computed() {
+    let device = Arc::new(DeviceLock::default());
+    let tally = Arc::new(Tally::default());
+    let h = on_device(Duration::ZERO, Some(device.clone()), &tally);
+    let held = device.lock();
+    let deadline = Instant::now() + Duration::from_millis(20);
+    let call = tokio::spawn({
+        let h = h.clone();
+        async move { h.infer(row(1.0), Some(deadline)).await }
+    });
+    until_one_waits(&device).await;
+    let gave_up = call.await.unwrap();
+    assert!(
+        matches!(gave_up, Err(ModelError::DeadlineExceeded(_))),
+        "{gave_up:?}"
+    );
+    drop(held);
+    // The runner goes on to the next batch, whose caller waits.
+    let next = h.infer(row(2.0), in_secs(5)).await.unwrap();
+    assert_eq!(next.data, vec![2.0]);
+    assert_eq!(
+        tally.passes.load(Ordering::SeqCst),
+        1,
+        "the abandoned batch was computed"
     );
 }
