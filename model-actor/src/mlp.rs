@@ -38,8 +38,6 @@ pub struct Mlp {
     direct: Option<Arc<Direct>>,
     /// Scratch for the direct path's hidden layers.
     scratch: Vec<f32>,
-    /// On a GPU, its lock: one pass at a time (see [`crate::device`]).
-    device_lock: Option<Arc<DeviceLock>>,
 }
 
 /// Batches of an f32 MLP on the CPU that take at most this many multiply-adds (rows x
@@ -324,10 +322,6 @@ impl Mlp {
             output_width,
             direct,
             scratch: Vec::new(),
-            device_lock: match device.location() {
-                candle_core::DeviceLocation::Cuda { gpu_id } => Some(crate::device::gpu(gpu_id)),
-                _ => None,
-            },
         })
     }
 
@@ -388,8 +382,12 @@ impl Model for Mlp {
         self.output_width
     }
 
+    /// On a GPU, its lock: one pass at a time (see [`crate::device`]).
     fn device_lock(&self) -> Option<Arc<DeviceLock>> {
-        self.device_lock.clone()
+        match self.device.location() {
+            candle_core::DeviceLocation::Cuda { gpu_id } => Some(crate::device::gpu(gpu_id)),
+            _ => None,
+        }
     }
 
     fn forward(&mut self, batch: &Batch) -> Result<Forward, ModelError> {
