@@ -17,6 +17,9 @@ const PASS: Duration = Duration::from_micros(130);
 const BETWEEN: Duration = Duration::from_micros(20);
 const RUNNERS: u64 = 2;
 
+/// Takes the device, runs one pass, and gives the device back.
+type Take = Arc<dyn Fn() + Send + Sync>;
+
 fn busy(d: Duration) {
     let t = Instant::now();
     while t.elapsed() < d {
@@ -26,7 +29,7 @@ fn busy(d: Duration) {
 
 /// `iters` passes over `RUNNERS` threads, each taking the device with `take`; the
 /// time they took.
-fn turns(iters: u64, take: Arc<dyn Fn() + Send + Sync>) -> Duration {
+fn turns(iters: u64, take: Take) -> Duration {
     let start = Instant::now();
     let threads: Vec<_> = (0..RUNNERS)
         .map(|_| {
@@ -49,33 +52,26 @@ fn handoff(c: &mut Criterion) {
     let mut g = c.benchmark_group("handoff");
     g.sample_size(20).measurement_time(Duration::from_secs(4));
     let lock = Arc::new(DeviceLock::default());
-    g.bench_function("device_lock", |b| {
-        let lock = lock.clone();
-        b.iter_custom(move |iters| {
-            let lock = lock.clone();
-            turns(
-                iters,
-                Arc::new(move || {
-                    let _pass = lock.lock();
-                    busy(PASS);
-                }),
-            )
-        })
-    });
     let mutex = Arc::new(Mutex::new(()));
-    g.bench_function("std_mutex", |b| {
-        let mutex = mutex.clone();
-        b.iter_custom(move |iters| {
-            let mutex = mutex.clone();
-            turns(
-                iters,
-                Arc::new(move || {
-                    let _pass = mutex.lock().expect("not poisoned");
-                    busy(PASS);
-                }),
-            )
-        })
-    });
+    let takes: [(&str, Take); 2] = [
+        (
+            "device_lock",
+            Arc::new(move || {
+                let _pass = lock.lock();
+                busy(PASS);
+            }),
+        ),
+        (
+            "std_mutex",
+            Arc::new(move || {
+                let _pass = mutex.lock().expect("not poisoned");
+                busy(PASS);
+            }),
+        ),
+    ];
+    for (name, take) in takes {
+        g.bench_function(name, |b| b.iter_custom(|iters| turns(iters, take.clone())));
+    }
     g.finish();
 }
 
