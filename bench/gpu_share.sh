@@ -44,15 +44,7 @@ wait_port() { for _ in $(seq 600); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/nul
 run() { # label model
     "$BIN" bench --target infer --addr http://127.0.0.1:8421 --model "$2" --concurrency "$CONCURRENCY" \
         --seconds "$SECONDS_PER_RUN" --warmup 1 --json >"$OUT/$1-$2-r$round.json" 2>/dev/null
-    python3 - "$OUT/$1-$2-r$round.json" "$1" "$2" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-errors = {k: v for k, v in r["codes"].items() if k != "OK"}
-s = r.get("stages_us", {})
-print(f"{sys.argv[2]:5} {sys.argv[3]:13} {r['throughput']:8.0f} req/s  p50 {r['p50_us']:>6} us  "
-      f"p99 {r['p99_us']:>6} us  p99.9 {r['p999_us']:>6} us  server queue {s.get('queue', 0):.0f} us  "
-      f"compute {s.get('compute_infer', 0):.0f} us  errors {errors or 0}")
-PY
+    python3 bench/infer_line.py "$OUT/$1-$2-r$round.json" "$(printf '%-5s %-13s' "$1" "$2")"
 }
 
 for round in 1 2; do

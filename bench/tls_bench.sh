@@ -33,13 +33,7 @@ run() { # name addr concurrency [extra]
     local name=$1 addr=$2 c=$3
     shift 3
     "$BIN" bench --target infer --addr "$addr" --concurrency "$c" --seconds "$SECONDS_PER_RUN" --json "$@" >"$OUT/$name-c$c.json" 2>/dev/null
-    python3 - "$OUT/$name-c$c.json" "$name" "$c" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-codes = {k: v for k, v in r["codes"].items() if k != "ok"}
-print(f"{sys.argv[2]:5} c={sys.argv[3]:>2}  {r['throughput']:8.0f} req/s  p50 {r['p50_us']} us  "
-      f"p99 {r['p99_us']} us  p99.9 {r['p999_us']} us  errors {codes or 0}")
-PY
+    python3 bench/infer_line.py "$OUT/$name-c$c.json" "$(printf '%-5s c=%2s' "$name" "$c")"
 }
 
 for round in 1 2; do

@@ -25,15 +25,7 @@ wait_port 8321
 run() { # model concurrency
     "$BIN" bench --target infer --addr http://127.0.0.1:8321 --model "$1" --concurrency "$2" \
         --seconds "$SECONDS_PER_RUN" --json >"$OUT/$1-c$2-r$round.json" 2>/dev/null
-    python3 - "$OUT/$1-c$2-r$round.json" "$1" "$2" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-errors = {k: v for k, v in r["codes"].items() if k != "OK"}
-s = r.get("stages_us", {})
-print(f"{sys.argv[2]:10} c={sys.argv[3]:>2}  {r['throughput']:8.0f} req/s  p50 {r['p50_us']:>5} us  "
-      f"p99 {r['p99_us']:>5} us  p99.9 {r['p999_us']:>6} us  server compute {s.get('compute_infer', 0):.1f} us  "
-      f"errors {errors or 0}")
-PY
+    python3 bench/infer_line.py "$OUT/$1-c$2-r$round.json" "$(printf '%-10s c=%2s' "$1" "$2")"
 }
 
 for round in 1 2; do
