@@ -102,12 +102,7 @@ async fn a_gpu_that_is_not_there_is_a_load_error_and_the_serving_version_stays()
 
     // Version 2 asks for the 65th GPU of the machine.
     let m = dir.path().join("fraud_mlp");
-    std::fs::create_dir_all(m.join("2")).unwrap();
-    std::fs::copy(
-        reference_dir().join("fraud_mlp.safetensors"),
-        m.join("2/model.safetensors"),
-    )
-    .unwrap();
+    add_version(dir.path(), 2);
     let toml = std::fs::read_to_string(m.join("model.toml")).unwrap();
     std::fs::write(
         m.join("model.toml"),

@@ -2,17 +2,16 @@
 //! to load and never unloads a serving one; once it is fixed, the policy's window
 //! moves on. Reference weights: tests/data/fraud-mlp.
 #![allow(clippy::unwrap_used)] // a test fails loudly on the first surprise
-use std::path::{Path, PathBuf};
+mod common;
+use common::{add_version, root};
+
+use std::path::Path;
 
 use mesh_model_actor::{ActorSystem, Batch, ModelRepository};
 
-fn reference_weights() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/fraud-mlp/fraud_mlp.safetensors")
-}
-
 /// The example fraud_mlp model (its policy: `latest = 2`) with the given versions.
 fn repo_with(dst: &Path, versions: &[u64]) {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/models/fraud_mlp");
+    let src = root().join("examples/models/fraud_mlp");
     let toml = std::fs::read_to_string(src.join("model.toml")).unwrap();
     assert!(
         toml.contains("latest = 2"),
@@ -23,12 +22,6 @@ fn repo_with(dst: &Path, versions: &[u64]) {
     for v in versions {
         add_version(dst, *v);
     }
-}
-
-fn add_version(dst: &Path, v: u64) {
-    let vdir = dst.join(format!("fraud_mlp/{v}"));
-    std::fs::create_dir_all(&vdir).unwrap();
-    std::fs::copy(reference_weights(), vdir.join("model.safetensors")).unwrap();
 }
 
 fn served(repo: &ModelRepository) -> Vec<u64> {

@@ -63,7 +63,7 @@ pub async fn infer_rows<R: AsRef<[f32]>>(
 /// line replaced must be there: a test does not run against an example that moved.
 pub fn example_repo(dst: &Path, edits: &[(&str, &str)]) {
     let src = root().join("examples/models/fraud_mlp");
-    std::fs::create_dir_all(dst.join("fraud_mlp/1")).expect("version directory");
+    std::fs::create_dir_all(dst.join("fraud_mlp")).expect("model directory");
     let mut toml = std::fs::read_to_string(src.join("model.toml")).expect("model.toml");
     for (from, to) in [("latest = 2", "latest = 1")].iter().chain(edits) {
         assert!(
@@ -73,9 +73,16 @@ pub fn example_repo(dst: &Path, edits: &[(&str, &str)]) {
         toml = toml.replacen(from, to, 1);
     }
     std::fs::write(dst.join("fraud_mlp/model.toml"), toml).expect("model.toml");
+    add_version(dst, 1);
+}
+
+/// Version `v` of fraud_mlp in the repository `dst`, with the reference weights.
+pub fn add_version(dst: &Path, v: u64) {
+    let vdir = dst.join(format!("fraud_mlp/{v}"));
+    std::fs::create_dir_all(&vdir).expect("version directory");
     std::fs::copy(
         reference_dir().join("fraud_mlp.safetensors"),
-        dst.join("fraud_mlp/1/model.safetensors"),
+        vdir.join("model.safetensors"),
     )
     .expect("weights");
 }
