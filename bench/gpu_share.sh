@@ -6,6 +6,8 @@
 # binary (another build), the two servers alternate within each round, so that their
 # figures come from one run. Prints one line per run: throughput, latency, and the
 # server's queue and compute per request (the pass of the batch a request rode in).
+# Each server's /metrics is kept at the end of its run (metrics-*.txt), with each
+# model's waits for the GPU (mesh_model_device_wait_seconds).
 #
 #   cargo build --release -p mesh --features cuda && bench/gpu_share.sh
 #   BASE=/path/to/the/build/before/mesh bench/gpu_share.sh

@@ -51,7 +51,7 @@ fn turns(iters: u64, take: Take) -> Duration {
 fn handoff(c: &mut Criterion) {
     let mut g = c.benchmark_group("handoff");
     g.sample_size(20).measurement_time(Duration::from_secs(4));
-    let lock = Arc::new(DeviceLock::default());
+    let lock = Arc::new(DeviceLock::new("test"));
     let mutex = Arc::new(Mutex::new(()));
     let takes: [(&str, Take); 2] = [
         (

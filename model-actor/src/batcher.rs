@@ -367,7 +367,11 @@ mod tests {
             compute_reserve: Duration::from_micros(50),
             idle_spin,
         };
-        Arc::new(Queue::new(policy, 1, Arc::new(Meters::new("m", 1, 0))))
+        Arc::new(Queue::new(
+            policy,
+            1,
+            Arc::new(Meters::new("m", 1, 0, false)),
+        ))
     }
 
     fn pending() -> (Pending, oneshot::Receiver<Result<Output, ModelError>>) {

@@ -16,6 +16,10 @@
 //! some requests then waited up to 100 ms. The runner next in line watches for the
 //! pass ahead to end ([`HANDOFF_SPIN`]) rather than sleeping, so that the device does
 //! not wait for a thread to wake between two passes.
+//!
+//! What the turns cost shows in two metrics: `mesh_model_device_wait_seconds`, how long
+//! each batch waited for its device once assembled, and `mesh_device_runners`, how
+//! many runners (of every model, version and replica) take turns at each device.
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
@@ -30,9 +34,20 @@ use std::time::{Duration, Instant};
 /// pass longer than this pays the wake-up once, which is little beside it.
 pub const HANDOFF_SPIN: Duration = Duration::from_micros(200);
 
+/// Metric names of this module.
+pub mod names {
+    /// Gauge, by `device` (`cuda:0`): runner threads whose passes take turns at it.
+    pub const RUNNERS: &str = "mesh_device_runners";
+}
+
 /// Serialises forward passes on one device, first come first served.
-#[derive(Debug, Default)]
 pub struct DeviceLock {
+    /// The device, as metrics name it (`cuda:0`).
+    name: String,
+    /// Runner threads that take turns here (see [`DeviceLock::join`]), and their gauge
+    /// (registered with the lock, from the recorder in force where it is made).
+    runners: AtomicU64,
+    runners_gauge: metrics::Gauge,
     /// The ticket the next caller of `lock` takes.
     next: AtomicU64,
     /// The ticket whose pass may run now.
@@ -50,7 +65,68 @@ pub struct DevicePass<'a> {
     lock: &'a DeviceLock,
 }
 
+impl std::fmt::Debug for DeviceLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceLock")
+            .field("name", &self.name)
+            .field("runners", &self.runners)
+            .field("next", &self.next)
+            .field("serving", &self.serving)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One runner thread's place among those taking turns at a device, from its start to
+/// its end (counted in [`names::RUNNERS`]).
+#[must_use = "the runner counts as gone as soon as this is dropped"]
+#[derive(Debug)]
+pub struct Seat {
+    lock: Arc<DeviceLock>,
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        let now = self.lock.runners.fetch_sub(1, Ordering::Relaxed) - 1;
+        self.lock.publish(now);
+    }
+}
+
 impl DeviceLock {
+    /// A lock for the device that metrics call `name`.
+    pub fn new(name: impl Into<String>) -> Self {
+        let name = name.into();
+        Self {
+            runners_gauge: metrics::gauge!(names::RUNNERS, "device" => name.clone()),
+            name,
+            runners: AtomicU64::new(0),
+            next: AtomicU64::new(0),
+            serving: AtomicU64::new(0),
+            sleepers: Mutex::new(()),
+            turn: Condvar::new(),
+        }
+    }
+
+    /// The device's name (`cuda:0`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Counts a runner thread among those taking turns here until the seat is dropped.
+    pub fn join(self: &Arc<Self>) -> Seat {
+        let now = self.runners.fetch_add(1, Ordering::Relaxed) + 1;
+        self.publish(now);
+        Seat { lock: self.clone() }
+    }
+
+    /// Runner threads taking turns here now.
+    pub fn runners(&self) -> u64 {
+        self.runners.load(Ordering::Relaxed)
+    }
+
+    fn publish(&self, runners: u64) {
+        self.runners_gauge.set(runners as f64);
+    }
+
     /// Waits until every pass that asked before has finished, then holds the device.
     /// Next in line, the caller watches for the pass ahead to end for up to
     /// [`HANDOFF_SPIN`]; otherwise it sleeps until the pass ahead of it ends.
@@ -116,7 +192,7 @@ pub fn gpu(ordinal: usize) -> Arc<DeviceLock> {
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .entry(ordinal)
-        .or_default()
+        .or_insert_with(|| Arc::new(DeviceLock::new(format!("cuda:{ordinal}"))))
         .clone()
 }
 
@@ -142,7 +218,7 @@ mod tests {
 
     #[test]
     fn passes_run_one_at_a_time_in_the_order_they_asked() {
-        let lock = Arc::new(DeviceLock::default());
+        let lock = Arc::new(DeviceLock::new("test"));
         let order = Arc::new(Mutex::new(Vec::new()));
         let running = Arc::new(AtomicUsize::new(0));
         let most = Arc::new(AtomicUsize::new(0));
@@ -177,7 +253,7 @@ mod tests {
 
     #[test]
     fn a_pass_that_panics_gives_the_device_back() {
-        let lock = Arc::new(DeviceLock::default());
+        let lock = Arc::new(DeviceLock::new("test"));
         let l = lock.clone();
         let panicked = std::thread::spawn(move || {
             let _pass = l.lock();
@@ -199,7 +275,7 @@ mod tests {
     fn many_short_passes_by_many_threads_never_overlap_and_all_finish() {
         // Passes far shorter than a wake-up, so that threads watch, sleep and wake in
         // every order: a lost wake-up hangs this test (it fails after 60 s).
-        let lock = Arc::new(DeviceLock::default());
+        let lock = Arc::new(DeviceLock::new("test"));
         let running = Arc::new(AtomicUsize::new(0));
         let passes = Arc::new(AtomicUsize::new(0));
         let (tx, rx) = std::sync::mpsc::channel();
@@ -235,5 +311,18 @@ mod tests {
     fn each_gpu_has_one_lock() {
         assert!(Arc::ptr_eq(&gpu(0), &gpu(0)));
         assert!(!Arc::ptr_eq(&gpu(0), &gpu(1)));
+        assert_eq!(gpu(1).name(), "cuda:1");
+    }
+
+    #[test]
+    fn a_seat_counts_its_runner_until_it_is_dropped() {
+        let lock = Arc::new(DeviceLock::new("test"));
+        let first = lock.join();
+        let second = lock.join();
+        assert_eq!(lock.runners(), 2);
+        drop(first);
+        assert_eq!(lock.runners(), 1);
+        drop(second);
+        assert_eq!(lock.runners(), 0);
     }
 }

@@ -76,15 +76,24 @@ impl VersionHandle {
         let cols = config.input().row_width();
         let labels = Labels::new(Arc::from(config.name.as_str()), version, replica);
         let stats = Arc::new(VersionStats::default());
-        let meters = Arc::new(crate::stats::Meters::new(&config.name, version, replica));
+        let models: Vec<_> = (0..instances).map(|_| factory()).collect();
+        let on_device = models.first().and_then(|m| m.device_lock()).is_some();
+        let meters = Arc::new(crate::stats::Meters::new(
+            &config.name,
+            version,
+            replica,
+            on_device,
+        ));
         let queue = Arc::new(Queue::new(policy, instances, meters.clone()));
         let inline = b.inline_below().map(|limit| Inline {
             limit,
             instance: parking_lot::Mutex::new(Some(factory())),
         });
-        let runners = (0..instances)
-            .map(|slot| Runner {
-                model: factory(),
+        let runners = models
+            .into_iter()
+            .enumerate()
+            .map(|(slot, model)| Runner {
+                model,
                 queue: queue.clone(),
                 slot,
                 cols,

@@ -75,6 +75,7 @@ impl Runner {
     /// Runs batches until the queue closes.
     pub fn run(mut self) {
         let device = self.model.device_lock();
+        let _seat = device.as_ref().map(DeviceLock::join);
         while let Some(items) = self.queue.next_batch(self.slot) {
             self.run_batch(items, device.as_deref());
         }
@@ -108,13 +109,18 @@ impl Runner {
         };
         let took = Instant::now();
         let pass = device.map(DeviceLock::lock);
+        // The wait for the device counts as queueing, not computing.
+        let started = Instant::now();
+        if pass.is_some() {
+            self.meters
+                .device_wait
+                .record((started - took).as_secs_f64());
+        }
         // The wait for the device outlived every caller (each gives up at its deadline):
         // the pass would answer no one, and would hold the device from those waiting.
         if pass.is_some() && self.all_left(&items) {
             return;
         }
-        // The wait for the device counts as queueing, not computing.
-        let started = Instant::now();
         for p in &items {
             let waited = started.saturating_duration_since(p.enqueued_at);
             self.stats.queue.add(1, waited);

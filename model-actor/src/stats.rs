@@ -12,6 +12,10 @@ pub mod names {
     /// Histogram: time a request waited in the batcher queue, and for its device when
     /// that runs one pass at a time (a GPU: `crate::device`).
     pub const QUEUE_WAIT: &str = "mesh_model_queue_wait_seconds";
+    /// Histogram: time a batch, once assembled, waited for its device, for models whose
+    /// device runs one pass at a time (a GPU: `crate::device`); part of `QUEUE_WAIT`.
+    /// Recorded once a batch; a CPU model has none.
+    pub const DEVICE_WAIT: &str = "mesh_model_device_wait_seconds";
     /// Histogram: forward-pass time of one batch (input + infer + output).
     pub const COMPUTE: &str = "mesh_model_compute_seconds";
     /// Histogram: rows per executed batch.
@@ -55,6 +59,7 @@ pub fn buckets() -> Vec<(&'static str, Vec<f64>)> {
     ];
     vec![
         (names::QUEUE_WAIT, latency.clone()),
+        (names::DEVICE_WAIT, latency.clone()),
         (names::COMPUTE, latency),
         (names::BATCH_SIZE, sizes),
     ]
@@ -66,6 +71,7 @@ pub struct Meters {
     pub queue_length: metrics::Gauge,
     pub in_flight: metrics::Gauge,
     pub queue_wait: metrics::Histogram,
+    pub device_wait: metrics::Histogram,
     pub compute: metrics::Histogram,
     pub batch_size: metrics::Histogram,
     pub expired: metrics::Counter,
@@ -80,7 +86,9 @@ pub struct Meters {
 }
 
 impl Meters {
-    pub fn new(model: &str, version: u64, replica: usize) -> Self {
+    /// The meters of one group; `on_device`: its model computes on a device whose passes
+    /// take turns (only then is [`names::DEVICE_WAIT`] registered, and shown).
+    pub fn new(model: &str, version: u64, replica: usize, on_device: bool) -> Self {
         let l = [
             ("model", model.to_owned()),
             ("version", version.to_string()),
@@ -92,6 +100,11 @@ impl Meters {
             queue_length: metrics::gauge!(names::QUEUE_LENGTH, &l),
             in_flight: metrics::gauge!(names::IN_FLIGHT, &l),
             queue_wait: metrics::histogram!(names::QUEUE_WAIT, &l),
+            device_wait: if on_device {
+                metrics::histogram!(names::DEVICE_WAIT, &l)
+            } else {
+                metrics::Histogram::noop()
+            },
             compute: metrics::histogram!(names::COMPUTE, &l),
             batch_size: metrics::histogram!(names::BATCH_SIZE, &l),
             expired: dropped("expired"),

@@ -550,7 +550,7 @@ async fn groups_on_one_device_take_turns_and_the_wait_for_it_is_queueing() {
     // Two groups, 40 callers each, all at once: without a device lock their runners
     // compute at the same time (the control), with a shared one never.
     for shared in [false, true] {
-        let device = shared.then(|| Arc::new(DeviceLock::default()));
+        let device = shared.then(|| Arc::new(DeviceLock::new("test")));
         let tally = Arc::new(Tally::default());
         let groups: Vec<_> = (0..2)
             .map(|_| on_device(Duration::from_millis(2), device.clone(), &tally))
@@ -577,7 +577,7 @@ async fn groups_on_one_device_take_turns_and_the_wait_for_it_is_queueing() {
     }
     // A request waits 30 ms for a device held elsewhere: that is queueing, and its
     // compute is its own pass alone.
-    let device = Arc::new(DeviceLock::default());
+    let device = Arc::new(DeviceLock::new("test"));
     let h = on_device(Duration::ZERO, Some(device.clone()), &Arc::default());
     let held = device.lock();
     let call = tokio::spawn({
@@ -603,7 +603,7 @@ async fn groups_on_one_device_take_turns_and_the_wait_for_it_is_queueing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_whose_callers_gave_up_waiting_for_the_device_is_not_computed() {
-    let device = Arc::new(DeviceLock::default());
+    let device = Arc::new(DeviceLock::new("test"));
     let tally = Arc::new(Tally::default());
     let h = on_device(Duration::ZERO, Some(device.clone()), &tally);
     let held = device.lock();
@@ -627,4 +627,115 @@ async fn a_batch_whose_callers_gave_up_waiting_for_the_device_is_not_computed() 
         1,
         "the abandoned batch was computed"
     );
+}
+
+/// A Prometheus recorder with this crate's buckets, for a test to read what a group
+/// made under it records, as `/metrics` would show it.
+fn prometheus() -> metrics_exporter_prometheus::PrometheusRecorder {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    let mut b = PrometheusBuilder::new();
+    for (name, buckets) in mesh_model_actor::stats::buckets() {
+        b = b
+            .set_buckets_for_metric(Matcher::Full(name.to_owned()), &buckets)
+            .unwrap();
+    }
+    b.build_recorder()
+}
+
+/// The value of the sample `series` (name and labels as rendered) in `text`.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wait_for_a_device_and_the_runners_taking_turns_are_in_the_metrics() {
+    let recorder = prometheus();
+    let metrics = recorder.handle();
+    let tally = Arc::new(Tally::default());
+    // Two models on one device (a runner each), and one on the CPU, whose metrics are
+    // labelled apart by the version (the fake's name is the same).
+    let device = metrics::with_local_recorder(&recorder, || Arc::new(DeviceLock::new("test:7")));
+    let (first, second, cpu) = metrics::with_local_recorder(&recorder, || {
+        let group = |version, device: Option<Arc<DeviceLock>>| {
+            let tally = tally.clone();
+            let factory = Arc::new(move || {
+                Box::new(OnDevice {
+                    delay: Duration::ZERO,
+                    device: device.clone(),
+                    tally: tally.clone(),
+                }) as Box<dyn Model>
+            });
+            let h = VersionHandle::spawn(
+                &ActorSystem::start().unwrap(),
+                config(8, 0, 256, 1),
+                version,
+                0,
+                factory,
+            )
+            .unwrap();
+            h.mark_ready();
+            Arc::new(h)
+        };
+        (
+            group(1, Some(device.clone())),
+            group(2, Some(device.clone())),
+            group(3, None),
+        )
+    });
+    let runners = r#"mesh_device_runners{device="test:7"}"#;
+    let give_up = Instant::now() + Duration::from_secs(5);
+    while sample(&metrics.render(), runners) != Some(2.0) {
+        assert!(Instant::now() < give_up, "{}", metrics.render());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // A batch of the first waits 30 ms for the device; the second's passes do not wait.
+    let held = device.lock();
+    let call = tokio::spawn({
+        let h = first.clone();
+        async move { h.infer(row(1.0), in_secs(5)).await }
+    });
+    until_one_waits(&device).await;
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    drop(held);
+    assert_eq!(call.await.unwrap().unwrap().data, vec![1.0]);
+    for i in 0..3 {
+        assert_eq!(
+            second.infer(row(i as f32), in_secs(5)).await.unwrap().data,
+            vec![i as f32]
+        );
+        assert_eq!(
+            cpu.infer(row(i as f32), in_secs(5)).await.unwrap().data,
+            vec![i as f32]
+        );
+    }
+    let text = metrics.render();
+    let wait = |version: u64, part: &str| {
+        sample(
+            &text,
+            &format!(
+                r#"mesh_model_device_wait_seconds_{part}{{model="fake",version="{version}",replica="0"}}"#
+            ),
+        )
+    };
+    assert_eq!(wait(1, "count"), Some(1.0), "{text}");
+    assert!(wait(1, "sum").unwrap() >= 0.030, "{text}");
+    assert_eq!(wait(2, "count"), Some(3.0), "{text}");
+    assert!(wait(2, "sum").unwrap() < 0.030, "{text}");
+    // A model on the CPU takes no turns, and has no such series.
+    assert_eq!(wait(3, "count"), None, "{text}");
+    assert!(
+        sample(
+            &text,
+            r#"mesh_model_queue_wait_seconds_count{model="fake",version="3",replica="0"}"#
+        ) == Some(3.0),
+        "{text}"
+    );
+    // A group that stops gives its runner's seat up.
+    drop(second);
+    let give_up = Instant::now() + Duration::from_secs(5);
+    while sample(&metrics.render(), runners) != Some(1.0) {
+        assert!(Instant::now() < give_up, "{}", metrics.render());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
 }
