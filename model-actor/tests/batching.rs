@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use mesh_model_actor::device::DeviceLock;
 use mesh_model_actor::{
-    ActorSystem, Batch, Forward, Model, ModelConfig, ModelError, ModelFactory, VersionHandle,
+    ActorSystem, Batch, Forward, Model, ModelConfig, ModelError, ModelFactory, Output,
+    VersionHandle,
 };
 use parking_lot::Mutex;
 
@@ -80,7 +81,12 @@ type Seen = Arc<Mutex<Vec<Vec<f32>>>>;
 /// Version 1 of a model built by `factory`, started on an actor system of its own
 /// and ready.
 fn spawn_ready(cfg: Arc<ModelConfig>, factory: ModelFactory) -> Arc<VersionHandle> {
-    let h = VersionHandle::spawn(&ActorSystem::start().unwrap(), cfg, 1, 0, factory).unwrap();
+    spawn_version(cfg, 1, factory)
+}
+
+/// `spawn_ready` of version `version`.
+fn spawn_version(cfg: Arc<ModelConfig>, version: u64, factory: ModelFactory) -> Arc<VersionHandle> {
+    let h = VersionHandle::spawn(&ActorSystem::start().unwrap(), cfg, version, 0, factory).unwrap();
     h.mark_ready();
     Arc::new(h)
 }
@@ -522,6 +528,16 @@ fn on_device(
     device: Option<Arc<DeviceLock>>,
     tally: &Arc<Tally>,
 ) -> Arc<VersionHandle> {
+    on_device_version(1, delay, device, tally)
+}
+
+/// `on_device` of version `version`.
+fn on_device_version(
+    version: u64,
+    delay: Duration,
+    device: Option<Arc<DeviceLock>>,
+    tally: &Arc<Tally>,
+) -> Arc<VersionHandle> {
     let tally = tally.clone();
     let factory = Arc::new(move || {
         Box::new(OnDevice {
@@ -530,7 +546,25 @@ fn on_device(
             tally: tally.clone(),
         }) as Box<dyn Model>
     });
-    spawn_ready(config(8, 0, 256, 1), factory)
+    spawn_version(config(8, 0, 256, 1), version, factory)
+}
+
+/// `h`'s answer to a row of `value`, whose batch waits `hold` for `device`, held here.
+async fn infer_behind(
+    h: &Arc<VersionHandle>,
+    device: &DeviceLock,
+    value: f32,
+    hold: Duration,
+) -> Output {
+    let held = device.lock();
+    let call = tokio::spawn({
+        let h = h.clone();
+        async move { h.infer(row(value), in_secs(5)).await }
+    });
+    until_one_waits(device).await;
+    tokio::time::sleep(hold).await;
+    drop(held);
+    call.await.unwrap().unwrap()
 }
 
 /// Polls until `device` has a pass waiting (5 s at most).
@@ -579,15 +613,7 @@ async fn groups_on_one_device_take_turns_and_the_wait_for_it_is_queueing() {
     // compute is its own pass alone.
     let device = Arc::new(DeviceLock::new("test"));
     let h = on_device(Duration::ZERO, Some(device.clone()), &Arc::default());
-    let held = device.lock();
-    let call = tokio::spawn({
-        let h = h.clone();
-        async move { h.infer(row(5.0), in_secs(5)).await }
-    });
-    until_one_waits(&device).await;
-    tokio::time::sleep(Duration::from_millis(30)).await;
-    drop(held);
-    let out = call.await.unwrap().unwrap();
+    let out = infer_behind(&h, &device, 5.0, Duration::from_millis(30)).await;
     assert_eq!(out.data, vec![5.0]);
     assert!(
         out.queue >= Duration::from_millis(30),
@@ -657,48 +683,27 @@ async fn the_wait_for_a_device_and_the_runners_taking_turns_are_in_the_metrics()
     // labelled apart by the version (the fake's name is the same).
     let device = metrics::with_local_recorder(&recorder, || Arc::new(DeviceLock::new("test:7")));
     let (first, second, cpu) = metrics::with_local_recorder(&recorder, || {
-        let group = |version, device: Option<Arc<DeviceLock>>| {
-            let tally = tally.clone();
-            let factory = Arc::new(move || {
-                Box::new(OnDevice {
-                    delay: Duration::ZERO,
-                    device: device.clone(),
-                    tally: tally.clone(),
-                }) as Box<dyn Model>
-            });
-            let h = VersionHandle::spawn(
-                &ActorSystem::start().unwrap(),
-                config(8, 0, 256, 1),
-                version,
-                0,
-                factory,
-            )
-            .unwrap();
-            h.mark_ready();
-            Arc::new(h)
-        };
+        let group = |version, device| on_device_version(version, Duration::ZERO, device, &tally);
         (
             group(1, Some(device.clone())),
             group(2, Some(device.clone())),
             group(3, None),
         )
     });
-    let runners = r#"mesh_device_runners{device="test:7"}"#;
-    let give_up = Instant::now() + Duration::from_secs(5);
-    while sample(&metrics.render(), runners) != Some(2.0) {
-        assert!(Instant::now() < give_up, "{}", metrics.render());
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    let until_runners = |n: f64| {
+        let metrics = metrics.clone();
+        async move {
+            let give_up = Instant::now() + Duration::from_secs(5);
+            while sample(&metrics.render(), r#"mesh_device_runners{device="test:7"}"#) != Some(n) {
+                assert!(Instant::now() < give_up, "{}", metrics.render());
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    };
+    until_runners(2.0).await;
     // A batch of the first waits 30 ms for the device; the second's passes do not wait.
-    let held = device.lock();
-    let call = tokio::spawn({
-        let h = first.clone();
-        async move { h.infer(row(1.0), in_secs(5)).await }
-    });
-    until_one_waits(&device).await;
-    tokio::time::sleep(Duration::from_millis(30)).await;
-    drop(held);
-    assert_eq!(call.await.unwrap().unwrap().data, vec![1.0]);
+    let out = infer_behind(&first, &device, 1.0, Duration::from_millis(30)).await;
+    assert_eq!(out.data, vec![1.0]);
     for i in 0..3 {
         assert_eq!(
             second.infer(row(i as f32), in_secs(5)).await.unwrap().data,
@@ -733,9 +738,5 @@ async fn the_wait_for_a_device_and_the_runners_taking_turns_are_in_the_metrics()
     );
     // A group that stops gives its runner's seat up.
     drop(second);
-    let give_up = Instant::now() + Duration::from_secs(5);
-    while sample(&metrics.render(), runners) != Some(1.0) {
-        assert!(Instant::now() < give_up, "{}", metrics.render());
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    until_runners(1.0).await;
 }
