@@ -152,6 +152,9 @@ impl ModelRepository {
         let _one_at_a_time = self.changes.lock().await;
         let dir = self.model_dir(name)?;
         let config = Arc::new(ModelConfig::load(&dir)?);
+        for advice in config.advice() {
+            tracing::warn!(model = name, "{advice}");
+        }
         let wanted = config.version_policy.select(&versions_on_disk(&dir)?);
         if wanted.is_empty() {
             return Err(ModelError::Config {
