@@ -86,8 +86,8 @@ pub struct Seat {
 
 impl Drop for Seat {
     fn drop(&mut self) {
-        let now = self.lock.runners.fetch_sub(1, Ordering::Relaxed) - 1;
-        self.lock.publish(now);
+        self.lock.runners.fetch_sub(1, Ordering::Relaxed);
+        self.lock.runners_gauge.decrement(1.0);
     }
 }
 
@@ -113,18 +113,16 @@ impl DeviceLock {
 
     /// Counts a runner thread among those taking turns here until the seat is dropped.
     pub fn join(self: &Arc<Self>) -> Seat {
-        let now = self.runners.fetch_add(1, Ordering::Relaxed) + 1;
-        self.publish(now);
+        self.runners.fetch_add(1, Ordering::Relaxed);
+        // A step rather than a value set, so that runners joining and leaving at once
+        // cannot leave the gauge at a count one of them saw before the other's step.
+        self.runners_gauge.increment(1.0);
         Seat { lock: self.clone() }
     }
 
     /// Runner threads taking turns here now.
     pub fn runners(&self) -> u64 {
         self.runners.load(Ordering::Relaxed)
-    }
-
-    fn publish(&self, runners: u64) {
-        self.runners_gauge.set(runners as f64);
     }
 
     /// Waits until every pass that asked before has finished, then holds the device.
