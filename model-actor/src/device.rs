@@ -41,13 +41,13 @@ pub mod names {
 }
 
 /// Serialises forward passes on one device, first come first served.
+#[derive(Debug)]
 pub struct DeviceLock {
     /// The device, as metrics name it (`cuda:0`).
     name: String,
-    /// Runner threads that take turns here (see [`DeviceLock::join`]), and their gauge
-    /// (registered with the lock, from the recorder in force where it is made).
-    runners: AtomicU64,
-    runners_gauge: metrics::Gauge,
+    /// The gauge of the runner threads that take turns here (see [`DeviceLock::join`]),
+    /// registered with the lock, from the recorder in force where it is made.
+    runners: metrics::Gauge,
     /// The ticket the next caller of `lock` takes.
     next: AtomicU64,
     /// The ticket whose pass may run now.
@@ -65,29 +65,17 @@ pub struct DevicePass<'a> {
     lock: &'a DeviceLock,
 }
 
-impl std::fmt::Debug for DeviceLock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceLock")
-            .field("name", &self.name)
-            .field("runners", &self.runners)
-            .field("next", &self.next)
-            .field("serving", &self.serving)
-            .finish_non_exhaustive()
-    }
-}
-
 /// One runner thread's place among those taking turns at a device, from its start to
 /// its end (counted in [`names::RUNNERS`]).
 #[must_use = "the runner counts as gone as soon as this is dropped"]
 #[derive(Debug)]
 pub struct Seat {
-    lock: Arc<DeviceLock>,
+    runners: metrics::Gauge,
 }
 
 impl Drop for Seat {
     fn drop(&mut self) {
-        self.lock.runners.fetch_sub(1, Ordering::Relaxed);
-        self.lock.runners_gauge.decrement(1.0);
+        self.runners.decrement(1.0);
     }
 }
 
@@ -96,9 +84,8 @@ impl DeviceLock {
     pub fn new(name: impl Into<String>) -> Self {
         let name = name.into();
         Self {
-            runners_gauge: metrics::gauge!(names::RUNNERS, "device" => name.clone()),
+            runners: metrics::gauge!(names::RUNNERS, "device" => name.clone()),
             name,
-            runners: AtomicU64::new(0),
             next: AtomicU64::new(0),
             serving: AtomicU64::new(0),
             sleepers: Mutex::new(()),
@@ -112,17 +99,13 @@ impl DeviceLock {
     }
 
     /// Counts a runner thread among those taking turns here until the seat is dropped.
-    pub fn join(self: &Arc<Self>) -> Seat {
-        self.runners.fetch_add(1, Ordering::Relaxed);
+    pub fn join(&self) -> Seat {
         // A step rather than a value set, so that runners joining and leaving at once
         // cannot leave the gauge at a count one of them saw before the other's step.
-        self.runners_gauge.increment(1.0);
-        Seat { lock: self.clone() }
-    }
-
-    /// Runner threads taking turns here now.
-    pub fn runners(&self) -> u64 {
-        self.runners.load(Ordering::Relaxed)
+        self.runners.increment(1.0);
+        Seat {
+            runners: self.runners.clone(),
+        }
     }
 
     /// Waits until every pass that asked before has finished, then holds the device.
@@ -314,13 +297,22 @@ mod tests {
 
     #[test]
     fn a_seat_counts_its_runner_until_it_is_dropped() {
-        let lock = Arc::new(DeviceLock::new("test"));
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let metrics = recorder.handle();
+        let lock = metrics::with_local_recorder(&recorder, || DeviceLock::new("test"));
+        let runners = || {
+            let text = metrics.render();
+            text.lines()
+                .find_map(|l| l.strip_prefix(r#"mesh_device_runners{device="test"} "#))
+                .map(str::to_owned)
+                .unwrap_or_else(|| panic!("no runners gauge in {text}"))
+        };
         let first = lock.join();
         let second = lock.join();
-        assert_eq!(lock.runners(), 2);
+        assert_eq!(runners(), "2");
         drop(first);
-        assert_eq!(lock.runners(), 1);
+        assert_eq!(runners(), "1");
         drop(second);
-        assert_eq!(lock.runners(), 0);
+        assert_eq!(runners(), "0");
     }
 }

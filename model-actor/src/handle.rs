@@ -76,8 +76,14 @@ impl VersionHandle {
         let cols = config.input().row_width();
         let labels = Labels::new(Arc::from(config.name.as_str()), version, replica);
         let stats = Arc::new(VersionStats::default());
-        let models: Vec<_> = (0..instances).map(|_| factory()).collect();
-        let on_device = models.first().and_then(|m| m.device_lock()).is_some();
+        let models: Vec<_> = (0..instances)
+            .map(|_| {
+                let model = factory();
+                let device = model.device_lock();
+                (model, device)
+            })
+            .collect();
+        let on_device = models.iter().any(|(_, device)| device.is_some());
         let meters = Arc::new(crate::stats::Meters::new(
             &config.name,
             version,
@@ -92,8 +98,9 @@ impl VersionHandle {
         let runners = models
             .into_iter()
             .enumerate()
-            .map(|(slot, model)| Runner {
+            .map(|(slot, (model, device))| Runner {
                 model,
+                device,
                 queue: queue.clone(),
                 slot,
                 cols,

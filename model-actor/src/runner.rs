@@ -69,13 +69,15 @@ pub(crate) struct Runner {
     pub stats: Arc<VersionStats>,
     pub labels: Labels,
     pub meters: Arc<Meters>,
+    /// The model's device lock (`Model::device_lock`), asked once as the group starts.
+    pub device: Option<Arc<DeviceLock>>,
 }
 
 impl Runner {
     /// Runs batches until the queue closes.
     pub fn run(mut self) {
-        let device = self.model.device_lock();
-        let _seat = device.as_ref().map(DeviceLock::join);
+        let device = self.device.take();
+        let _seat = device.as_deref().map(DeviceLock::join);
         while let Some(items) = self.queue.next_batch(self.slot) {
             self.run_batch(items, device.as_deref());
         }
