@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Models sharing one GPU: the fraud MLP on cuda:0 in 1, 2 and 4 replicas (one runner
 # each, nothing inline) and a 256-1024-1024-1 MLP (bench/make_heavy_mlp.py, random
-# weights) in 1 and 2, one release `mesh serve` built with `--features cuda`, 32
-# callers (`mesh bench --target infer`), two rounds. With BASE set to a second such
+# weights) in 1 and 2; and each in one replica whose queue two runners serve (`_i2`:
+# runner_instances = 2, one assembling a batch while the other computes). One release
+# `mesh serve` built with `--features cuda`, 32 callers (`mesh bench --target infer`),
+# two rounds. With BASE set to a second such
 # binary (another build), the two servers alternate within each round, so that their
 # figures come from one run. Prints one line per run: throughput, latency, and the
 # server's queue and compute per request (the pass of the batch a request rode in).
-# Each server's /metrics is kept at the end of its run (metrics-*.txt), with each
-# model's waits for the GPU (mesh_model_device_wait_seconds).
+# Each server's /metrics is kept at the end of its run (metrics-*.txt), and summed up
+# by model (bench/device_waits.py): rows per batch, the wait for the GPU's turn per
+# batch (mesh_model_device_wait_seconds; a build before the lock has none), the pass.
 #
 #   cargo build --release -p mesh --features cuda && bench/gpu_share.sh
 #   BASE=/path/to/the/build/before/mesh bench/gpu_share.sh
@@ -20,23 +23,27 @@ OUT=${OUT:-$(mktemp -d)}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-4}
 CONCURRENCY=${CONCURRENCY:-32}
 DEVICE=${DEVICE:-cuda:0}   # DEVICE=cpu: the same runs on the CPU (a check of the script)
-PY=python3; [ -x "${MESH_VENV:-}/bin/python" ] && PY=$MESH_VENV/bin/python
+PY=python3; [ -n "${MESH_VENV:-}" ] && [ -x "$MESH_VENV/bin/python" ] && PY=$MESH_VENV/bin/python
 mkdir -p "$OUT/models"
 
 # The repository: the example fraud MLP moved to $DEVICE, and the large MLP.
-for r in 1 2 4; do
-    d=$OUT/models/fraud_gpu_r$r; rm -rf "$d"; cp -r examples/models/fraud_mlp "$d"
+for r in 1 2 4 i2; do
+    d=$OUT/models/fraud_gpu_r$r; [ $r = i2 ] && d=$OUT/models/fraud_gpu_i2; rm -rf "$d"
+    cp -r examples/models/fraud_mlp "$d"
+    runners=1 replicas=$r; [ $r = i2 ] && runners=2 replicas=1
     sed -i -e "s/^device = \"cpu\"/device = \"$DEVICE\"/" -e '/^inline_below_us = /d' \
-        -e "s/^replicas = 2/replicas = $r/" "$d/model.toml"
+        -e "s/^replicas = 2/replicas = $replicas/" -e "s/^runner_instances = .*/runner_instances = $runners/" "$d/model.toml"
 done
 "$PY" bench/make_heavy_mlp.py "$OUT/heavy"
-for r in 1 2; do
-    d=$OUT/models/heavy_gpu_r$r; rm -rf "$d"; cp -r "$OUT/heavy/heavy_batched" "$d"
+for r in 1 2 i2; do
+    d=$OUT/models/heavy_gpu_r$r; [ $r = i2 ] && d=$OUT/models/heavy_gpu_i2; rm -rf "$d"
+    cp -r "$OUT/heavy/heavy_batched" "$d"
+    runners=1 replicas=$r; [ $r = i2 ] && runners=2 replicas=1
     sed -i -e "s/^kind = \"mlp\"/kind = \"mlp\"\ndevice = \"$DEVICE\"/" -e 's/^max_batch_size = .*/max_batch_size = 64/' \
         -e 's/^max_queue_delay_us = .*/max_queue_delay_us = 0/' \
-        -e "s/^runner_instances = .*/runner_instances = 1\nreplicas = $r/" "$d/model.toml"
+        -e "s/^runner_instances = .*/runner_instances = $runners\nreplicas = $replicas/" "$d/model.toml"
 done
-MODELS=${MODELS:-fraud_gpu_r1 fraud_gpu_r2 fraud_gpu_r4 heavy_gpu_r1 heavy_gpu_r2}
+MODELS=${MODELS:-fraud_gpu_r1 fraud_gpu_r2 fraud_gpu_r4 fraud_gpu_i2 heavy_gpu_r1 heavy_gpu_r2 heavy_gpu_i2}
 
 pid=
 cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null || true; }
@@ -58,6 +65,7 @@ for round in 1 2; do
         wait_port 8421
         for m in $MODELS; do run "$label" "$m"; done
         curl -s 127.0.0.1:8420/metrics >"$OUT/metrics-$label-r$round.txt" || true
+        python3 bench/device_waits.py "$OUT/metrics-$label-r$round.txt" | sed "s/^/$label  /"
         kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
     done
 done
