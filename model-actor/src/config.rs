@@ -26,7 +26,7 @@
 //! max_batch_size = 64          # rows per forward pass; also the most rows one request may send
 //! max_queue_delay_us = 200     # wait at most this long (from the oldest request) to fill a batch
 //! queue_capacity = 2048        # requests admitted (waiting or running) before RESOURCE_EXHAUSTED
-//! runner_instances = 2         # SyncArbiter threads that own a copy of the model
+//! runner_instances = 2         # SyncArbiter threads that own a copy of the model (default 2 on the CPU, 1 on a GPU)
 //! idle_spin_us = 50            # a runner out of work spins (yielding) this long before it sleeps, while requests come that close; 0: never
 //! inline_below_us = 0          # a request that finds the queue empty is computed on the caller's thread when a batch of its rows takes at most this long (cpu only); 0: never
 //! replicas = 1                 # independent actor groups (batcher + runners) per version (on a GPU they take turns: one answers the most)
@@ -695,7 +695,12 @@ impl ModelConfig {
 
     /// Parses `model.toml` text; errors are messages that name the offending field.
     pub fn parse(text: &str, default_name: &str) -> Result<Self, String> {
-        let raw: RawModelConfig = toml::from_str(text).map_err(|e| e.to_string())?;
+        let mut raw: RawModelConfig = toml::from_str(text).map_err(|e| e.to_string())?;
+        // A GPU computes one pass at a time (`crate::device`): a second runner of the
+        // group only waits for the first, and holds a second copy of the weights there.
+        if raw.device != "cpu" && !sets(text, "batching", "runner_instances") {
+            raw.batching.runner_instances = NonZeroUsize::MIN;
+        }
         if let Some(k) = raw
             .extra
             .keys()
@@ -749,19 +754,25 @@ impl ModelConfig {
     }
 
     /// What in a valid configuration is likely to cost the model: one sentence each,
-    /// logged as a warning when the model loads. Now one: several replicas on one GPU,
-    /// whose passes take turns there (`crate::device`), so each replica's batches are
-    /// smaller for no more compute.
+    /// logged as a warning when the model loads. Now one: more than one runner of a
+    /// version on one GPU (several replicas, or several runners of one), whose passes
+    /// take turns there (`crate::device`), so each forms smaller batches for no more
+    /// compute.
     pub fn advice(&self) -> Vec<String> {
         let mut out = Vec::new();
-        let replicas = self.batching.replicas.get();
-        if replicas > 1 && self.device != "cpu" {
+        let (replicas, runners) = (
+            self.batching.replicas.get(),
+            self.batching.runner_instances.get(),
+        );
+        if replicas * runners > 1 && self.device != "cpu" {
             out.push(format!(
-                "[batching] replicas = {replicas} on {}: the replicas take turns at one GPU, \
-                 so each forms smaller batches for no more compute (on an H200, four \
-                 replicas of the example MLP answered about 0.6 of one replica's \
-                 requests a second); replicas = 1 answers the most (README, GPUs)",
-                self.device
+                "[batching] replicas = {replicas} and runner_instances = {runners} on {}: \
+                 their {} runners take turns at one GPU, so each forms smaller batches for \
+                 no more compute (on an H200, four replicas of the example MLP answered \
+                 0.56-0.66 of one runner's requests a second, two runners of one replica \
+                 0.88-0.97); one replica with one runner answers the most (README, GPUs)",
+                self.device,
+                replicas * runners
             ));
         }
         out
@@ -1041,6 +1052,15 @@ pub enum DeviceSpec {
 }
 
 /// Parses `cpu` or `cuda:N`.
+/// Whether a model.toml sets `key` in `[table]` (rather than leaving the default);
+/// only asked of a text that has parsed.
+fn sets(text: &str, table: &str, key: &str) -> bool {
+    text.parse::<toml::Table>()
+        .ok()
+        .and_then(|t| t.get(table)?.get(key).map(|_| ()))
+        .is_some()
+}
+
 pub fn parse_device(s: &str) -> Result<DeviceSpec, String> {
     match s {
         "cpu" => Ok(DeviceSpec::Cpu),
@@ -1173,19 +1193,47 @@ mod tests {
     }
 
     #[test]
-    fn replicas_on_one_gpu_are_advised_against() {
-        let on = |device: &str, replicas: usize| {
-            let text = format!("{MIN}\n[batching]\nreplicas = {replicas}\n").replace(
+    fn several_runners_on_one_gpu_are_advised_against() {
+        let on = |device: &str, batching: &str| {
+            let text = format!("{MIN}\n[batching]\n{batching}\n").replace(
                 "kind = \"mlp\"",
                 &format!("kind = \"mlp\"\ndevice = \"{device}\""),
             );
             ModelConfig::parse(&text, "m").unwrap().advice()
         };
-        let advice = on("cuda:1", 2);
+        let advice = on("cuda:1", "replicas = 2");
         assert_eq!(advice.len(), 1, "{advice:?}");
-        assert!(advice[0].contains("replicas = 2 on cuda:1"), "{advice:?}");
-        assert!(on("cuda:1", 1).is_empty());
-        assert!(on("cpu", 2).is_empty());
+        assert!(
+            advice[0].contains("replicas = 2 and runner_instances = 1 on cuda:1: their 2 runners"),
+            "{advice:?}"
+        );
+        let advice = on("cuda:1", "runner_instances = 2\nreplicas = 2");
+        assert!(advice[0].contains("their 4 runners"), "{advice:?}");
+        let advice = on("cuda:0", "runner_instances = 2");
+        assert!(
+            advice[0].contains("runner_instances = 2 on cuda:0"),
+            "{advice:?}"
+        );
+        assert!(on("cuda:1", "replicas = 1").is_empty());
+        assert!(on("cpu", "replicas = 2").is_empty());
+        assert!(on("cpu", "").is_empty(), "the CPU's default of 2 runners");
+    }
+
+    #[test]
+    fn a_gpu_model_has_one_runner_unless_it_asks_for_more() {
+        let runners = |device: &str, batching: &str| {
+            let text = format!("{MIN}\n[batching]\n{batching}\n").replace(
+                "kind = \"mlp\"",
+                &format!("kind = \"mlp\"\ndevice = \"{device}\""),
+            );
+            let c = ModelConfig::parse(&text, "m").unwrap();
+            c.batching.runner_instances.get()
+        };
+        assert_eq!(runners("cpu", ""), 2);
+        assert_eq!(runners("cuda:0", ""), 1);
+        assert_eq!(runners("cuda:0", "max_batch_size = 32"), 1);
+        assert_eq!(runners("cuda:0", "runner_instances = 3"), 3);
+        assert_eq!(runners("cpu", "runner_instances = 1"), 1);
     }
 
     #[test]

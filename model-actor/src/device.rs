@@ -15,7 +15,10 @@
 //! runner that always had work take the device again and again; with four replicas
 //! some requests then waited up to 100 ms. The runner next in line watches for the
 //! pass ahead to end ([`HANDOFF_SPIN`]) rather than sleeping, so that the device does
-//! not wait for a thread to wake between two passes.
+//! not wait for a thread to wake between two passes. On the H200 this lock kept a pass
+//! at 136-167 µs with one, two or four replicas; four answered 22,852-24,277 requests a
+//! second (16,328-16,622 with passes at once), none of them later than 3.4 ms, and each
+//! batch waited under 2.5 ms for its turn (README, GPUs).
 //!
 //! What the turns cost shows in two metrics: `mesh_model_device_wait_seconds`, how long
 //! each batch waited for its device once assembled, and `mesh_device_runners`, how
