@@ -6,8 +6,9 @@
 # `mesh serve` built with `--features cuda`, 32 callers (`mesh bench --target infer`),
 # two rounds. With BASE set to a second such
 # binary (another build), the two servers alternate within each round, so that their
-# figures come from one run. Prints one line per run: throughput, latency, and the
-# server's queue and compute per request (the pass of the batch a request rode in).
+# figures come from one run. Prints one line per run: throughput, latency, the
+# server's queue and compute per request (the pass of the batch a request rode in), and
+# the cores the server kept busy.
 # Each server's /metrics is kept at the end of its run (metrics-*.txt), and summed up
 # by model (bench/device_waits.py): rows per batch, the wait for the GPU's turn per
 # batch (mesh_model_device_wait_seconds; a build before the lock has none), the pass.
@@ -50,10 +51,20 @@ cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null || true; 
 trap cleanup EXIT
 wait_port() { for _ in $(seq 600); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.2; done; echo "port $1 never opened" >&2; exit 1; }
 
+# The server's CPU time so far (user and system, in clock ticks).
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$pid/stat"; }
+HZ=$(getconf CLK_TCK)
+
 run() { # label model
+    local t0 c0
+    t0=$(date +%s.%N) c0=$(cpu_ticks)
     "$BIN" bench --target infer --addr http://127.0.0.1:8421 --model "$2" --concurrency "$CONCURRENCY" \
         --seconds "$SECONDS_PER_RUN" --warmup 1 --json >"$OUT/$1-$2-r$round.json" 2>/dev/null
-    python3 bench/infer_line.py "$OUT/$1-$2-r$round.json" "$(printf '%-5s %-13s' "$1" "$2")"
+    # The cores the server kept busy over the run (its warm-up second included): the
+    # runners' watch for their turn at the GPU spends CPU while they wait.
+    cores=$(awk -v c0="$c0" -v c1="$(cpu_ticks)" -v t0="$t0" -v t1="$(date +%s.%N)" -v hz="$HZ" \
+        'BEGIN { printf "%.2f", (c1 - c0) / hz / (t1 - t0) }')
+    echo "$(python3 bench/infer_line.py "$OUT/$1-$2-r$round.json" "$(printf '%-5s %-13s' "$1" "$2")")  server CPU $cores cores"
 }
 
 for round in 1 2; do
