@@ -17,7 +17,7 @@ mkdir -p "$DATA"
 pid=
 cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null || true; }
 trap cleanup EXIT
-wait_port() { for _ in $(seq 150); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.2; done; echo "port $1 never opened" >&2; exit 1; }
+source bench/lib.sh
 
 "$BIN" features demo --store "$DATA/features" --views examples/features/views.toml --cards 10000 --merchants 1000
 

@@ -49,7 +49,7 @@ MODELS=${MODELS:-fraud_gpu_r1 fraud_gpu_r2 fraud_gpu_r4 fraud_gpu_i2 heavy_gpu_r
 pid=
 cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null || true; }
 trap cleanup EXIT
-wait_port() { for _ in $(seq 600); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.2; done; echo "port $1 never opened" >&2; exit 1; }
+source bench/lib.sh
 
 # The server's CPU time so far (user and system, in clock ticks).
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$pid/stat"; }

@@ -30,7 +30,7 @@ command -v h2load >/dev/null || { echo "needs h2load (apt-get install nghttp2-cl
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
-wait_port() { for _ in $(seq 300); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.2; done; echo "port $1 never opened" >&2; exit 1; }
+source bench/lib.sh
 
 "$PYTHON" bench/grpc_body.py tests/data/fraud-mlp/samples.csv fraud_mlp "$OUT/body.bin"
 # A repository of the fraud MLP alone: what the requests call, and nothing an older

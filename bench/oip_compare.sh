@@ -48,7 +48,7 @@ EX=$(dirname "$MESH_BIN")/examples
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
-wait_port() { for _ in $(seq 150); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.2; done; echo "port $1 never opened" >&2; exit 1; }
+source bench/lib.sh
 
 P=${PORT_BASE:-18400}
 BASELINE=${BASELINE:-inline_below_us = 0}

@@ -42,7 +42,7 @@ HTTP=${HTTP_PORT:-8500}
 pid=
 cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null || true; }
 trap cleanup EXIT
-wait_port() { for _ in $(seq 300); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.2; done; echo "port $1 never opened (see $OUT/serve.log)" >&2; exit 1; }
+source bench/lib.sh
 
 mkdir -p "$OUT/models"
 "$PYTHON" bench/make_heavy_fraud.py "$OUT/models" "$HIDDEN"
@@ -60,7 +60,7 @@ sed -e "s#^models = .*#models = \"$OUT/models\"#" \
     examples/mesh.toml | sed '/^\[prediction_log\]/,/^$/d' >"$OUT/mesh.toml"
 "$SERVER_BIN" serve --config "$OUT/mesh.toml" >"$OUT/serve.log" 2>&1 &
 pid=$!
-wait_port "$GRPC"
+wait_port "$GRPC" "$OUT/serve.log"
 
 bench() { # name target args...
     local name=$1 target=$2

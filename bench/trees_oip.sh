@@ -17,7 +17,7 @@ MODELS=${MODELS:-fraud_mlp fraud_xgb fraud_lgbm}
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
-wait_port() { for _ in $(seq 150); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.2; done; echo "port $1 never opened" >&2; exit 1; }
+source bench/lib.sh
 
 "$BIN" serve --models examples/models --grpc-port 8321 --http-port 8320 >"$OUT/serve.log" 2>&1 & pids+=($!)
 wait_port 8321
