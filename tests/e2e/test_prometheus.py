@@ -337,7 +337,8 @@ def substitute(expr: str, model: str) -> str:
 
 # Metrics a server exports only with a model on a GPU (`mesh_model_device_wait_seconds`,
 # `mesh_device_runners`). The stack serves on the CPU, so the panel that shows them is
-# checked to evaluate, not to show data, and they are not required on /metrics.
+# checked to evaluate, not to show data, and they are not required on /metrics
+# (bench/gpu_panel.sh shows its data on a GPU).
 GPU_ONLY = {"mesh_model_device_wait_seconds_bucket", "mesh_device_runners"}
 
 
