@@ -1051,7 +1051,6 @@ pub enum DeviceSpec {
     Cuda(usize),
 }
 
-/// Parses `cpu` or `cuda:N`.
 /// Whether a model.toml sets `key` in `[table]` (rather than leaving the default);
 /// only asked of a text that has parsed.
 fn sets(text: &str, table: &str, key: &str) -> bool {
@@ -1061,6 +1060,7 @@ fn sets(text: &str, table: &str, key: &str) -> bool {
         .is_some()
 }
 
+/// Parses `cpu` or `cuda:N`.
 pub fn parse_device(s: &str) -> Result<DeviceSpec, String> {
     match s {
         "cpu" => Ok(DeviceSpec::Cpu),
