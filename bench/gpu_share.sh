@@ -4,14 +4,13 @@
 # weights) in 1 and 2; and each in one replica whose queue two runners serve (`_i2`:
 # runner_instances = 2, one assembling a batch while the other computes). One release
 # `mesh serve` built with `--features cuda`, 32 callers (`mesh bench --target infer`),
-# two rounds. With BASE set to a second such
-# binary (another build), the two servers alternate within each round, so that their
-# figures come from one run. Prints one line per run: throughput, latency, the
-# server's queue and compute per request (the pass of the batch a request rode in), and
-# the cores the server kept busy.
-# Each server's /metrics is kept at the end of its run (metrics-*.txt), and summed up
-# by model (bench/device_waits.py): rows per batch, the wait for the GPU's turn per
-# batch (mesh_model_device_wait_seconds; a build before the lock has none), the pass.
+# two rounds. With BASE set to a second such binary (another build), the two servers
+# alternate within each round, so that their figures come from one run. Prints one
+# line per run: throughput, latency, the server's queue and compute per request (the
+# pass of the batch a request rode in), and the cores the server kept busy. Each
+# server's /metrics is kept at the end of its run (metrics-*.txt), and summed up by
+# model (bench/device_waits.py): rows per batch, the wait for the GPU's turn per batch
+# (mesh_model_device_wait_seconds; a build before the lock has none), the pass.
 #
 #   cargo build --release -p mesh --features cuda && bench/gpu_share.sh
 #   BASE=/path/to/the/build/before/mesh bench/gpu_share.sh
@@ -28,18 +27,16 @@ PY=python3; [ -n "${MESH_VENV:-}" ] && [ -x "$MESH_VENV/bin/python" ] && PY=$MES
 mkdir -p "$OUT/models"
 
 # The repository: the example fraud MLP moved to $DEVICE, and the large MLP.
-for r in 1 2 4 i2; do
-    d=$OUT/models/fraud_gpu_r$r; [ $r = i2 ] && d=$OUT/models/fraud_gpu_i2; rm -rf "$d"
-    cp -r examples/models/fraud_mlp "$d"
-    runners=1 replicas=$r; [ $r = i2 ] && runners=2 replicas=1
+for v in r1 r2 r4 i2; do   # rN: N replicas of one runner; i2: one replica of two
+    d=$OUT/models/fraud_gpu_$v; rm -rf "$d"; cp -r examples/models/fraud_mlp "$d"
+    replicas=${v#r} runners=1; [ $v = i2 ] && replicas=1 runners=2
     sed -i -e "s/^device = \"cpu\"/device = \"$DEVICE\"/" -e '/^inline_below_us = /d' \
         -e "s/^replicas = 2/replicas = $replicas/" -e "s/^runner_instances = .*/runner_instances = $runners/" "$d/model.toml"
 done
 "$PY" bench/make_heavy_mlp.py "$OUT/heavy"
-for r in 1 2 i2; do
-    d=$OUT/models/heavy_gpu_r$r; [ $r = i2 ] && d=$OUT/models/heavy_gpu_i2; rm -rf "$d"
-    cp -r "$OUT/heavy/heavy_batched" "$d"
-    runners=1 replicas=$r; [ $r = i2 ] && runners=2 replicas=1
+for v in r1 r2 i2; do
+    d=$OUT/models/heavy_gpu_$v; rm -rf "$d"; cp -r "$OUT/heavy/heavy_batched" "$d"
+    replicas=${v#r} runners=1; [ $v = i2 ] && replicas=1 runners=2
     sed -i -e "s/^kind = \"mlp\"/kind = \"mlp\"\ndevice = \"$DEVICE\"/" -e 's/^max_batch_size = .*/max_batch_size = 64/' \
         -e 's/^max_queue_delay_us = .*/max_queue_delay_us = 0/' \
         -e "s/^runner_instances = .*/runner_instances = $runners\nreplicas = $replicas/" "$d/model.toml"
