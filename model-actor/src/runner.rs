@@ -94,21 +94,25 @@ impl Runner {
         true
     }
 
+    /// The rows of `items`, in order, as one batch.
+    fn batch_of(&self, items: &[Pending]) -> Batch {
+        let rows: usize = items.iter().map(|p| p.rows).sum();
+        Batch {
+            rows,
+            cols: self.cols,
+            data: assemble(items.iter().map(|p| &p.data[..]), rows * self.cols),
+        }
+    }
+
     /// Computes one batch (holding `device` for the pass, when the model has one),
     /// tells the queue (its cost, and that this runner is free), and answers its
     /// callers.
-    fn run_batch(&mut self, items: Vec<Pending>, device: Option<&DeviceLock>) {
+    fn run_batch(&mut self, mut items: Vec<Pending>, device: Option<&DeviceLock>) {
         // Everyone left while the batch formed: skip the work.
         if self.all_left(&items) {
             return;
         }
-        let rows: Vec<usize> = items.iter().map(|p| p.rows).collect();
-        let total: usize = rows.iter().sum();
-        let batch = Batch {
-            rows: total,
-            cols: self.cols,
-            data: assemble(items.iter().map(|p| &p.data[..]), total * self.cols),
-        };
+        let mut batch = self.batch_of(&items);
         let took = Instant::now();
         let pass = device.map(DeviceLock::lock);
         // The wait for the device counts as queueing, not computing.
@@ -117,12 +121,24 @@ impl Runner {
             self.meters
                 .device_wait
                 .record((started - took).as_secs_f64());
+            // Callers who gave up (each at its deadline) while the batch waited for the
+            // device: their rows would answer no one and hold the device from those
+            // waiting, so only the others' rows are computed, and none when all left.
+            let before = items.len();
+            items.retain(|p| !p.reply.is_closed());
+            if items.len() < before {
+                self.meters
+                    .cancelled
+                    .increment((before - items.len()) as u64);
+                if items.is_empty() {
+                    self.queue.finished(self.slot, None);
+                    return;
+                }
+                batch = self.batch_of(&items);
+            }
         }
-        // The wait for the device outlived every caller (each gives up at its deadline):
-        // the pass would answer no one, and would hold the device from those waiting.
-        if pass.is_some() && self.all_left(&items) {
-            return;
-        }
+        let rows: Vec<usize> = items.iter().map(|p| p.rows).collect();
+        let total = batch.rows;
         for p in &items {
             let waited = started.saturating_duration_since(p.enqueued_at);
             self.stats.queue.add(1, waited);

@@ -481,12 +481,14 @@ async fn while_the_kept_instance_computes_the_next_request_queues_for_a_runner()
     assert_ne!(seen[0], "mesh-runner", "{seen:?}");
 }
 
-/// What `OnDevice` models saw: passes running now, the most at once, and all passes.
+/// What `OnDevice` models saw: passes running now, the most at once, all passes, and
+/// the rows they computed.
 #[derive(Default)]
 struct Tally {
     running: AtomicUsize,
     most: AtomicUsize,
     passes: AtomicUsize,
+    rows: AtomicUsize,
 }
 
 /// Answers each row with its first value after `delay`, counting its passes in
@@ -509,6 +511,7 @@ impl Model for OnDevice {
         let now = t.running.fetch_add(1, Ordering::SeqCst) + 1;
         t.most.fetch_max(now, Ordering::SeqCst);
         t.passes.fetch_add(1, Ordering::SeqCst);
+        t.rows.fetch_add(b.rows, Ordering::SeqCst);
         std::thread::sleep(self.delay);
         t.running.fetch_sub(1, Ordering::SeqCst);
         Ok(Forward {
@@ -653,6 +656,63 @@ async fn a_batch_whose_callers_gave_up_waiting_for_the_device_is_not_computed() 
         1,
         "the abandoned batch was computed"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rows_of_callers_who_gave_up_waiting_for_the_device_are_left_out_of_the_pass() {
+    let device = Arc::new(DeviceLock::new("test"));
+    let tally = Arc::new(Tally::default());
+    let h = on_device(Duration::ZERO, Some(device.clone()), &tally);
+    let call = |value: f32, deadline: Instant| {
+        let h = h.clone();
+        tokio::spawn(async move { h.infer(row(value), Some(deadline)).await })
+    };
+    // The runner waits for the device with a first batch; two callers queue behind it,
+    // one of whom gives up in 100 ms.
+    let held = device.lock();
+    let first = call(1.0, Instant::now() + Duration::from_secs(5));
+    until_one_waits(&device).await;
+    let impatient = Instant::now() + Duration::from_millis(100);
+    let (quitter, stayer) = (
+        call(2.0, impatient),
+        call(3.0, Instant::now() + Duration::from_secs(5)),
+    );
+    let give_up = Instant::now() + Duration::from_secs(5);
+    while h.in_flight() < 3 {
+        assert!(Instant::now() < give_up, "the two callers never queued");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // Another user of the device takes its turn after the first batch's pass and keeps
+    // the device past the impatient caller's deadline, while their batch waits for it.
+    let other = std::thread::spawn({
+        let device = device.clone();
+        move || {
+            let _turn = device.lock();
+            std::thread::sleep(impatient.saturating_duration_since(Instant::now()));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    let give_up = Instant::now() + Duration::from_secs(5);
+    while device.waiting() < 2 {
+        assert!(Instant::now() < give_up, "the other user never asked");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    drop(held);
+    assert_eq!(first.await.unwrap().unwrap().data, vec![1.0]);
+    let gave_up = quitter.await.unwrap();
+    assert!(
+        matches!(gave_up, Err(ModelError::DeadlineExceeded(_))),
+        "{gave_up:?}"
+    );
+    let out = stayer.await.unwrap().unwrap();
+    other.join().unwrap();
+    assert_eq!(out.data, vec![3.0]);
+    assert_eq!(
+        out.batch_rows, 1,
+        "the pass computed the row of a caller who left"
+    );
+    assert_eq!(tally.passes.load(Ordering::SeqCst), 2);
+    assert_eq!(tally.rows.load(Ordering::SeqCst), 2);
 }
 
 /// A Prometheus recorder with this crate's buckets, for a test to read what a group
