@@ -1192,15 +1192,18 @@ mod tests {
         assert!(err.contains("tpu"), "{err}");
     }
 
+    /// `MIN` on `device` with the `[batching]` lines given.
+    fn on_device(device: &str, batching: &str) -> ModelConfig {
+        let text = format!("{MIN}\n[batching]\n{batching}\n").replace(
+            "kind = \"mlp\"",
+            &format!("kind = \"mlp\"\ndevice = \"{device}\""),
+        );
+        ModelConfig::parse(&text, "m").unwrap()
+    }
+
     #[test]
     fn several_runners_on_one_gpu_are_advised_against() {
-        let on = |device: &str, batching: &str| {
-            let text = format!("{MIN}\n[batching]\n{batching}\n").replace(
-                "kind = \"mlp\"",
-                &format!("kind = \"mlp\"\ndevice = \"{device}\""),
-            );
-            ModelConfig::parse(&text, "m").unwrap().advice()
-        };
+        let on = |device: &str, batching: &str| on_device(device, batching).advice();
         let advice = on("cuda:1", "replicas = 2");
         assert_eq!(advice.len(), 1, "{advice:?}");
         assert!(
@@ -1222,12 +1225,7 @@ mod tests {
     #[test]
     fn a_gpu_model_has_one_runner_unless_it_asks_for_more() {
         let runners = |device: &str, batching: &str| {
-            let text = format!("{MIN}\n[batching]\n{batching}\n").replace(
-                "kind = \"mlp\"",
-                &format!("kind = \"mlp\"\ndevice = \"{device}\""),
-            );
-            let c = ModelConfig::parse(&text, "m").unwrap();
-            c.batching.runner_instances.get()
+            on_device(device, batching).batching.runner_instances.get()
         };
         assert_eq!(runners("cpu", ""), 2);
         assert_eq!(runners("cuda:0", ""), 1);

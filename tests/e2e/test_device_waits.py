@@ -19,24 +19,34 @@ def family(name, model, version, replica, total, count):
             f"{name}_count{{{labels}}} {count}"]
 
 
+# (model, version): {family: [(sum, count) of each replica]}.
+SERIES = {
+    # Two replicas of gpu v2: 30 batches of 150 rows in all (5 a batch); 150 requests
+    # waited 0.03 s in the queue (200 us each); 30 batches waited 0.0015 s for the
+    # device (50 us each) and passed in 0.0036 s (120 us each).
+    ("gpu", 2): {
+        "mesh_model_batch_size": [(100, 20), (50, 10)],
+        "mesh_model_queue_wait_seconds": [(0.02, 100), (0.01, 50)],
+        "mesh_model_device_wait_seconds": [(0.001, 20), (0.0005, 10)],
+        "mesh_model_compute_seconds": [(0.0024, 20), (0.0012, 10)],
+    },
+    # A CPU model has no device wait.
+    ("cpu", 1): {
+        "mesh_model_batch_size": [(8, 4)],
+        "mesh_model_queue_wait_seconds": [(0.0008, 8)],
+        "mesh_model_compute_seconds": [(0.0004, 4)],
+    },
+    # A loaded version that served nothing is left out.
+    ("gpu", 1): {"mesh_model_batch_size": [(0, 0)]},
+}
+
 TEXT = "\n".join(
     ["# TYPE mesh_model_batch_size histogram"]
-    # Two replicas of gpu v2: 30 batches of 150 rows in all, 5 rows a batch.
-    + family("mesh_model_batch_size", "gpu", 2, 0, 100, 20)
-    + family("mesh_model_batch_size", "gpu", 2, 1, 50, 10)
-    # 150 requests waited 0.03 s together: 200 us each.
-    + family("mesh_model_queue_wait_seconds", "gpu", 2, 0, 0.02, 100)
-    + family("mesh_model_queue_wait_seconds", "gpu", 2, 1, 0.01, 50)
-    # 30 batches waited 0.0015 s for the device: 50 us each; passes 120 us each.
-    + family("mesh_model_device_wait_seconds", "gpu", 2, 0, 0.001, 20)
-    + family("mesh_model_device_wait_seconds", "gpu", 2, 1, 0.0005, 10)
-    + family("mesh_model_compute_seconds", "gpu", 2, 0, 0.0024, 20)
-    + family("mesh_model_compute_seconds", "gpu", 2, 1, 0.0012, 10)
-    # A CPU model has no device wait; a loaded version that served nothing is left out.
-    + family("mesh_model_batch_size", "cpu", 1, 0, 8, 4)
-    + family("mesh_model_queue_wait_seconds", "cpu", 1, 0, 0.0008, 8)
-    + family("mesh_model_compute_seconds", "cpu", 1, 0, 0.0004, 4)
-    + family("mesh_model_batch_size", "gpu", 1, 0, 0, 0)
+    + [line
+       for (model, version), families in SERIES.items()
+       for name, replicas in families.items()
+       for replica, (total, count) in enumerate(replicas)
+       for line in family(name, model, version, replica, total, count)]
     + ['mesh_device_runners{device="cuda:0"} 3', "mesh_model_ready 1"]
 )
 
