@@ -83,14 +83,21 @@ impl Runner {
         }
     }
 
-    /// Whether every caller of `items` has stopped waiting; if so they are counted as
-    /// cancelled and the queue is told this runner is free.
-    fn all_left(&self, items: &[Pending]) -> bool {
-        if !items.iter().all(|p| p.reply.is_closed()) {
+    /// Takes the callers who stopped waiting (each gives up at its deadline) out of
+    /// `items`, counted as cancelled: their rows would answer no one. When none is
+    /// left, tells the queue this runner is free and returns false.
+    fn keep_waiting(&self, items: &mut Vec<Pending>) -> bool {
+        let before = items.len();
+        items.retain(|p| !p.reply.is_closed());
+        if items.len() < before {
+            self.meters
+                .cancelled
+                .increment((before - items.len()) as u64);
+        }
+        if items.is_empty() {
+            self.queue.finished(self.slot, None);
             return false;
         }
-        self.meters.cancelled.increment(items.len() as u64);
-        self.queue.finished(self.slot, None);
         true
     }
 
@@ -108,8 +115,9 @@ impl Runner {
     /// tells the queue (its cost, and that this runner is free), and answers its
     /// callers.
     fn run_batch(&mut self, mut items: Vec<Pending>, device: Option<&DeviceLock>) {
-        // Everyone left while the batch formed: skip the work.
-        if self.all_left(&items) {
+        // Callers who left while the batch formed are not computed, nor is a batch
+        // that everyone left.
+        if !self.keep_waiting(&mut items) {
             return;
         }
         let mut batch = self.batch_of(&items);
@@ -121,19 +129,13 @@ impl Runner {
             self.meters
                 .device_wait
                 .record((started - took).as_secs_f64());
-            // Callers who gave up (each at its deadline) while the batch waited for the
-            // device: their rows would answer no one and hold the device from those
-            // waiting, so only the others' rows are computed, and none when all left.
+            // Nor are those who gave up while it waited for the device, whose pass
+            // would otherwise hold it from the batches waiting behind.
             let before = items.len();
-            items.retain(|p| !p.reply.is_closed());
+            if !self.keep_waiting(&mut items) {
+                return;
+            }
             if items.len() < before {
-                self.meters
-                    .cancelled
-                    .increment((before - items.len()) as u64);
-                if items.is_empty() {
-                    self.queue.finished(self.slot, None);
-                    return;
-                }
                 batch = self.batch_of(&items);
             }
         }
