@@ -3,7 +3,8 @@
 # `--features cuda`, the example fraud MLP on $DEVICE in its 2 replicas, 32 callers
 # (`mesh bench --target infer`) for $SECONDS_OF_LOAD seconds, a Prometheus scraping it
 # every second with dashboards/prometheus/prometheus.yml; then each of the panel's
-# queries, with Grafana's variables as for one range query, and what it answers.
+# queries, with Grafana's variables as for one range query, and what it answers
+# (dashboards/queries.py, as the end-to-end test reads them).
 # The end-to-end test (tests/e2e/test_prometheus.py) checks every panel on the CPU,
 # where this one can only evaluate.
 #
@@ -28,9 +29,7 @@ cp -r examples/models/fraud_mlp "$OUT/models/"
 sed -i -e "s/^device = \"cpu\"/device = \"$DEVICE\"/" -e '/^inline_below_us = /d' "$OUT/models/fraud_mlp/model.toml"
 "$BIN" serve --models "$OUT/models" --grpc-port 8431 --http-port 8430 >"$OUT/serve.log" 2>&1 &
 pids+=($!)
-cp -r dashboards/prometheus "$OUT/prometheus"
-sed -i -e 's/127.0.0.1:8000/127.0.0.1:8430/' -e 's/^\(\s*scrape_interval:\).*/\1 1s/' \
-    -e 's/^\(\s*evaluation_interval:\).*/\1 1s/' "$OUT/prometheus/prometheus.yml"
+PYTHONPATH=dashboards python3 -c 'import sys, pathlib, queries; queries.prometheus_config(pathlib.Path(sys.argv[1]), "127.0.0.1:8430")' "$OUT"
 "$PROM" --config.file="$OUT/prometheus/prometheus.yml" --storage.tsdb.path="$OUT/tsdb" \
     --web.listen-address=127.0.0.1:8439 >"$OUT/prometheus.log" 2>&1 &
 pids+=($!)
@@ -40,19 +39,16 @@ wait_port 8439 "$OUT/prometheus.log"
     --seconds "$SECONDS_OF_LOAD" --warmup 1 --json >"$OUT/bench.json" 2>/dev/null
 python3 bench/infer_line.py "$OUT/bench.json" "fraud_mlp on $DEVICE"
 sleep 2   # one more scrape
-python3 - dashboards/grafana/inference-mesh.json <<'PY'
-import json, sys, urllib.parse, urllib.request
+PYTHONPATH=dashboards python3 - <<'PY'
+import json, urllib.parse, urllib.request
 
-def panels(ps):
-    for p in ps:
-        yield p
-        yield from panels(p.get("panels", []))
+from queries import dashboard, expand, panels
 
-for p in panels(json.load(open(sys.argv[1]))["panels"]):
+for p in panels(dashboard()["panels"]):
     if not p.get("title", "").startswith("GPU turns"):
         continue
     for t in p["targets"]:
-        expr = t["expr"].replace("$__rate_interval", "1m").replace("$model", ".*")
+        expr = expand(t["expr"], ".*")
         url = "http://127.0.0.1:8439/api/v1/query?" + urllib.parse.urlencode({"query": expr})
         answer = json.load(urllib.request.urlopen(url))
         print(f"{t['refId']}  {expr}\n   {answer['status']}, {len(answer['data']['result'])} series")

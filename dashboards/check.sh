@@ -36,9 +36,11 @@ trap 'rm -rf "$tmp"' EXIT
 check_grafana() {
     # Validates the dashboard and writes every panel query (Grafana variables
     # expanded) as a recording rule, for promtool to parse.
-    "$PYTHON" - dashboards/grafana/inference-mesh.json "$tmp/panel_queries.yml" <<'EOF'
+    PYTHONPATH=dashboards "$PYTHON" - dashboards/grafana/inference-mesh.json "$tmp/panel_queries.yml" <<'EOF'
 import json
 import sys
+
+from queries import expand, panels
 
 path, rules_out = sys.argv[1], sys.argv[2]
 DS = "${DS_PROMETHEUS}"
@@ -66,13 +68,8 @@ for v in variables:
     if v.get("type") == "query" and uid(v.get("datasource")) != DS:
         errors.append(f"variable {v.get('name')}: datasource is not {DS}")
 
-def walk(ps):
-    for p in ps:
-        yield p
-        yield from walk(p.get("panels", []))
-
 ids, queries, npanels = set(), [], 0
-for p in walk(d.get("panels", [])):
+for p in panels(d.get("panels", [])):
     title = p.get("title", "<untitled>")
     if p.get("id") in ids:
         errors.append(f"panel {title!r}: duplicate id {p.get('id')}")
@@ -97,11 +94,7 @@ for p in walk(d.get("panels", [])):
             errors.append(f"panel {title!r} target {ref}: datasource is not {DS}")
         if "rate(" in expr and "[" in expr and "$__rate_interval" not in expr and p.get("type") != "stat":
             errors.append(f"panel {title!r} target {ref}: a rate without $__rate_interval")
-        q = expr
-        for var, val in [("$__rate_interval", "1m"), ("${__rate_interval}", "1m"), ("$__interval", "15s"),
-                         ("${__interval}", "15s"), ("$__range", "1h"), ("${__range}", "1h"),
-                         ("${model}", ".*"), ("$model", ".*")]:
-            q = q.replace(var, val)
+        q = expand(expr, ".*")
         if "$" in q:
             errors.append(f"panel {title!r} target {ref}: unknown variable in {expr}")
         queries.append((title, ref, q))

@@ -17,6 +17,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -28,9 +29,8 @@ import pytest
 
 from conftest import ROOT, Mesh, mesh_binary
 
-DASHBOARDS = ROOT / "dashboards"
-DASHBOARD = DASHBOARDS / "grafana" / "inference-mesh.json"
-PROM_DIR = DASHBOARDS / "prometheus"
+sys.path.insert(0, str(ROOT / "dashboards"))
+from queries import PROM_DIR, dashboard, expand, panels, prometheus_config  # noqa: E402
 MODEL = "fraud_mlp"
 
 
@@ -124,22 +124,6 @@ class Prometheus:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-
-
-def prometheus_config(work: Path, target: str) -> Path:
-    """dashboards/prometheus/ copied into `work`, prometheus.yml scraping `target`
-    every second (rule_files resolve against the copy, as against the original)."""
-    conf = work / "prometheus"
-    shutil.copytree(PROM_DIR, conf)
-    text = (PROM_DIR / "prometheus.yml").read_text()
-    for old, new in [("127.0.0.1:8000", target)]:
-        assert old in text, f"prometheus.yml no longer names {old}"
-        text = text.replace(old, new)
-    for key in ("scrape_interval", "evaluation_interval"):
-        text, n = re.subn(rf"^(\s*{key}:)\s*\S+", r"\1 1s", text, flags=re.M)
-        assert n >= 1, f"prometheus.yml has no {key}"
-    (conf / "prometheus.yml").write_text(text)
-    return conf / "prometheus.yml"
 
 
 MESH_TOML = """\
@@ -289,16 +273,6 @@ def stack(tmp_path_factory):
 # ---- what the dashboard and the rules use
 
 
-def dashboard() -> dict:
-    return json.loads(DASHBOARD.read_text())
-
-
-def panels(ps):
-    for p in ps:
-        yield p
-        yield from panels(p.get("panels", []))  # rows (collapsed ones hold their panels)
-
-
 def dashboard_exprs() -> list[tuple[str, str]]:
     """(panel title / refId, expr) of every query target."""
     out = []
@@ -327,10 +301,7 @@ def loaded_rules(prom) -> list[dict]:
 
 def substitute(expr: str, model: str) -> str:
     """Grafana's variables as Grafana would expand them for one range query."""
-    for var, value in [("$__rate_interval", "1m"), ("${__rate_interval}", "1m"), ("$__interval", "15s"),
-                       ("${__interval}", "15s"), ("$__range", "1h"), ("${__range}", "1h"),
-                       ("${model}", model), ("$model", model)]:
-        expr = expr.replace(var, value)
+    expr = expand(expr, model)
     assert "$" not in expr, f"unsubstituted variable in {expr}"
     return expr
 
