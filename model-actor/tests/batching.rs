@@ -219,6 +219,20 @@ async fn until_in_flight(h: &VersionHandle, n: usize) {
     }
 }
 
+/// Waits until the fake model has started `n` batches. In flight alone, a request may
+/// still be queued, and the queue serves the nearest deadline first, so a test that
+/// needs a request to be running, not waiting, waits for this.
+async fn until_taken(seen: &Seen, n: usize) {
+    let t = Instant::now();
+    while seen.lock().len() < n {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the runner never took batch {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_refuses_at_once_what_cannot_be_answered_in_time() {
     // One runner, one row a batch, 100 ms a batch.
@@ -230,17 +244,9 @@ async fn admission_refuses_at_once_what_cannot_be_answered_in_time() {
     // expected in about 300 ms.
     let h1 = h.clone();
     let running = tokio::spawn(async move { h1.infer(row(1.0), in_secs(5)).await });
-    until_in_flight(&h, 1).await;
     // Taken by the runner, so that only the next one waits in the queue: in flight
     // alone, it may still be queued, and two batches would be ahead.
-    let t = Instant::now();
-    while seen.lock().len() < 2 {
-        assert!(
-            t.elapsed() < Duration::from_secs(5),
-            "the runner never took it"
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    until_taken(&seen, 2).await;
     let h2 = h.clone();
     let waiting = tokio::spawn(async move { h2.infer(row(2.0), in_secs(5)).await });
     until_in_flight(&h, 2).await;
@@ -295,7 +301,9 @@ async fn a_request_that_expires_in_the_queue_is_not_computed_nor_counted_ok() {
     let (h, seen) = start(config(1, 0, 64, 1), Duration::from_millis(300));
     let h1 = h.clone();
     let first = tokio::spawn(async move { h1.infer(row(1.0), in_secs(5)).await });
-    until_in_flight(&h, 1).await;
+    // Running, not queued: queued beside it, the short-deadline request would be
+    // served first.
+    until_taken(&seen, 1).await;
     let t = Instant::now();
     let r = h
         .infer(row(55.0), Some(Instant::now() + Duration::from_millis(60)))
