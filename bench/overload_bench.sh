@@ -5,8 +5,10 @@
 # not the transport, saturates. First its saturation throughput: ModelInfer in
 # closed loop, 24 callers (three batches: one running, two waiting), no deadline of
 # the callers' own (so no refusal comes back at once to be sent again): the model's
-# answers per second. Then ModelInfer and Decide in open loop at 1x, 2x and 4x of
-# it, each request with a 50 ms deadline (grpc-timeout, counted from when it was
+# answers per second, measured again after the rest (a shared machine's speed drifts
+# over a run: "of sat" is against the mean of the two, and both are printed). Then,
+# between the two, ModelInfer and Decide in open loop at 1x, 2x and 4x of the first,
+# each request with a 50 ms deadline (grpc-timeout, counted from when it was
 # due). Useful answers are model answers (Decide: MODEL or PREVIOUS_VERSION) within
 # the deadline, shown against the saturation throughput; "late" are answers of any
 # status more than 5 ms past the deadline (by status: a late Cancelled is the
@@ -89,17 +91,27 @@ for target in $TARGETS; do
         curl -s "http://127.0.0.1:$HTTP/metrics" >"$OUT/$target-${m}x.metrics" || true
     done
 done
+# Saturation again after the multiples: a shared machine's speed drifts over a run,
+# and a ratio against one end of it would carry the drift. Without SAT, "of sat" is
+# against the mean of the two.
+bench saturation-after infer --concurrency 24 --seconds "$SECS"
+[ -n "${SAT:-}" ] || "$PYTHON" -c "import sys; print((float(sys.argv[1]) + float(sys.argv[2])) / 2)" \
+    "$sat" "$(answers "$OUT/saturation-after.json")" >"$OUT/rate"
 
-"$PYTHON" - "$OUT" "$TARGETS" "$MULTS" <<'PY'
+"$PYTHON" - "$OUT" "$TARGETS" "$MULTS" "${SAT:+given}" <<'PY'
 import json, sys
-out, targets, mults = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
+out, targets, mults, given = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), sys.argv[4] == "given"
 print(f"{'run':<18}{'offered/s':>10}{'useful/s':>10}{'of sat':>8}{'p50 us':>9}{'p99 us':>9}{'max us':>9}{'late':>6}{'lag max':>9}  statuses (Decide: sources); late by status")
 sat = json.load(open(f"{out}/saturation.json"))
 s = float(open(f"{out}/rate").read())
-for t, name in [("infer", "saturation")] + [(t, f"{m}x") for t in targets for m in mults]:
-        r = json.load(open(f"{out}/{name if name == 'saturation' else t + '-' + name}.json"))
-        # The saturation run has no deadline: its useful answers are its model answers.
-        u = r.get("useful") or {"per_second": s, "late": 0}
+def model_answers(r):
+    return r["codes"].get("OK", 0) / r["seconds"]
+runs = [("infer", "saturation")] + [(t, f"{m}x") for t in targets for m in mults] + [("infer", "sat. after")]
+files = {"saturation": "saturation", "sat. after": "saturation-after"}
+for t, name in runs:
+        r = json.load(open(f"{out}/{files.get(name, t + '-' + name)}.json"))
+        # The saturation runs have no deadline: their useful answers are their model answers.
+        u = r.get("useful") or {"per_second": model_answers(r), "late": 0}
         offered = r["requests"] / r["seconds"]
         rest = dict(r["codes"])
         if r["sources"]:
@@ -107,5 +119,8 @@ for t, name in [("infer", "saturation")] + [(t, f"{m}x") for t in targets for m 
         print(f"{t + ' ' + name:<18}{offered:>10.0f}{u['per_second']:>10.0f}{u['per_second'] / s:>8.0%}"
               f"{r['p50_us']:>9}{r['p99_us']:>9}{r['max_us']:>9}{u['late']:>6}{r.get('send_lag_max_us', 0):>9}  {rest}"
               + (f"; late {u['late_codes']}" if u.get('late_codes') else ""))
+before, after = model_answers(sat), model_answers(json.load(open(f"{out}/saturation-after.json")))
+against = f"SAT={s:.0f}/s, as given" if given else "their mean"
+print(f"saturation {before:.0f}/s before the multiples and {after:.0f}/s after ({after / before - 1:+.1%}); of sat: against {against}")
 print(f"saturation: ModelInfer, closed loop, 24 callers, no deadline; the rest: open loop at multiples of it, deadline {json.load(open(f'{out}/{targets[0]}-{mults[0]}x.json'))['useful']['deadline_ms']} ms; raw reports in {out}")
 PY
