@@ -13,8 +13,12 @@
 # the deadline, shown against the saturation throughput; "late" are answers of any
 # status more than 5 ms past the deadline (by status: a late Cancelled is the
 # client's own timer firing late), and "lag max" how far behind its schedule the
-# load generator sent a request (both inside its latencies). Prints one table; raw JSON reports and
-# the server's /metrics after each run go to $OUT.
+# load generator sent a request (both inside its latencies). Where the capacity went,
+# from the server around each run: "busy", the model's runner computing, of the run's
+# wall time; "rows/b" and "ms/b", its batches; "cpu/req", the server's CPU outside
+# the runner per request sent, in µs (refused ones included). Prints one table; raw
+# JSON reports and the server's /metrics and threads' CPU before and after each run
+# go to $OUT.
 #
 #   cargo build --release -p mesh --bin mesh
 #   bench/overload_bench.sh [path/to/mesh]
@@ -64,11 +68,22 @@ sed -e "s#^models = .*#models = \"$OUT/models\"#" \
 pid=$!
 wait_port "$GRPC" "$OUT/serve.log"
 
+# The server as a run leaves it: the wall clock, each thread's /proc stat line (its
+# CPU time) and /metrics. The summary reads two of them around each run.
+snap() {
+    {
+        date +%s.%N
+        for t in /proc/"$pid"/task/*; do echo "stat $(cat "$t/stat" 2>/dev/null)"; done
+        curl -s "http://127.0.0.1:$HTTP/metrics" || true
+    } >"$1"
+}
 bench() { # name target args...
     local name=$1 target=$2
     shift 2
+    snap "$OUT/$name.before"
     "$BIN" bench --addr "http://127.0.0.1:$GRPC" --target "$target" --model heavy_fraud \
         --json "$@" >"$OUT/$name.json" 2>"$OUT/$name.err"
+    snap "$OUT/$name.after"
 }
 # Model answers per second of a report: Infer's OK, Decide's MODEL and PREVIOUS_VERSION.
 answers() { "$PYTHON" -c "
@@ -88,7 +103,6 @@ for target in $TARGETS; do
     for m in $MULTS; do
         rate=$("$PYTHON" -c "print(max(1, round($sat * $m)))")
         bench "$target-${m}x" "$target" --rate "$rate" --concurrency 64 --seconds "$SECS" --deadline-ms "$DEADLINE_MS"
-        curl -s "http://127.0.0.1:$HTTP/metrics" >"$OUT/$target-${m}x.metrics" || true
     done
 done
 # Saturation again after the multiples: a shared machine's speed drifts over a run,
@@ -99,9 +113,42 @@ bench saturation-after infer --concurrency 24 --seconds "$SECS"
     "$sat" "$(answers "$OUT/saturation-after.json")" >"$OUT/rate"
 
 "$PYTHON" - "$OUT" "$TARGETS" "$MULTS" "${SAT:+given}" <<'PY'
-import json, sys
+import json, os, sys
 out, targets, mults, given = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), sys.argv[4] == "given"
-print(f"{'run':<18}{'offered/s':>10}{'useful/s':>10}{'of sat':>8}{'p50 us':>9}{'p99 us':>9}{'max us':>9}{'late':>6}{'lag max':>9}  statuses (Decide: sources); late by status")
+print(f"{'run':<18}{'offered/s':>10}{'useful/s':>10}{'of sat':>8}{'p50 us':>9}{'p99 us':>9}{'max us':>9}{'late':>6}{'lag max':>9}"
+      f"{'busy':>6}{'rows/b':>7}{'ms/b':>6}{'cpu/req':>8}  statuses (Decide: sources); late by status")
+TICK = os.sysconf("SC_CLK_TCK")
+def snapshot(path):
+    """(wall s, {thread name: CPU s}, {metric: sum over the heavy model's series})."""
+    lines = open(path).read().splitlines()
+    cpu, metrics = {}, {}
+    for line in lines[1:]:
+        if line.startswith("stat "):
+            st = line[5:]
+            if ")" not in st:
+                continue  # the thread ended between the listing and the read
+            name = st[st.index("(") + 1 : st.rindex(")")]
+            fields = st[st.rindex(")") + 2 :].split()
+            cpu[name] = cpu.get(name, 0) + (int(fields[11]) + int(fields[12])) / TICK
+        elif 'model="heavy_fraud"' in line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            name = key.split("{", 1)[0]
+            metrics[name] = metrics.get(name, 0) + float(value)
+    return float(lines[0]), cpu, metrics
+def server_side(run, requests):
+    """The model's busy share of the run's wall time (1 runner computing all along:
+    100%), its rows per batch and milliseconds per batch, and the server's CPU per
+    request outside the model's runners (µs), from the snapshots around the run."""
+    try:
+        (w0, c0, m0), (w1, c1, m1) = snapshot(f"{out}/{run}.before"), snapshot(f"{out}/{run}.after")
+    except (OSError, ValueError, IndexError):
+        return f"{'-':>6}{'-':>7}{'-':>6}{'-':>8}"
+    d = lambda k: m1.get(k, 0) - m0.get(k, 0)
+    batches = d("mesh_model_batch_size_count")
+    compute = d("mesh_model_compute_seconds_sum")
+    other = sum(v - c0.get(k, 0) for k, v in c1.items() if k != "mesh-runner")
+    return (f"{compute / max(w1 - w0, 1e-9):>6.0%}{d('mesh_model_batch_size_sum') / max(batches, 1):>7.2f}"
+            f"{1000 * compute / max(batches, 1):>6.2f}{1e6 * other / max(requests, 1):>8.0f}")
 sat = json.load(open(f"{out}/saturation.json"))
 s = float(open(f"{out}/rate").read())
 def model_answers(r):
@@ -117,10 +164,12 @@ for t, name in runs:
         if r["sources"]:
             rest.update({f"src:{k}": v for k, v in r["sources"].items()})
         print(f"{t + ' ' + name:<18}{offered:>10.0f}{u['per_second']:>10.0f}{u['per_second'] / s:>8.0%}"
-              f"{r['p50_us']:>9}{r['p99_us']:>9}{r['max_us']:>9}{u['late']:>6}{r.get('send_lag_max_us', 0):>9}  {rest}"
+              f"{r['p50_us']:>9}{r['p99_us']:>9}{r['max_us']:>9}{u['late']:>6}{r.get('send_lag_max_us', 0):>9}"
+              f"{server_side(files.get(name, t + '-' + name), r['requests'])}  {rest}"
               + (f"; late {u['late_codes']}" if u.get('late_codes') else ""))
 before, after = model_answers(sat), model_answers(json.load(open(f"{out}/saturation-after.json")))
 against = f"SAT={s:.0f}/s, as given" if given else "their mean"
 print(f"saturation {before:.0f}/s before the multiples and {after:.0f}/s after ({after / before - 1:+.1%}); of sat: against {against}")
+print("busy: the model's runner computing, of each run's wall time; rows/b, ms/b: its batches; cpu/req: the server's CPU outside the runner per request sent (µs)")
 print(f"saturation: ModelInfer, closed loop, 24 callers, no deadline; the rest: open loop at multiples of it, deadline {json.load(open(f'{out}/{targets[0]}-{mults[0]}x.json'))['useful']['deadline_ms']} ms; raw reports in {out}")
 PY
