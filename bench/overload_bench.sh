@@ -156,7 +156,8 @@ def model_answers(r):
 runs = [("infer", "saturation")] + [(t, f"{m}x") for t in targets for m in mults] + [("infer", "sat. after")]
 files = {"saturation": "saturation", "sat. after": "saturation-after"}
 for t, name in runs:
-        r = json.load(open(f"{out}/{files.get(name, t + '-' + name)}.json"))
+        run = files.get(name, f"{t}-{name}")
+        r = json.load(open(f"{out}/{run}.json"))
         # The saturation runs have no deadline: their useful answers are their model answers.
         u = r.get("useful") or {"per_second": model_answers(r), "late": 0}
         offered = r["requests"] / r["seconds"]
@@ -165,7 +166,7 @@ for t, name in runs:
             rest.update({f"src:{k}": v for k, v in r["sources"].items()})
         print(f"{t + ' ' + name:<18}{offered:>10.0f}{u['per_second']:>10.0f}{u['per_second'] / s:>8.0%}"
               f"{r['p50_us']:>9}{r['p99_us']:>9}{r['max_us']:>9}{u['late']:>6}{r.get('send_lag_max_us', 0):>9}"
-              f"{server_side(files.get(name, t + '-' + name), r['requests'])}  {rest}"
+              f"{server_side(run, r['requests'])}  {rest}"
               + (f"; late {u['late_codes']}" if u.get('late_codes') else ""))
 before, after = model_answers(sat), model_answers(json.load(open(f"{out}/saturation-after.json")))
 against = f"SAT={s:.0f}/s, as given" if given else "their mean"

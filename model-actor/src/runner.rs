@@ -84,21 +84,21 @@ impl Runner {
     }
 
     /// Takes the callers who stopped waiting (each gives up at its deadline) out of
-    /// `items`, counted as cancelled: their rows would answer no one. When none is
-    /// left, tells the queue this runner is free and returns false.
-    fn keep_waiting(&self, items: &mut Vec<Pending>) -> bool {
+    /// `items`, counted as cancelled: their rows would answer no one. Returns how many
+    /// left, or `None` when none is left to answer, having told the queue this runner
+    /// is free.
+    fn keep_waiting(&self, items: &mut Vec<Pending>) -> Option<usize> {
         let before = items.len();
         items.retain(|p| !p.reply.is_closed());
-        if items.len() < before {
-            self.meters
-                .cancelled
-                .increment((before - items.len()) as u64);
+        let left = before - items.len();
+        if left > 0 {
+            self.meters.cancelled.increment(left as u64);
         }
         if items.is_empty() {
             self.queue.finished(self.slot, None);
-            return false;
+            return None;
         }
-        true
+        Some(left)
     }
 
     /// The rows of `items`, in order, as one batch.
@@ -117,7 +117,7 @@ impl Runner {
     fn run_batch(&mut self, mut items: Vec<Pending>, device: Option<&DeviceLock>) {
         // Callers who left while the batch formed are not computed, nor is a batch
         // that everyone left.
-        if !self.keep_waiting(&mut items) {
+        if self.keep_waiting(&mut items).is_none() {
             return;
         }
         let mut batch = self.batch_of(&items);
@@ -131,12 +131,10 @@ impl Runner {
                 .record((started - took).as_secs_f64());
             // Nor are those who gave up while it waited for the device, whose pass
             // would otherwise hold it from the batches waiting behind.
-            let before = items.len();
-            if !self.keep_waiting(&mut items) {
-                return;
-            }
-            if items.len() < before {
-                batch = self.batch_of(&items);
+            match self.keep_waiting(&mut items) {
+                None => return,
+                Some(0) => {}
+                Some(_) => batch = self.batch_of(&items),
             }
         }
         let rows: Vec<usize> = items.iter().map(|p| p.rows).collect();

@@ -219,9 +219,10 @@ async fn until_in_flight(h: &VersionHandle, n: usize) {
     }
 }
 
-/// Waits until the fake model has started `n` batches. In flight alone, a request may
-/// still be queued, and the queue serves the nearest deadline first, so a test that
-/// needs a request to be running, not waiting, waits for this.
+/// Waits until the fake model has started `n` batches. A request counts as in flight
+/// from its admission permit, before it is pushed onto the queue, so one sent after
+/// it may still be queued ahead of it: a test that needs a request to be running, not
+/// waiting, waits for this.
 async fn until_taken(seen: &Seen, n: usize) {
     let t = Instant::now();
     while seen.lock().len() < n {
@@ -301,8 +302,8 @@ async fn a_request_that_expires_in_the_queue_is_not_computed_nor_counted_ok() {
     let (h, seen) = start(config(1, 0, 64, 1), Duration::from_millis(300));
     let h1 = h.clone();
     let first = tokio::spawn(async move { h1.infer(row(1.0), in_secs(5)).await });
-    // Running, not queued: queued beside it, the short-deadline request would be
-    // served first.
+    // Running, not only in flight: one not yet queued could be queued after the
+    // short-deadline request, which the runner would then compute first.
     until_taken(&seen, 1).await;
     let t = Instant::now();
     let r = h
@@ -572,20 +573,17 @@ async fn infer_behind(
         let h = h.clone();
         async move { h.infer(row(value), in_secs(5)).await }
     });
-    until_one_waits(device).await;
+    until_waiting(device, 1).await;
     tokio::time::sleep(hold).await;
     drop(held);
     call.await.unwrap().unwrap()
 }
 
-/// Polls until `device` has a pass waiting (5 s at most).
-async fn until_one_waits(device: &DeviceLock) {
+/// Polls until `device` has `n` passes waiting (5 s at most).
+async fn until_waiting(device: &DeviceLock, n: u64) {
     let give_up = Instant::now() + Duration::from_secs(5);
-    while device.waiting() == 0 {
-        assert!(
-            Instant::now() < give_up,
-            "the runner never asked for the device"
-        );
+    while device.waiting() < n {
+        assert!(Instant::now() < give_up, "never {n} waiting for the device");
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
@@ -649,7 +647,7 @@ async fn a_batch_whose_callers_gave_up_waiting_for_the_device_is_not_computed() 
         let h = h.clone();
         async move { h.infer(row(1.0), Some(deadline)).await }
     });
-    until_one_waits(&device).await;
+    until_waiting(&device, 1).await;
     let gave_up = call.await.unwrap();
     assert!(
         matches!(gave_up, Err(ModelError::DeadlineExceeded(_))),
@@ -679,17 +677,13 @@ async fn the_rows_of_callers_who_gave_up_waiting_for_the_device_are_left_out_of_
     // one of whom gives up in 100 ms.
     let held = device.lock();
     let first = call(1.0, Instant::now() + Duration::from_secs(5));
-    until_one_waits(&device).await;
+    until_waiting(&device, 1).await;
     let impatient = Instant::now() + Duration::from_millis(100);
     let (quitter, stayer) = (
         call(2.0, impatient),
         call(3.0, Instant::now() + Duration::from_secs(5)),
     );
-    let give_up = Instant::now() + Duration::from_secs(5);
-    while h.in_flight() < 3 {
-        assert!(Instant::now() < give_up, "the two callers never queued");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    until_in_flight(&h, 3).await;
     // Another user of the device takes its turn after the first batch's pass and keeps
     // the device past the impatient caller's deadline, while their batch waits for it.
     let other = std::thread::spawn({
@@ -700,11 +694,8 @@ async fn the_rows_of_callers_who_gave_up_waiting_for_the_device_are_left_out_of_
             std::thread::sleep(Duration::from_millis(50));
         }
     });
-    let give_up = Instant::now() + Duration::from_secs(5);
-    while device.waiting() < 2 {
-        assert!(Instant::now() < give_up, "the other user never asked");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    // The runner and the other user.
+    until_waiting(&device, 2).await;
     drop(held);
     assert_eq!(first.await.unwrap().unwrap().data, vec![1.0]);
     let gave_up = quitter.await.unwrap();
