@@ -8,6 +8,7 @@ use mesh_router::config::{MeshConfig, Role};
 use mesh_router::telemetry::{self, LogFormat};
 
 use crate::logs::LogsCommand;
+use crate::signals::StopSignals;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -516,46 +517,35 @@ pub async fn run(command: Command, prepared: Prepared) -> anyhow::Result<()> {
     }
 }
 
-/// `mesh serve`: runs until Ctrl-C or SIGTERM, then drains and stops.
+/// `mesh serve`: runs until Ctrl-C or SIGTERM, then drains and stops. A stop signal
+/// that comes while it starts ends the start: nothing was served yet.
 async fn serve(config: MeshConfig) -> anyhow::Result<()> {
+    // Before the "mesh serving" line, which a caller may answer with SIGTERM at once
+    // (see `signals`).
+    let mut signals = StopSignals::listen().context("listening for stop signals")?;
     tracing::info!(
         built_for = crate::cpu::built_for(),
         cpu = crate::cpu::cpu_level(),
         "CPU target"
     );
-    let mut running = mesh_router::server::start_mesh(&config).await?;
+    let mut running = tokio::select! {
+        running = mesh_router::server::start_mesh(&config) => running?,
+        signal = signals.recv() => {
+            tracing::warn!(signal, "stop signal while starting; not serving");
+            return Ok(());
+        }
+    };
     println!(
         "mesh serving: grpc={} http={}",
         running.grpc_addr, running.http_addr
     );
     let stop = running.stopper();
     tokio::spawn(async move {
-        shutdown_signal().await;
-        tracing::info!("shutdown signal received; draining");
+        let signal = signals.recv().await;
+        tracing::info!(signal, "shutdown signal received; draining");
         let _ = stop.send(true);
     });
     running.wait().await;
     running.shutdown().await;
     Ok(())
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }

@@ -11,3 +11,4 @@ pub mod decide;
 pub mod demo;
 pub mod features;
 pub mod logs;
+pub mod signals;

@@ -145,23 +145,17 @@ pub fn run(command: LogsCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Sets `stop` on Ctrl-C or SIGTERM, from a thread of its own.
+/// Sets `stop` on Ctrl-C or SIGTERM, from a thread of its own; both are listened
+/// for before this returns (see `signals`).
 fn stop_on_signal(stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()?;
-    let mut term = rt.block_on(async {
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-    })?;
+    let mut signals = rt.block_on(async { crate::signals::StopSignals::listen() })?;
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
-            rt.block_on(async {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            });
+            rt.block_on(signals.recv());
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
         })?;
     Ok(())

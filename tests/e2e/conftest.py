@@ -3,6 +3,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -37,17 +38,33 @@ class Mesh:
             m = re.search(r"mesh serving: grpc=(\S+) http=(\S+)", line)
             if m:
                 self.grpc, self.http = m.group(1), m.group(2)
+                # Keep reading what it prints: a full pipe would stop the server at
+                # its next log line, and a test that fails shows the lines.
+                self._reader = threading.Thread(target=self._read, daemon=True)
+                self._reader.start()
                 return
         self.proc.kill()
         raise RuntimeError("mesh serve did not start:\n" + "".join(self.lines))
 
-    def stop(self):
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def stop(self) -> int:
+        """SIGTERM, then waits for the drain; returns the exit status. A server that
+        does not exit in 20 s is killed, and the error shows what it printed."""
         self.proc.terminate()
         try:
-            self.proc.wait(timeout=20)
+            code = self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            raise
+            self.proc.wait()
+            self._reader.join(timeout=5)
+            raise RuntimeError(
+                "mesh serve did not stop within 20 s of SIGTERM; it printed:\n" + "".join(self.lines[-60:])
+            ) from None
+        self._reader.join(timeout=5)
+        return code
 
 
 def copy_repo(dst: Path) -> Path:

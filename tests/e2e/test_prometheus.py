@@ -18,7 +18,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.parse
@@ -242,8 +241,6 @@ def stack(tmp_path_factory):
     try:
         mesh = Mesh(ROOT / "examples" / "models", "--config", str(cfg))
         started.append(mesh)
-        # Keep reading the mesh's output so its logging never blocks on a full pipe.
-        threading.Thread(target=lambda: mesh.lines.extend(mesh.proc.stdout), daemon=True).start()
         prom = Prometheus(prom_bin, prometheus_config(work, mesh.http), work)
         started.append(prom)
 

@@ -20,7 +20,6 @@ import math
 import re
 import shutil
 import subprocess
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -116,7 +115,6 @@ def replicas(tmp_path_factory):
         for pod in (f"{r['deployment']}-5d8f7c9b6d-x7k2p", f"{r['deployment']}-5d8f7c9b6d-q4m9n"):
             m = Mesh(repo, "--role", "model", "--compute-threads", "8")
             started.append(m)
-            threading.Thread(target=lambda m=m: m.lines.extend(m.proc.stdout), daemon=True).start()
             meshes[pod] = m
         for m in meshes.values():
             # The chart's readiness probe.
