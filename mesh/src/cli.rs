@@ -1,4 +1,5 @@
 //! The `mesh` command line: argument types and the commands they run.
+use std::io::Write;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
@@ -535,10 +536,17 @@ async fn serve(config: MeshConfig) -> anyhow::Result<()> {
             return Ok(());
         }
     };
-    println!(
+    // The line that supervisors and tests read. A stdout whose reader is gone fails
+    // the write (EPIPE); `println!` would panic and end a server that is serving.
+    // The same addresses are in the log (stderr) line before it.
+    if let Err(e) = writeln!(
+        std::io::stdout(),
         "mesh serving: grpc={} http={}",
-        running.grpc_addr, running.http_addr
-    );
+        running.grpc_addr,
+        running.http_addr
+    ) {
+        tracing::warn!(error = %e, "the serving line could not be written to stdout; serving anyway");
+    }
     let stop = running.stopper();
     tokio::spawn(async move {
         let signal = signals.recv().await;

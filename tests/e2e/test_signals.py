@@ -48,3 +48,47 @@ def test_sighup_without_tls_stops_nothing(tmp_path, samples):
     finally:
         code = m.stop()
     assert code == 0, "".join(m.lines)
+
+
+def test_a_closed_stdout_does_not_stop_the_server(tmp_path):
+    """A supervisor that stops reading (its end of the pipe closed) must not stop a
+    mesh: the serving line's write fails with EPIPE, which is logged, and the mesh
+    serves on (the addresses are in its log on stderr too)."""
+    import re
+    import subprocess
+    import threading
+    import time
+    import urllib.request
+
+    from conftest import mesh_binary
+
+    repo = copy_repo(tmp_path / "models")
+    p = subprocess.Popen(
+        [mesh_binary(), "serve", "--models", str(repo), "--grpc-port", "0", "--http-port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    p.stdout.close()
+    lines, http = [], None
+    try:
+        deadline = time.time() + 60
+        while http is None and time.time() < deadline:
+            line = p.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+            m = re.search(r"mesh serving grpc_addr=\S+ http_addr=(\S+)", line)
+            if m:
+                http = m.group(1)
+        assert http, "".join(lines)
+        threading.Thread(target=lambda: lines.extend(p.stderr), daemon=True).start()
+        deadline = time.time() + 10
+        while "serving line could not be written" not in "".join(lines) and time.time() < deadline:
+            time.sleep(0.02)
+        assert "serving line could not be written" in "".join(lines), "".join(lines)
+        with urllib.request.urlopen(f"http://{http}/v2/health/ready", timeout=5) as r:
+            assert r.status == 200
+        assert p.poll() is None, "".join(lines)
+    finally:
+        p.terminate()
+        code = p.wait(timeout=20)
+    assert code == 0, "".join(lines)
