@@ -16,6 +16,9 @@ use mesh::cli::{Cli, Command};
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The most the exit waits for blocking work that nothing awaits any more.
+const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 fn run() -> anyhow::Result<()> {
     let args = Cli::parse();
     // Logs and the compute-thread setting come before any other thread exists.
@@ -67,7 +70,12 @@ fn run() -> anyhow::Result<()> {
                     "serving runtime"
                 );
             }
-            runtime.block_on(mesh::cli::run(command, prepared))
+            let result = runtime.block_on(mesh::cli::run(command, prepared));
+            // Every command awaits its own work, so blocking work still running here
+            // is a start that a stop signal ended (a Redis connect, a sled open, a model
+            // read): the exit waits for it this long, not for as long as it takes.
+            runtime.shutdown_timeout(EXIT_WAIT);
+            result
         }
     }
 }

@@ -92,3 +92,55 @@ def test_a_closed_stdout_does_not_stop_the_server(tmp_path):
         p.terminate()
         code = p.wait(timeout=20)
     assert code == 0, "".join(lines)
+
+
+def test_sigterm_while_starting_ends_the_start(tmp_path):
+    """A stop signal while the mesh starts (here: waiting on a Redis that accepts and
+    never answers, for up to `redis_connect_timeout`) ends the start at once: exit 0,
+    nothing served."""
+    import socket
+    import subprocess
+    import threading
+    import time
+
+    from conftest import ROOT, mesh_binary
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # connections complete in the backlog; nothing ever answers
+    cfg = tmp_path / "mesh.toml"
+    cfg.write_text(
+        "[features]\n"
+        'backend = "redis"\n'
+        f'redis_url = "redis://127.0.0.1:{silent.getsockname()[1]}"\n'
+        'redis_connect_timeout = "30s"\n'
+        f'views = "{ROOT / "examples" / "features" / "views.toml"}"\n'
+    )
+    p = subprocess.Popen(
+        [mesh_binary(), "serve", "--models", str(copy_repo(tmp_path / "models")), "--config", str(cfg),
+         "--grpc-port", "0", "--http-port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    lines = []
+    try:
+        # The line `serve` logs once it listens for the stop signals.
+        while not any("CPU target" in line for line in lines):
+            line = p.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        threading.Thread(target=lambda: lines.extend(p.stdout), daemon=True).start()
+        time.sleep(0.3)  # into the wait for Redis
+        assert p.poll() is None, "".join(lines)
+        sent = time.monotonic()
+        p.terminate()
+        code = p.wait(timeout=10)
+        took = time.monotonic() - sent
+    finally:
+        if p.poll() is None:
+            p.kill()
+        silent.close()
+    out = "".join(lines)
+    assert code == 0, out
+    assert took < 5, (took, out)
+    assert "stop signal while starting" in out, out
+    assert "mesh serving" not in out, out
