@@ -20,6 +20,14 @@ def mesh_binary() -> str:
     return path
 
 
+def keep_reading(stream, lines: list) -> threading.Thread:
+    """Appends what a server prints on `stream` to `lines` until it closes, from a
+    thread of its own: a full pipe would stop the server at its next log line."""
+    reader = threading.Thread(target=lambda: lines.extend(stream), daemon=True)
+    reader.start()
+    return reader
+
+
 class Mesh:
     def __init__(self, models: Path, *extra: str):
         self.proc = subprocess.Popen(
@@ -38,17 +46,11 @@ class Mesh:
             m = re.search(r"mesh serving: grpc=(\S+) http=(\S+)", line)
             if m:
                 self.grpc, self.http = m.group(1), m.group(2)
-                # Keep reading what it prints: a full pipe would stop the server at
-                # its next log line, and a test that fails shows the lines.
-                self._reader = threading.Thread(target=self._read, daemon=True)
-                self._reader.start()
+                # A failing test shows the lines.
+                self._reader = keep_reading(self.proc.stdout, self.lines)
                 return
         self.proc.kill()
         raise RuntimeError("mesh serve did not start:\n" + "".join(self.lines))
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line)
 
     def stop(self) -> int:
         """SIGTERM, then waits for the drain; returns the exit status. A server that

@@ -2,7 +2,24 @@
 time: the server listens for its stop signals before it prints that line (a listener
 made after it raced the signal: the process either died by the default action,
 without draining, or dropped the signal and never stopped)."""
-from conftest import Mesh, copy_repo
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+
+import tritonclient.grpc as grpcclient
+
+from conftest import ROOT, Mesh, copy_repo, keep_reading, mesh_binary
+
+
+def until_printed(lines: list, text: str):
+    """Waits (10 s at most) until a line the server printed holds `text`."""
+    deadline = time.time() + 10
+    while text not in "".join(lines) and time.time() < deadline:
+        time.sleep(0.02)
+    assert text in "".join(lines), "".join(lines)
 
 
 def test_sigterm_on_the_serving_line_drains(tmp_path):
@@ -22,11 +39,6 @@ def test_sigterm_on_the_serving_line_drains(tmp_path):
 def test_sighup_without_tls_stops_nothing(tmp_path, samples):
     """SIGHUP's default action ends a process; a mesh without TLS (nothing to
     reload) logs it and keeps serving."""
-    import signal
-    import time
-
-    import tritonclient.grpc as grpcclient
-
     x, _ = samples
     m = Mesh(copy_repo(tmp_path / "models"))
     try:
@@ -39,10 +51,7 @@ def test_sighup_without_tls_stops_nothing(tmp_path, samples):
 
         before = infer()
         m.proc.send_signal(signal.SIGHUP)
-        deadline = time.time() + 10
-        while "SIGHUP received" not in "".join(m.lines) and time.time() < deadline:
-            time.sleep(0.02)
-        assert "SIGHUP received" in "".join(m.lines), "".join(m.lines)
+        until_printed(m.lines, "SIGHUP received")
         assert m.proc.poll() is None, "".join(m.lines)
         assert (infer() == before).all()
     finally:
@@ -54,14 +63,6 @@ def test_a_closed_stdout_does_not_stop_the_server(tmp_path):
     """A supervisor that stops reading (its end of the pipe closed) must not stop a
     mesh: the serving line's write fails with EPIPE, which is logged, and the mesh
     serves on (the addresses are in its log on stderr too)."""
-    import re
-    import subprocess
-    import threading
-    import time
-    import urllib.request
-
-    from conftest import mesh_binary
-
     repo = copy_repo(tmp_path / "models")
     p = subprocess.Popen(
         [mesh_binary(), "serve", "--models", str(repo), "--grpc-port", "0", "--http-port", "0"],
@@ -80,11 +81,8 @@ def test_a_closed_stdout_does_not_stop_the_server(tmp_path):
             if m:
                 http = m.group(1)
         assert http, "".join(lines)
-        threading.Thread(target=lambda: lines.extend(p.stderr), daemon=True).start()
-        deadline = time.time() + 10
-        while "serving line could not be written" not in "".join(lines) and time.time() < deadline:
-            time.sleep(0.02)
-        assert "serving line could not be written" in "".join(lines), "".join(lines)
+        keep_reading(p.stderr, lines)
+        until_printed(lines, "serving line could not be written")
         with urllib.request.urlopen(f"http://{http}/v2/health/ready", timeout=5) as r:
             assert r.status == 200
         assert p.poll() is None, "".join(lines)
@@ -98,13 +96,6 @@ def test_sigterm_while_starting_ends_the_start(tmp_path):
     """A stop signal while the mesh starts (here: waiting on a Redis that accepts and
     never answers, for up to `redis_connect_timeout`) ends the start at once: exit 0,
     nothing served."""
-    import socket
-    import subprocess
-    import threading
-    import time
-
-    from conftest import ROOT, mesh_binary
-
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(8)  # connections complete in the backlog; nothing ever answers
@@ -128,7 +119,7 @@ def test_sigterm_while_starting_ends_the_start(tmp_path):
             line = p.stdout.readline()
             assert line, "".join(lines)
             lines.append(line)
-        threading.Thread(target=lambda: lines.extend(p.stdout), daemon=True).start()
+        keep_reading(p.stdout, lines)
         time.sleep(0.3)  # into the wait for Redis
         assert p.poll() is None, "".join(lines)
         sent = time.monotonic()
