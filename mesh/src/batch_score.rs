@@ -101,13 +101,13 @@ pub async fn run(args: BatchScoreArgs) -> anyhow::Result<()> {
     system.stop();
     let (scored, refused) = scored?;
     let secs = started.elapsed().as_secs_f64();
-    println!(
+    crate::outln!(
         "batch-score: {scored} entities scored with {} v{} into view '{}' ({refused} refused by the input spec) in {secs:.1} s = {:.0} rows/s",
         args.model,
         handle.version,
         args.out_view,
         scored as f64 / secs.max(1e-9)
-    );
+    )?;
     Ok(())
 }
 

@@ -88,7 +88,7 @@ fn features_demo(args: FeaturesDemoArgs) -> anyhow::Result<()> {
     let store = mesh_feature_store::FeatureStore::open(&args.store, &views)?;
     let r = mesh_feature_store::generate_demo_features(&store, args.cards, args.merchants, 7)?;
     store.flush()?;
-    println!("demo features written to {}: {r:?}", args.store.display());
+    crate::outln!("demo features written to {}: {r:?}", args.store.display())?;
     Ok(())
 }
 
@@ -278,7 +278,7 @@ fn ingest(args: IngestArgs) -> anyhow::Result<()> {
         Some(a) => format!(" through {a}"),
         None => String::new(),
     };
-    println!(
+    crate::outln!(
         "ingested {} rows into '{}'{into} ({} written, {} skipped as older, {} batches) in {:.1} s = {:.0} rows/s",
         r.rows_read,
         r.view,
@@ -287,7 +287,7 @@ fn ingest(args: IngestArgs) -> anyhow::Result<()> {
         r.batches,
         r.elapsed.as_secs_f64(),
         r.rows_per_sec
-    );
+    )?;
     Ok(())
 }
 
@@ -506,9 +506,9 @@ pub async fn run(command: Command, prepared: Prepared) -> anyhow::Result<()> {
             let json = a.json;
             let report = crate::bench::run(a).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
+                crate::outln!("{}", serde_json::to_string_pretty(&report)?)?;
             } else {
-                print!("{report}");
+                crate::out!("{report}")?;
             }
             Ok(())
         }

@@ -294,9 +294,9 @@ pub async fn run(a: DecideArgs) -> anyhow::Result<()> {
         .map_err(|s| anyhow::anyhow!("Decide failed: {:?}: {}", s.code(), s.message()))?
         .into_inner();
     if a.print_json {
-        println!("{}", serde_json::to_string_pretty(&answer_json(&r))?);
+        crate::outln!("{}", serde_json::to_string_pretty(&answer_json(&r))?)?;
     } else {
-        print!("{}", answer_text(&r));
+        crate::out!("{}", answer_text(&r))?;
     }
     Ok(())
 }

@@ -182,21 +182,21 @@ pub async fn get(a: GetArgs) -> anyhow::Result<()> {
         rows.push(json!({ "view": view.name, view.join_key.clone(): key, "features": feats }));
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&rows)?)?;
         return Ok(());
     }
     for r in &rows {
-        println!("{} {} = {}", view.name, view.join_key, r[&view.join_key]);
+        crate::outln!("{} {} = {}", view.name, view.join_key, r[&view.join_key])?;
         for f in r["features"].as_array().into_iter().flatten() {
             let age = f["age_seconds"]
                 .as_f64()
                 .map_or(String::new(), |s| format!("  ({s:.0}s old)"));
-            println!(
+            crate::outln!(
                 "  {:<32} {:<16} {}{age}",
                 f["name"].as_str().unwrap_or_default(),
                 f["status"].as_str().unwrap_or_default(),
                 f["value"],
-            );
+            )?;
         }
     }
     Ok(())
@@ -230,20 +230,20 @@ pub async fn list(a: ListArgs) -> anyhow::Result<()> {
         })
         .collect();
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&out)?)?;
         return Ok(());
     }
     for v in &all {
-        println!(
+        crate::outln!(
             "{}  (entity {}, key {}: {}, max_age {} s)",
             v.name,
             v.entity,
             v.join_key,
             key_type(v.key_type),
             v.max_age_millis / 1000
-        );
+        )?;
         for f in &v.features {
-            println!("  {:<32} {}", f.name, type_name(f.r#type));
+            crate::outln!("  {:<32} {}", f.name, type_name(f.r#type))?;
         }
     }
     Ok(())

@@ -11,4 +11,5 @@ pub mod decide;
 pub mod demo;
 pub mod features;
 pub mod logs;
+pub mod out;
 pub mod signals;

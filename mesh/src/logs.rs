@@ -95,9 +95,15 @@ pub struct TailArgs {
     pub json: bool,
 }
 
-/// Runs a `mesh logs` command, writing to stdout.
+/// Runs a `mesh logs` command, writing to stdout (a reader that went away ends it:
+/// [`crate::out`]).
 pub fn run(command: LogsCommand) -> anyhow::Result<()> {
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::out::Tracked::new(std::io::stdout().lock());
+    let result = run_on(command, &mut out);
+    out.finish(result)
+}
+
+fn run_on(command: LogsCommand, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
     match command {
         LogsCommand::Join(a) => commands::run_join(
             &commands::JoinArgs {
@@ -110,7 +116,7 @@ pub fn run(command: LogsCommand) -> anyhow::Result<()> {
                 protocol: a.protocol,
                 json: a.json,
             },
-            &mut out,
+            out,
         )?,
         // Ctrl-C ends the process while following.
         LogsCommand::Tail(a) => commands::run_tail(
@@ -121,7 +127,7 @@ pub fn run(command: LogsCommand) -> anyhow::Result<()> {
                 interval_ms: a.interval_ms,
                 json: a.json,
             },
-            &mut out,
+            out,
             &|| false,
         )?,
         LogsCommand::Convert(a) => {
@@ -137,7 +143,7 @@ pub fn run(command: LogsCommand) -> anyhow::Result<()> {
                     idle: a.idle,
                     json: a.json,
                 },
-                &mut out,
+                out,
                 &|| stop.load(std::sync::atomic::Ordering::Relaxed),
             )?
         }

@@ -3,7 +3,8 @@
 //!
 //! A command that fails prints its error and the chain of causes on one line and
 //! exits 1, without a backtrace (even with `RUST_BACKTRACE` set: a user error is not
-//! a bug). Panics keep Rust's own report and backtrace.
+//! a bug). A command whose standard output was closed by its reader stops and exits 0
+//! ([`mesh::out`]). Panics keep Rust's own report and backtrace.
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -88,6 +89,8 @@ fn main() -> ExitCode {
     }
     match run() {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of what the command printed went away (`| head`): nothing failed.
+        Err(e) if mesh::out::closed(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", chain(&e));
             ExitCode::FAILURE

@@ -159,7 +159,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         },
     )?;
     write(&paths.summary, serde_json::to_string_pretty(&summary)?)?;
-    print!("{summary}");
+    crate::out!("{summary}")?;
     Ok(())
 }
 
@@ -186,7 +186,7 @@ fn prepare_dir(dir: &Path) -> anyhow::Result<()> {
 /// The data directory, and the mesh configuration written into it.
 fn prepare(args: &DemoArgs, paths: &Paths) -> anyhow::Result<MeshConfig> {
     prepare_dir(&paths.data)?;
-    println!("mesh demo: data in {}", paths.data.display());
+    crate::outln!("mesh demo: data in {}", paths.data.display())?;
     let toml_text = mesh_toml(args, &paths.data)?;
     write(&paths.config, &toml_text)?;
     toml::from_str(&toml_text).with_context(|| format!("parsing {}", paths.config.display()))
@@ -216,13 +216,13 @@ async fn start(args: &DemoArgs, cfg: &MeshConfig) -> anyhow::Result<Mesh> {
             .clone(),
         server,
     };
-    println!(
+    crate::outln!(
         "[1/6] mesh serving {} on grpc={} http={} (metrics: http://{}/metrics)",
         args.models.display(),
         mesh.server.grpc_addr,
         mesh.server.http_addr,
         mesh.server.http_addr
-    );
+    )?;
     Ok(mesh)
 }
 
@@ -230,11 +230,11 @@ async fn start(args: &DemoArgs, cfg: &MeshConfig) -> anyhow::Result<Mesh> {
 async fn fill_features(mesh: &Mesh, world: Arc<World>, store_dir: &Path) -> anyhow::Result<()> {
     let t = Instant::now();
     let (cards, merchants) = write_features(mesh.store.clone(), world).await?;
-    println!(
+    crate::outln!(
         "[2/6] feature store: {cards} cards and {merchants} merchants written to {} in {:.1} s",
         store_dir.display(),
         t.elapsed().as_secs_f64()
-    );
+    )?;
     Ok(())
 }
 
@@ -295,11 +295,11 @@ async fn batch_score(
     )
     .await
     .with_context(|| format!("batch-scoring the cards into view '{score_view}'"))?;
-    println!(
+    crate::outln!(
         "[3/6] batch scores: {scored} cards scored with {model} v{} into view '{score_view}' in {:.1} s",
         handle.version,
         t.elapsed().as_secs_f64()
-    );
+    )?;
     Ok(())
 }
 
@@ -320,10 +320,10 @@ async fn stop(mesh: Mesh, log_dir: &Path) -> anyhow::Result<u64> {
     let mut log_records = 0u64;
     mesh_prediction_log::scan(log_dir, Default::default(), |_| log_records += 1)
         .with_context(|| format!("reading the prediction log in {}", log_dir.display()))?;
-    println!(
+    crate::outln!(
         "[5/6] mesh stopped; prediction log: {log_records} records in {}",
         log_dir.display()
-    );
+    )?;
     Ok(log_records)
 }
 
@@ -362,11 +362,11 @@ fn outcomes_and_join(
     )
     .context("joining the outcomes with the prediction log")?;
     write(&paths.join, serde_json::to_string_pretty(&report)?)?;
-    println!(
+    crate::outln!(
         "[6/6] outcomes: {} transactions, {fraud} confirmed fraud, written to {}; joined with the log",
         truths.len(),
         paths.outcomes.display()
-    );
+    )?;
     Ok((fraud, report))
 }
 

@@ -154,7 +154,7 @@ pub(super) async fn drive(
 ) -> anyhow::Result<Traffic> {
     let (concurrency, no_stall) = (args.concurrency, args.no_stall);
     let planned = Duration::from_secs(args.seconds.max(1));
-    println!("{}", announce(planned, concurrency, no_stall));
+    crate::outln!("{}", announce(planned, concurrency, no_stall))?;
     let client = connect(grpc_addr).await?;
     let shared = Arc::new(Shared::new(planned, &args.model)?);
     let drill = spawn_drill(engine, shared.clone(), no_stall);
