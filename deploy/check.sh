@@ -223,6 +223,16 @@ reserves_a_cpu() {
     grep -q '^    reserved_cpus = 1$' <<<"$out" || { echo "   no reserved_cpus = 1 in the rendered mesh.toml"; return 1; }
 }
 step "reserved_cpus renders for a pod with CPUs of its own" reserves_a_cpu
+step "refused: a converter container without the prediction log" \
+    refuses "predictionLog.converter.enabled needs predictionLog.enabled" --set predictionLog.converter.enabled=true
+step "refused: a converter container with parquet set in config (the chart sets deferred)" \
+    refuses "config.prediction_log.parquet is set by the chart when predictionLog.converter.enabled" \
+    --set predictionLog.enabled=true,predictionLog.converter.enabled=true,config.prediction_log.parquet=inline
+step "refused: a converter container with reserved_cpus" \
+    refuses "predictionLog.converter.enabled and config.prediction_log.reserved_cpus both keep" \
+    --set predictionLog.enabled=true,predictionLog.converter.enabled=true,config.prediction_log.reserved_cpus=1,resources.requests.cpu=4,resources.limits.cpu=4,resources.limits.memory=2Gi,resources.requests.memory=2Gi
+step "refused: a converter interval under 10 ms (values.schema.json)" \
+    refuses "minimum" --set predictionLog.enabled=true,predictionLog.converter.enabled=true,predictionLog.converter.intervalMs=1
 step "refused: a prediction_log table with the log off" \
     refuses "config.prediction_log is set but predictionLog.enabled is false" --set config.prediction_log.features=none
 

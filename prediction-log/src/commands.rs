@@ -151,7 +151,8 @@ pub struct ConvertArgs {
 
 /// Converts every closed segment waiting in `args.logs` (oldest first), printing one
 /// line per segment and a summary; with `watch`, again every `interval_ms` until
-/// `stop()` returns true. A segment that cannot be converted is named on stderr and
+/// `stop()` returns true, and then once more (what closed meanwhile, such as the last
+/// segment of a server that stopped first). A segment that cannot be converted is named on stderr and
 /// left as it is while the others are converted; the run then ends in an error that
 /// names it (with `watch`, only if the last pass still failed on it). Safe beside the serving writer (it never touches the open
 /// segment) and beside other converters (each segment's lock decides who converts it).
@@ -179,6 +180,7 @@ pub fn run_convert(args: &ConvertArgs, out: &mut dyn Write, stop: &dyn Fn() -> b
     let started = std::time::Instant::now();
     let (mut segments, mut records) = (0u64, 0u64);
     let mut bad: Vec<String> = Vec::new();
+    let mut last = false;
     loop {
         let mut failed = None;
         bad.clear();
@@ -221,16 +223,17 @@ pub fn run_convert(args: &ConvertArgs, out: &mut dyn Write, stop: &dyn Fn() -> b
             }
             return Err(LogError::io("stdout", e));
         }
-        if !args.watch || stop() {
+        if !args.watch || last {
             break;
         }
         let until = std::time::Instant::now() + Duration::from_millis(args.interval_ms.max(10));
         while !stop() && std::time::Instant::now() < until {
             std::thread::sleep(Duration::from_millis(20));
         }
-        if stop() {
-            break;
-        }
+        // Stopped: one more pass, for what closed since this one began. A server
+        // stopping beside the converter closes its open segment as it goes (in a pod,
+        // the converter as a sidecar is stopped after the server).
+        last = stop();
     }
     if !args.json {
         let secs = started.elapsed().as_secs_f64();

@@ -287,6 +287,47 @@ async fn cli_convert_prints_each_segment_and_a_summary() {
     );
 }
 
+/// `--watch`, stopped (SIGTERM): one more pass after the stop, so a segment that closed
+/// while the converter waited (a server stopping beside it closes its open segment as
+/// it goes) is converted before the converter exits.
+#[tokio::test]
+async fn cli_convert_watch_converts_once_more_after_the_stop() {
+    use mesh_prediction_log::commands::run_convert;
+    let dir = tempfile::tempdir().unwrap();
+    let (sent, _) = logged(deferred(dir.path(), 8_000), 0..200).await;
+    let closed = closed_wals(dir.path());
+    assert!(!closed.is_empty());
+    // Set aside: the first pass finds nothing. They close (come back) as the stop comes.
+    let aside = dir.path().join("aside");
+    std::fs::create_dir(&aside).unwrap();
+    for w in &closed {
+        std::fs::rename(w, aside.join(w.file_name().unwrap())).unwrap();
+    }
+    let stopped = std::sync::atomic::AtomicBool::new(false);
+    let stop = || {
+        if !stopped.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            for w in &closed {
+                std::fs::rename(aside.join(w.file_name().unwrap()), w).unwrap();
+            }
+        }
+        true
+    };
+    let mut args = convert_args(dir.path(), false, false);
+    args.watch = true;
+    let mut out = Vec::new();
+    run_convert(&args, &mut out, &stop).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert!(closed_wals(dir.path()).is_empty(), "{text}");
+    assert!(
+        text.lines()
+            .last()
+            .unwrap()
+            .starts_with(&format!("{} segment", closed.len())),
+        "{text}"
+    );
+    assert_eq!(read_all(dir.path(), ReadOptions::default()).unwrap(), sent);
+}
+
 /// A closed segment that cannot be read does not stop the others: they are converted,
 /// it stays as it is, and the run ends in an error that names it.
 #[tokio::test]

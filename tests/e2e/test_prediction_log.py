@@ -147,3 +147,34 @@ def test_convert_watch_follows_a_serving_log_and_stops_on_sigterm(tmp_path, samp
     assert watcher.returncode == 0, err
     assert out.splitlines()[-1].startswith("1 segment, 50 records converted"), out
     assert not list((logs / "_wal").glob("**/*.wal"))
+
+
+def test_convert_watch_as_a_sidecar_converts_the_last_segment_after_the_server_stops(tmp_path, samples):
+    """The chart's converter container (predictionLog.converter): started on the empty
+    log directory before the mesh, stopped with SIGTERM after it. It converts once more
+    on the stop, so the segment the mesh closed as it stopped becomes a Parquet file
+    even when the converter was waiting out its interval (a minute here)."""
+    import signal
+
+    x, _ = samples
+    logs = tmp_path / "predictions"
+    logs.mkdir()
+    watcher = subprocess.Popen(
+        [mesh_binary(), "logs", "convert", "--logs", str(logs), "--watch", "--interval-ms", "60000"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    m, logs = logged_mesh(tmp_path, 'parquet = "deferred"\n')
+    try:
+        infer_rows(m, x, 40)
+    finally:
+        assert m.stop() == 0
+    assert list((logs / "_wal" / "closed").glob("*.wal")), "the stopped mesh left no closed segment"
+    watcher.send_signal(signal.SIGTERM)
+    out, err = watcher.communicate(timeout=20)
+    assert watcher.returncode == 0, err
+    assert out.splitlines()[-1].startswith("1 segment, 40 records converted"), out
+    assert not list((logs / "_wal").glob("**/*.wal"))
+    n = duckdb.connect().execute(
+        "SELECT count(*) FROM read_parquet($g, hive_partitioning = true)", {"g": f"{logs}/**/*.parquet"}
+    ).fetchone()[0]
+    assert n == 40

@@ -208,6 +208,12 @@ chart owns that `config` also sets fails the render, naming the value to use.
 {{- if and .Values.predictionLog.enabled (include "inference-mesh.servesModels" .) -}}
 {{- $plog := default dict (get $cfg "prediction_log") -}}
 {{- $_ := set $plog "dir" "/var/lib/mesh/predictions" -}}
+{{- if .Values.predictionLog.converter.enabled -}}
+{{- if hasKey $plog "parquet" -}}
+{{- fail "config.prediction_log.parquet is set by the chart when predictionLog.converter.enabled (deferred: the converter container builds the Parquet files)" -}}
+{{- end -}}
+{{- $_ := set $plog "parquet" "deferred" -}}
+{{- end -}}
 {{- $_ := set $cfg "prediction_log" $plog -}}
 {{- else if get $cfg "prediction_log" -}}
 {{- fail "config.prediction_log is set but predictionLog.enabled is false (or the role serves no models)" -}}
@@ -262,6 +268,14 @@ chart owns that `config` also sets fails the render, naming the value to use.
 {{- end -}}
 {{- if le (atoi $req) $reserved -}}
 {{- fail (printf "config.prediction_log.reserved_cpus = %d leaves no CPU to serve: the pod has %s" $reserved $req) -}}
+{{- end -}}
+{{- end -}}
+{{- if .Values.predictionLog.converter.enabled -}}
+{{- if not (and .Values.predictionLog.enabled (include "inference-mesh.servesModels" .)) -}}
+{{- fail "predictionLog.converter.enabled needs predictionLog.enabled (and a role that serves models)" -}}
+{{- end -}}
+{{- if gt $reserved 0 -}}
+{{- fail "predictionLog.converter.enabled and config.prediction_log.reserved_cpus both keep the log's work off the serving CPUs, and a converter container takes the pod out of the Guaranteed QoS that reserved_cpus needs: choose one" -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
