@@ -275,7 +275,7 @@ chart owns that `config` also sets fails the render, naming the value to use.
 {{- fail "predictionLog.converter.enabled needs predictionLog.enabled (and a role that serves models)" -}}
 {{- end -}}
 {{- if gt $reserved 0 -}}
-{{- fail "predictionLog.converter.enabled and config.prediction_log.reserved_cpus both keep the log's work off the serving CPUs, and a converter container takes the pod out of the Guaranteed QoS that reserved_cpus needs: choose one" -}}
+{{- fail "predictionLog.converter.enabled and config.prediction_log.reserved_cpus both keep the log's work off the serving CPUs (the converter on a CPU of its own, the log's threads on CPUs the mesh sets aside): choose one" -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
