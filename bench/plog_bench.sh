@@ -42,6 +42,15 @@
 # (SERVER_CPUS=0 BENCH_CPUS=1), the server runs on both lists with `[prediction_log]
 # reserved_cpus` set to the size of BENCH_CPUS, as a user would run it (the server
 # splits its CPUs itself); otherwise on SERVER_CPUS with `cpus` naming BENCH_CPUS.
+# SIDECAR=1: another mode in each round, "sc", the log on with `parquet = "deferred"`
+# and `mesh logs convert --watch` running beside the server through the run, as the
+# Helm chart's converter sidecar does (`predictionLog.converter`): on CONVERTER_CPUS
+# (default BENCH_CPUS; the sidecar with a CPU of its own in a Guaranteed pod wants a
+# list that neither the server nor the load generator runs on), else on any CPU. It
+# is stopped after the server, converts once more, and the summary checks that every
+# written record reached a Parquet file; its CPU over the run is in "log cpu %".
+# Segments roll at 64 MiB (about 190,000 records): runs of SECS=30 at 10,000/s see
+# it convert during the run.
 # AA=1: another mode in each round, "off2", the log off again: its figures against
 # "off" are what the same comparison gives for two identical servers (the noise of
 # this machine, measured in the same run), to read the log's figures against.
@@ -95,7 +104,11 @@ if [ "${OWN_CORE:-0}" = 1 ]; then
     if [ "$first_ben" -gt "$last_srv" ]; then RESERVED=${#ben[@]}; fi
 fi
 pid=
-cleanup() { if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi; }
+cleanup() {
+    for p in "$pid" "${cpid:-}"; do
+        if [ -n "$p" ]; then kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; fi
+    done
+}
 trap cleanup EXIT
 source bench/lib.sh
 
@@ -114,7 +127,7 @@ serve() { # name on|off
         sed -i '/^\[prediction_log\]/,/^$/d' "$cfg"
     else
         if [ -n "${LOG_CONFIG:-}" ]; then sed -i "/^\[prediction_log\]/a $LOG_CONFIG" "$cfg"; fi
-        if [ "$2" = def ]; then sed -i '/^\[prediction_log\]/a parquet = "deferred"' "$cfg"; fi
+        if [ "$2" = def ] || [ "$2" = sc ]; then sed -i '/^\[prediction_log\]/a parquet = "deferred"' "$cfg"; fi
         if [ "$2" = wt ]; then sed -i '/^\[prediction_log\]/a worker_turns = true' "$cfg"; fi
         if [ "$2" = own ]; then
             if [ -n "$RESERVED" ]; then
@@ -149,6 +162,21 @@ serve() { # name on|off
     fi
 }
 stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=; }
+# SIDECAR's converter: started beside the server, stopped (SIGTERM) after it.
+cpid=
+converter() { # name
+    local cpus=${CONVERTER_CPUS:-${BENCH_CPUS:-}}
+    ${cpus:+taskset -c "$cpus"} "$BIN" logs convert --logs "$DATA/predictions-$1" --watch --interval-ms 1000 --json \
+        >"$OUT/$1.convert.jsonl" 2>"$OUT/$1.convert.err" &
+    cpid=$!
+}
+converter_stop() { kill "$cpid"; wait "$cpid" || { echo "the converter failed: $OUT/$name.convert.err" >&2; exit 1; }; cpid=; }
+# CPU seconds (user + system) of a process.
+proc_cpu() {
+    python3 -c 'import os, sys
+f = open("/proc/%s/stat" % sys.argv[1]).read().rsplit(")", 1)[1].split()
+print("%.3f" % ((int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")))' "$1"
+}
 bench() { # name seconds args...
     local name=$1 secs=$2; shift 2
     "${RUN[@]}" ${BENCH_CPUS:+taskset -c "$BENCH_CPUS"} "$BIN" bench --addr "http://127.0.0.1:$PORT" --target decide --seconds "$secs" --json "$@" >"$OUT/$name.json" 2>"$OUT/$name.err"
@@ -201,6 +229,7 @@ for r in $(seq "$ROUNDS"); do
     if [ "${DEFERRED:-0}" = 1 ]; then modes+=(def); fi
     if [ "${TURNS:-0}" = 1 ]; then modes+=(wt); fi
     if [ "${OWN_CORE:-0}" = 1 ]; then modes+=(own); fi
+    if [ "${SIDECAR:-0}" = 1 ]; then modes+=(sc); fi
     modes+=(off)
     if [ "${AA:-0}" = 1 ]; then modes+=(off2); fi
     n=${#modes[@]}
@@ -213,11 +242,13 @@ for r in $(seq "$ROUNDS"); do
     for mode in $order; do
         name=log-$mode-$r
         serve "$name" "$mode"
+        if [ "$mode" = sc ]; then converter "$name"; fi
         # Warm-up at the measured rate: at saturation (a closed loop), it would starve
         # the log's idle-class encoder for its seconds, and the segment it gave up
         # would be converted inside the measured run.
         bench "$name-warmup" 2 --rate "$RATE" --concurrency "$CONCURRENCY"
         read -r cpu0 log0 < <(cpu)
+        if [ "$mode" = sc ]; then conv0=$(proc_cpu "$cpid"); fi
         spid=
         if [ "${SCHED:-0}" = 1 ]; then
             (sleep "$(python3 -c "print($WARMUP + 1)")" && perf sched record -q -o "$OUT/$name.sched.data" -- sleep "${SCHED_SECS:-3}") >/dev/null 2>&1 &
@@ -225,6 +256,12 @@ for r in $(seq "$ROUNDS"); do
         fi
         bench "$name" "$SECS" --rate "$RATE" --concurrency "$CONCURRENCY" --warmup "$WARMUP"
         read -r cpu1 log1 < <(cpu)
+        if [ "$mode" = sc ]; then
+            # The converter's CPU counts as the log's (it is the log's work, done
+            # outside the server).
+            conv1=$(proc_cpu "$cpid")
+            log1=$(python3 -c "print($log1 + $conv1 - $conv0)")
+        fi
         if [ -n "$spid" ]; then
             wait "$spid" || true
             python3 bench/sched_view.py "$OUT/$name.sched.data" "$pid" >"$OUT/$name.sched.txt" || true
@@ -238,6 +275,17 @@ for r in $(seq "$ROUNDS"); do
             "$(metric mesh_log_encoder_behind_segments_total)" \
             "$(python3 -c "print(round($cpu1 - $cpu0, 3))")" "$(python3 -c "print(round($log1 - $log0, 3))")" >"$OUT/$name.server.json"
         stop
+        if [ "$mode" = sc ]; then
+            # After the server, as the kubelet stops a native sidecar: its last pass
+            # converts the segment the server closed as it stopped.
+            converter_stop
+            python3 - "$OUT/$name.convert.jsonl" "$DATA/predictions-$name" >>"$OUT/$name.server.json" <<'PY'
+import glob, json, os, sys
+segs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+waiting = len(glob.glob(os.path.join(sys.argv[2], "_wal", "**", "*.wal"), recursive=True))
+print(f', "converted": {sum(s["records"] for s in segs)}, "wal_left": {waiting}')
+PY
+        fi
         if [ "$mode" = def ]; then
             # The Parquet work the serving process left: done here, the server stopped,
             # as a converter on another machine would do it. Every record the log
@@ -262,7 +310,7 @@ import json, os, statistics, sys
 out, rate, warmup, stall_lag, runs = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5:]
 print(f"\nDecide, open loop at {rate:.0f} req/s, prediction log on vs off (latency in µs from the intended send time)")
 print(f"{'run':<12}{'req/s':>8}{'p50':>7}{'p99':>8}{'p99.9':>8}{'max':>8}{'1s p99 med':>11}{'1s p99 max':>11}{'srv p99':>8}{'srv p99.9':>10}{'lag p99':>8}{'errors':>8}{'dropped':>9}{'written':>9}{'behind':>7}{'cpu %':>7}{'log cpu %':>10}")
-modes = ("on", "wt", "def", "own", "off", "off2")
+modes = ("on", "wt", "def", "own", "sc", "off", "off2")
 p99 = {m: [] for m in modes}
 sec_med = {m: [] for m in modes}
 srv_p99 = {m: [] for m in modes}
@@ -326,10 +374,11 @@ sys.path.insert(0, "bench")
 from plog_pool import interval
 names = {"on": "log on", "wt": "log on, worker turns", "def": "log on, Parquet deferred",
          "own": "log on, its threads off the server's CPUs (reserved_cpus, or cpus)",
+         "sc": "log on, Parquet deferred, a converter running beside the server (--watch)",
          "off2": "log off again (two identical servers: the noise of each figure below)"}
 if os.environ.get("TURNS") == "1":
     names["on"] = "log on, the encoder thread alone (worker_turns = false)"
-for m in ("on", "wt", "def", "own", "off2"):
+for m in ("on", "wt", "def", "own", "sc", "off2"):
     if not (p99[m] and p99["off"]):
         continue
     print(f"{names[m]} against log off:")
@@ -384,9 +433,12 @@ for n, s in converts:
     # queued: every record written reaches a Parquet file when converted >= written
     # and no wal is left.
     ok = s["converted"] >= s["written"] and s["wal_left"] == 0
+    verdict = f"{s['wal_left']} wal files left: {'every written record is in Parquet' if ok else 'RECORDS MISSING'}"
+    if "convert_s" not in s:
+        print(f"{n}: the converter beside the server: {s['converted']} records, {verdict}")
+        continue
     rps = s["converted"] / s["convert_s"] if s["convert_s"] > 0 else 0
-    print(f"{n}: mesh logs convert afterwards: {s['converted']} records in {s['convert_s']:.2f} s ({rps:,.0f} records/s), "
-          f"{s['wal_left']} wal files left: {'every written record is in Parquet' if ok else 'RECORDS MISSING'}")
+    print(f"{n}: mesh logs convert afterwards: {s['converted']} records in {s['convert_s']:.2f} s ({rps:,.0f} records/s), {verdict}")
 print(f"raw output in {out} (several runs' rounds pooled: python3 bench/plog_pool.py DIR DIR ...)")
 PY
 if [ "${SCHED:-0}" = 1 ]; then
