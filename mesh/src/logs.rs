@@ -96,7 +96,7 @@ pub struct TailArgs {
 }
 
 /// Runs a `mesh logs` command, writing to stdout (a reader that went away ends it:
-/// [`crate::out`]).
+/// [`mod@crate::out`]).
 pub fn run(command: LogsCommand) -> anyhow::Result<()> {
     let mut out = crate::out::Tracked::new(std::io::stdout().lock());
     let result = run_on(command, &mut out);

@@ -4,7 +4,7 @@
 //! A command that fails prints its error and the chain of causes on one line and
 //! exits 1, without a backtrace (even with `RUST_BACKTRACE` set: a user error is not
 //! a bug). A command whose standard output was closed by its reader stops and exits 0
-//! ([`mesh::out`]). Panics keep Rust's own report and backtrace.
+//! ([`mod@mesh::out`]). Panics keep Rust's own report and backtrace.
 use std::process::ExitCode;
 
 use clap::Parser;

@@ -35,7 +35,7 @@ pub fn write(args: std::fmt::Arguments<'_>) -> anyhow::Result<()> {
         })
 }
 
-/// `print!` that stops the command when the reader has gone away ([`write`]).
+/// `print!` that stops the command when the reader has gone away ([`write()`]).
 #[macro_export]
 macro_rules! out {
     ($($arg:tt)*) => {
@@ -43,7 +43,7 @@ macro_rules! out {
     };
 }
 
-/// `println!` that stops the command when the reader has gone away ([`write`]).
+/// `println!` that stops the command when the reader has gone away ([`write()`]).
 #[macro_export]
 macro_rules! outln {
     ($($arg:tt)*) => {

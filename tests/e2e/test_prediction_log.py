@@ -32,6 +32,17 @@ def infer_rows(m, x, n):
         c.infer("fraud_mlp", [inp], request_id=f"txn-{i}")
 
 
+def assert_all_converted(logs, out: str, n: int):
+    """`mesh logs convert` printed that it converted one segment of `n` records, no
+    wal is left, and DuckDB reads `n` records from the Parquet files."""
+    assert out.splitlines()[-1].startswith(f"1 segment, {n} records converted"), out
+    assert not list((logs / "_wal").glob("**/*.wal"))
+    got = duckdb.connect().execute(
+        "SELECT count(*) FROM read_parquet($g, hive_partitioning = true)", {"g": f"{logs}/**/*.parquet"}
+    ).fetchone()[0]
+    assert got == n
+
+
 def test_log_join_matches_duckdb(tmp_path, samples):
     x, _ = samples
     labels = np.loadtxt(ROOT / "tests/data/fraud-mlp/samples.csv", delimiter=",", skiprows=1, usecols=33)
@@ -109,12 +120,7 @@ def test_deferred_parquet_waits_for_mesh_logs_convert(tmp_path, samples):
     out = subprocess.run(
         [mesh_binary(), "logs", "convert", "--logs", str(logs)], check=True, capture_output=True, text=True
     ).stdout
-    assert out.splitlines()[-1].startswith("1 segment, 200 records converted"), out
-    assert not list((logs / "_wal").glob("**/*.wal"))
-    n = duckdb.connect().execute(
-        "SELECT count(*) FROM read_parquet($g, hive_partitioning = true)", {"g": f"{logs}/**/*.parquet"}
-    ).fetchone()[0]
-    assert n == 200
+    assert_all_converted(logs, out, 200)
     assert join() == 200
 
 
@@ -172,9 +178,4 @@ def test_convert_watch_as_a_sidecar_converts_the_last_segment_after_the_server_s
     watcher.send_signal(signal.SIGTERM)
     out, err = watcher.communicate(timeout=20)
     assert watcher.returncode == 0, err
-    assert out.splitlines()[-1].startswith("1 segment, 40 records converted"), out
-    assert not list((logs / "_wal").glob("**/*.wal"))
-    n = duckdb.connect().execute(
-        "SELECT count(*) FROM read_parquet($g, hive_partitioning = true)", {"g": f"{logs}/**/*.parquet"}
-    ).fetchone()[0]
-    assert n == 40
+    assert_all_converted(logs, out, 40)
