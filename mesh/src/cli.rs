@@ -457,10 +457,13 @@ impl Command {
                 config = Some(c);
                 Some(threads)
             }
-            // Logs commands print to stdout and log nothing.
-            Command::Logs(_) => return Ok(Prepared { config }),
             Command::Demo(_) | Command::BatchScore(_) => Some(1),
-            Command::Features(_) | Command::Bench(_) | Command::Decide(_) => None,
+            // Logs commands print to stdout; their warnings (a segment `logs convert`
+            // could not convert, SCHED_IDLE refused) are logged on stderr, in JSON
+            // with `--log-format json` (the chart's converter sidecar).
+            Command::Logs(_) | Command::Features(_) | Command::Bench(_) | Command::Decide(_) => {
+                None
+            }
         };
         if !matches!(self, Command::Serve(_)) {
             // One-shot commands print their own summary: only warnings and errors

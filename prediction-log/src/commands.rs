@@ -180,6 +180,7 @@ pub fn run_convert(args: &ConvertArgs, out: &mut dyn Write, stop: &dyn Fn() -> b
     let started = std::time::Instant::now();
     let (mut segments, mut records) = (0u64, 0u64);
     let mut bad: Vec<String> = Vec::new();
+    let mut reports = Reports::default();
     let mut last = false;
     loop {
         let mut failed = None;
@@ -190,7 +191,10 @@ pub fn run_convert(args: &ConvertArgs, out: &mut dyn Write, stop: &dyn Fn() -> b
                 Err((wal, e)) => {
                     // Left as it is; the others are converted, and the next pass (or
                     // run) tries it again.
-                    eprintln!("could not convert {}: {e}", wal.display());
+                    if reports.due(wal, std::time::Instant::now()) {
+                        tracing::warn!(wal = %wal.display(), error = %e,
+                            "could not convert a closed segment; its wal stays, and --watch tries it again each pass (this is said again at most every 10 minutes)");
+                    }
                     bad.push(wal.display().to_string());
                     return;
                 }
@@ -259,6 +263,28 @@ pub fn run_convert(args: &ConvertArgs, out: &mut dyn Write, stop: &dyn Fn() -> b
     Ok(())
 }
 
+/// Which failed segments `run_convert` has reported, and when: with `watch` a segment
+/// that keeps failing is tried every pass (a full disk clears), but said again only
+/// every [`Reports::REPEAT`], so that a bad wal does not fill the converter's log.
+#[derive(Default)]
+struct Reports(std::collections::HashMap<std::path::PathBuf, std::time::Instant>);
+
+impl Reports {
+    const REPEAT: Duration = Duration::from_secs(600);
+
+    /// Whether this failure of `wal` is to be reported now (and, if so, noted).
+    fn due(&mut self, wal: &std::path::Path, now: std::time::Instant) -> bool {
+        let due = self
+            .0
+            .get(wal)
+            .is_none_or(|t| now.saturating_duration_since(*t) >= Self::REPEAT);
+        if due {
+            self.0.insert(wal.to_path_buf(), now);
+        }
+        due
+    }
+}
+
 /// Prints records; false when the output has gone away.
 fn print_records(recs: &[PredictionRecord], json: bool, out: &mut dyn Write) -> Result<bool> {
     let mut write = || -> std::io::Result<()> {
@@ -309,6 +335,20 @@ pub fn format_ts(ts_us: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_segment_that_keeps_failing_is_reported_again_only_after_the_repeat_interval() {
+        let mut r = Reports::default();
+        let (a, b) = (std::path::Path::new("a.wal"), std::path::Path::new("b.wal"));
+        let t0 = std::time::Instant::now();
+        assert!(r.due(a, t0));
+        assert!(!r.due(a, t0 + Duration::from_secs(1)));
+        // Another segment is its own report.
+        assert!(r.due(b, t0 + Duration::from_secs(1)));
+        assert!(!r.due(a, t0 + Reports::REPEAT - Duration::from_millis(1)));
+        assert!(r.due(a, t0 + Reports::REPEAT));
+        assert!(!r.due(a, t0 + Reports::REPEAT + Duration::from_secs(1)));
+    }
 
     #[test]
     fn timestamps() {

@@ -3,6 +3,7 @@ the Parquet files are read by DuckDB alone, and DuckDB's per-version counts and 
 AUC equal those of `mesh logs join`. Every record carries the protocol it came in
 by (`oip_grpc` here), which DuckDB sees as a column and the join groups by."""
 import json
+import os
 import subprocess
 import sys
 
@@ -179,3 +180,28 @@ def test_convert_watch_as_a_sidecar_converts_the_last_segment_after_the_server_s
     out, err = watcher.communicate(timeout=20)
     assert watcher.returncode == 0, err
     assert_all_converted(logs, out, 40)
+
+
+def test_convert_logs_a_segment_it_cannot_convert_as_json(tmp_path):
+    """The converter sidecar logs in JSON (`MESH_LOG_FORMAT=json`, as the chart sets
+    it): a closed segment it cannot read is a warning naming the wal, on stderr, and
+    the run ends in an error naming it; the wal stays for the next pass."""
+    logs = tmp_path / "predictions"
+    closed = logs / "_wal" / "closed"
+    closed.mkdir(parents=True)
+    bad = closed / "seg-0000000000000000-1-000000.wal"
+    bad.write_bytes(b"not a wal at all")
+    p = subprocess.run(
+        [mesh_binary(), "logs", "convert", "--logs", str(logs)],
+        capture_output=True, text=True, env={**os.environ, "MESH_LOG_FORMAT": "json"},
+    )
+    assert p.returncode == 1, p.stderr
+    warnings = [json.loads(line) for line in p.stderr.splitlines() if line.startswith("{")]
+    assert len(warnings) == 1, p.stderr
+    w = warnings[0]
+    assert w["level"] == "WARN", w
+    # One object per event, its fields at the top level (flatten_event).
+    assert "could not convert a closed segment" in w["message"], w
+    assert w["wal"] == str(bad), w
+    assert "seg-0000000000000000-1-000000.wal" in p.stderr.splitlines()[-1], p.stderr
+    assert bad.exists()
