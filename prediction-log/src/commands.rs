@@ -152,10 +152,12 @@ pub struct ConvertArgs {
 /// Converts every closed segment waiting in `args.logs` (oldest first), printing one
 /// line per segment and a summary; with `watch`, again every `interval_ms` until
 /// `stop()` returns true, and then once more (what closed meanwhile, such as the last
-/// segment of a server that stopped first). A segment that cannot be converted is named on stderr and
-/// left as it is while the others are converted; the run then ends in an error that
-/// names it (with `watch`, only if the last pass still failed on it). Safe beside the serving writer (it never touches the open
-/// segment) and beside other converters (each segment's lock decides who converts it).
+/// segment of a server that stopped first). A segment that cannot be converted is
+/// logged as a warning (with `watch`, again at most every 10 minutes) and left
+/// as it is while the others are converted; the run then ends in an error that names
+/// it (with `watch`, only if the last pass still failed on it). Safe beside the serving
+/// writer (it never touches the open segment) and beside other converters (each
+/// segment's lock decides who converts it).
 pub fn run_convert(args: &ConvertArgs, out: &mut dyn Write, stop: &dyn Fn() -> bool) -> Result<()> {
     if !args.logs.is_dir() {
         return Err(LogError::Config(format!(
@@ -193,7 +195,7 @@ pub fn run_convert(args: &ConvertArgs, out: &mut dyn Write, stop: &dyn Fn() -> b
                     // run) tries it again.
                     if reports.due(wal, std::time::Instant::now()) {
                         tracing::warn!(wal = %wal.display(), error = %e,
-                            "could not convert a closed segment; its wal stays, and --watch tries it again each pass (this is said again at most every 10 minutes)");
+                            "could not convert a closed segment; its wal stays as it is (with --watch it is tried again each pass, and this is said again at most every 10 minutes)");
                     }
                     bad.push(wal.display().to_string());
                     return;
