@@ -49,8 +49,9 @@
 # list that neither the server nor the load generator runs on), else on any CPU. It
 # is stopped after the server, converts once more, and the summary checks that every
 # written record reached a Parquet file; its CPU over the run is in "log cpu %".
-# Segments roll at 64 MiB (about 190,000 records): runs of SECS=30 at 10,000/s see
-# it convert during the run.
+# Segments roll at 64 MiB (about 190,000 records) by default: runs of SECS=30 at
+# 10,000/s see it convert during the run, or LOG_CONFIG='segment_max_bytes = 8388608'
+# rolls one about every 23,000 records.
 # AA=1: another mode in each round, "off2", the log off again: its figures against
 # "off" are what the same comparison gives for two identical servers (the noise of
 # this machine, measured in the same run), to read the log's figures against.

@@ -50,6 +50,8 @@
 //! channel_capacity = 65536
 //! parquet = "inline"            # inline | deferred (`mesh logs convert` builds the files)
 //! deferred_max_bytes = 1073741824  # deferred: closed segments waiting before the server converts
+//! segment_max_bytes = 67108864  # a segment becomes a Parquet file at this size (1 MiB to 4 GiB)
+//! segment_max_age = "5m"        # ... or this age (1s to 24h)
 //! ```
 //!
 //! `[decisions]`: see [`crate::decide::config`]; `[decisions.stack]`: see

@@ -52,6 +52,12 @@ pub struct PredictionLogConfig {
     /// converter before the server converts the oldest itself
     /// (`LogConfig::deferred_max_bytes`).
     pub deferred_max_bytes: u64,
+    /// Roll the open segment into its Parquet file when its wal reaches this many
+    /// bytes (`LogConfig::segment_max_bytes`; 64 MiB; 1 MiB to 4 GiB).
+    pub segment_max_bytes: u64,
+    /// ... or when it is this old (`LogConfig::segment_max_age`; 5 minutes; 1 s to 24
+    /// h): how long a record may wait before a reader of the Parquet files alone sees it.
+    pub segment_max_age: Duration,
     /// The CPUs the log's threads run on (`LogConfig::cpus`); empty (the default):
     /// wherever the process may run.
     pub cpus: Vec<usize>,
@@ -90,6 +96,10 @@ struct PredictionLogFile {
     parquet: Option<String>,
     #[serde(default = "default_deferred_max_bytes")]
     deferred_max_bytes: u64,
+    #[serde(default = "default_segment_max_bytes")]
+    segment_max_bytes: u64,
+    #[serde(default, deserialize_with = "mesh_stack::config::duration::option")]
+    segment_max_age: Option<Duration>,
     #[serde(default)]
     cpus: Vec<usize>,
     #[serde(default)]
@@ -125,11 +135,24 @@ impl TryFrom<PredictionLogFile> for PredictionLogConfig {
                 .parse::<ParquetMode>()
                 .map_err(|e| format!("[prediction_log] parquet = {p:?}: {e}"))?,
         };
-        let segment_max_bytes = LogConfig::new("").segment_max_bytes;
-        if f.deferred_max_bytes < segment_max_bytes {
+        if !SEGMENT_BYTES.contains(&f.segment_max_bytes) {
             return Err(format!(
-                "[prediction_log] deferred_max_bytes = {}: must be at least one segment ({segment_max_bytes} bytes)",
-                f.deferred_max_bytes
+                "[prediction_log] segment_max_bytes = {}: must be {} (1 MiB) to {} (4 GiB); a segment's wal becomes one Parquet file when it reaches this size",
+                f.segment_max_bytes,
+                SEGMENT_BYTES.start(),
+                SEGMENT_BYTES.end()
+            ));
+        }
+        let segment_max_age = f.segment_max_age.unwrap_or_else(default_segment_max_age);
+        if !SEGMENT_AGE.contains(&segment_max_age) {
+            return Err(format!(
+                "[prediction_log] segment_max_age = {segment_max_age:?}: must be 1s to 24h; a segment becomes a Parquet file when it is this old"
+            ));
+        }
+        if f.deferred_max_bytes < f.segment_max_bytes {
+            return Err(format!(
+                "[prediction_log] deferred_max_bytes = {}: must be at least one segment (segment_max_bytes, {} bytes)",
+                f.deferred_max_bytes, f.segment_max_bytes
             ));
         }
         if f.reserved_cpus > 0 && !f.cpus.is_empty() {
@@ -156,6 +179,8 @@ impl TryFrom<PredictionLogFile> for PredictionLogConfig {
             encoder_backlog: f.encoder_backlog,
             parquet,
             deferred_max_bytes: f.deferred_max_bytes,
+            segment_max_bytes: f.segment_max_bytes,
+            segment_max_age,
             cpus: f.cpus,
             reserved_cpus: f.reserved_cpus,
         })
@@ -220,6 +245,18 @@ fn default_encoder_backlog() -> usize {
 fn default_deferred_max_bytes() -> u64 {
     LogConfig::new("").deferred_max_bytes
 }
+fn default_segment_max_bytes() -> u64 {
+    LogConfig::new("").segment_max_bytes
+}
+fn default_segment_max_age() -> Duration {
+    LogConfig::new("").segment_max_age
+}
+/// `segment_max_bytes`: from 1 MiB (smaller makes many small files, each with its
+/// footer and fsync) to 4 GiB.
+const SEGMENT_BYTES: std::ops::RangeInclusive<u64> = (1 << 20)..=(4 << 30);
+/// `segment_max_age`: from a second to a day (segments also roll at each UTC midnight).
+const SEGMENT_AGE: std::ops::RangeInclusive<Duration> =
+    Duration::from_secs(1)..=Duration::from_secs(86_400);
 
 /// Starts the writer.
 pub fn start(cfg: &PredictionLogConfig) -> Result<(PredictionLogHandle, WriterTask), RouterError> {
@@ -244,6 +281,8 @@ pub fn start(cfg: &PredictionLogConfig) -> Result<(PredictionLogHandle, WriterTa
     c.encoder_backlog = cfg.encoder_backlog;
     c.parquet = cfg.parquet;
     c.deferred_max_bytes = cfg.deferred_max_bytes;
+    c.segment_max_bytes = cfg.segment_max_bytes;
+    c.segment_max_age = cfg.segment_max_age;
     c.cpus = cfg.cpus.clone();
     PredictionLog::start(c).map_err(|e| match e {
         LogError::Config(m) => RouterError::InvalidArgument(format!("[prediction_log] {m}")),
@@ -418,6 +457,44 @@ mod tests {
         assert!(e.contains("parquet") && e.contains("later"), "{e}");
         let e = parse("dir = \"d\"\ndeferred_max_bytes = 1000").unwrap_err();
         assert!(e.contains("deferred_max_bytes = 1000"), "{e}");
+        // The bound is against the configured segment size.
+        let c = parse("dir = \"d\"\nsegment_max_bytes = 8388608\ndeferred_max_bytes = 8388608")
+            .unwrap();
+        assert_eq!(c.deferred_max_bytes, 8 << 20);
+        let e = parse("dir = \"d\"\nsegment_max_bytes = 8388608\ndeferred_max_bytes = 8388607")
+            .unwrap_err();
+        assert!(
+            e.contains("deferred_max_bytes = 8388607") && e.contains("8388608"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn segment_size_and_age_default_to_the_logs_and_are_bounded() {
+        let c = parse("dir = \"d\"").unwrap();
+        let lib = LogConfig::new("d");
+        assert_eq!(
+            (c.segment_max_bytes, c.segment_max_age),
+            (lib.segment_max_bytes, lib.segment_max_age)
+        );
+        let c =
+            parse("dir = \"d\"\nsegment_max_bytes = 1048576\nsegment_max_age = \"30s\"").unwrap();
+        assert_eq!(
+            (c.segment_max_bytes, c.segment_max_age),
+            (1 << 20, Duration::from_secs(30))
+        );
+        for (text, key) in [
+            ("segment_max_bytes = 1048575", "segment_max_bytes = 1048575"),
+            (
+                "segment_max_bytes = 4294967297",
+                "segment_max_bytes = 4294967297",
+            ),
+            ("segment_max_age = \"999ms\"", "segment_max_age = 999ms"),
+            ("segment_max_age = \"25h\"", "segment_max_age = 90000s"),
+        ] {
+            let e = parse(&format!("dir = \"d\"\n{text}")).unwrap_err();
+            assert!(e.contains(key), "{text}: {e}");
+        }
     }
 
     #[test]

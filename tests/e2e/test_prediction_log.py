@@ -33,15 +33,19 @@ def infer_rows(m, x, n):
         c.infer("fraud_mlp", [inp], request_id=f"txn-{i}")
 
 
+def parquet_count(logs) -> int:
+    """Records in the log's Parquet files, as DuckDB reads them."""
+    return duckdb.connect().execute(
+        "SELECT count(*) FROM read_parquet($g, hive_partitioning = true)", {"g": f"{logs}/**/*.parquet"}
+    ).fetchone()[0]
+
+
 def assert_all_converted(logs, out: str, n: int):
     """`mesh logs convert` printed that it converted one segment of `n` records, no
     wal is left, and DuckDB reads `n` records from the Parquet files."""
     assert out.splitlines()[-1].startswith(f"1 segment, {n} records converted"), out
     assert not list((logs / "_wal").glob("**/*.wal"))
-    got = duckdb.connect().execute(
-        "SELECT count(*) FROM read_parquet($g, hive_partitioning = true)", {"g": f"{logs}/**/*.parquet"}
-    ).fetchone()[0]
-    assert got == n
+    assert parquet_count(logs) == n
 
 
 def test_log_join_matches_duckdb(tmp_path, samples):
@@ -205,3 +209,24 @@ def test_convert_logs_a_segment_it_cannot_convert_as_json(tmp_path):
     assert w["wal"] == str(bad), w
     assert "seg-0000000000000000-1-000000.wal" in p.stderr.splitlines()[-1], p.stderr
     assert bad.exists()
+
+
+def test_segment_max_age_puts_records_in_parquet_while_the_mesh_serves(tmp_path, samples):
+    """`[prediction_log] segment_max_age` (5 minutes by default): a segment older than
+    it rolls into its Parquet file at the next flush tick, also with no new records, so
+    readers of the Parquet files alone see what was served within about that time."""
+    import time
+
+    x, _ = samples
+    m, logs = logged_mesh(tmp_path, 'segment_max_age = "1s"\n')
+    try:
+        infer_rows(m, x, 20)
+        deadline = time.time() + 15
+        while not list(logs.glob("**/*.parquet")) and time.time() < deadline:
+            time.sleep(0.1)
+        files = list(logs.glob("**/*.parquet"))
+        assert files, "no segment rolled by age"
+        assert parquet_count(logs) == 20
+        assert m.proc.poll() is None
+    finally:
+        assert m.stop() == 0
