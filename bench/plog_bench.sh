@@ -172,19 +172,14 @@ converter() { # name
     cpid=$!
 }
 converter_stop() { kill "$cpid"; wait "$cpid" || { echo "the converter failed: $OUT/$name.convert.err" >&2; exit 1; }; cpid=; }
-# CPU seconds (user + system) of a process.
-proc_cpu() {
-    python3 -c 'import os, sys
-f = open("/proc/%s/stat" % sys.argv[1]).read().rsplit(")", 1)[1].split()
-print("%.3f" % ((int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")))' "$1"
-}
 bench() { # name seconds args...
     local name=$1 secs=$2; shift 2
     "${RUN[@]}" ${BENCH_CPUS:+taskset -c "$BENCH_CPUS"} "$BIN" bench --addr "http://127.0.0.1:$PORT" --target decide --seconds "$secs" --json "$@" >"$OUT/$name.json" 2>"$OUT/$name.err"
 }
-# CPU seconds (user + system) of the server, and of its threads named plog-*.
-cpu() {
-    python3 - "$pid" <<'PY'
+# CPU seconds (user + system) of a process (the server, SIDECAR's converter), and
+# of its threads named plog-* (the server's log).
+cpu() { # pid
+    python3 - "$1" <<'PY'
 import os, sys
 pid, tck = sys.argv[1], os.sysconf("SC_CLK_TCK")
 def secs(stat):
@@ -199,6 +194,17 @@ for t in os.listdir(f"/proc/{pid}/task"):
     except OSError:
         pass
 print(f"{total:.3f} {log:.3f}")
+PY
+}
+# The run's converted records (from `mesh logs convert --json`), the wal files left,
+# and with t0 t1 the conversion's seconds: fields for <run>.server.json.
+converted() { # name [t0 t1]
+    python3 - "$OUT/$1.convert.jsonl" "$DATA/predictions-$1" "${2:-}" "${3:-}" <<'PY'
+import glob, json, os, sys
+segs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+waiting = len(glob.glob(os.path.join(sys.argv[2], "_wal", "**", "*.wal"), recursive=True))
+took = f', "convert_s": {float(sys.argv[4]) - float(sys.argv[3]):.3f}' if sys.argv[3] else ""
+print(f', "converted": {sum(s["records"] for s in segs)}{took}, "wal_left": {waiting}')
 PY
 }
 metric() { # name: value from /metrics (0 when absent)
@@ -248,19 +254,19 @@ for r in $(seq "$ROUNDS"); do
         # the log's idle-class encoder for its seconds, and the segment it gave up
         # would be converted inside the measured run.
         bench "$name-warmup" 2 --rate "$RATE" --concurrency "$CONCURRENCY"
-        read -r cpu0 log0 < <(cpu)
-        if [ "$mode" = sc ]; then conv0=$(proc_cpu "$cpid"); fi
+        read -r cpu0 log0 < <(cpu "$pid")
+        if [ "$mode" = sc ]; then read -r conv0 _ < <(cpu "$cpid"); fi
         spid=
         if [ "${SCHED:-0}" = 1 ]; then
             (sleep "$(python3 -c "print($WARMUP + 1)")" && perf sched record -q -o "$OUT/$name.sched.data" -- sleep "${SCHED_SECS:-3}") >/dev/null 2>&1 &
             spid=$!
         fi
         bench "$name" "$SECS" --rate "$RATE" --concurrency "$CONCURRENCY" --warmup "$WARMUP"
-        read -r cpu1 log1 < <(cpu)
+        read -r cpu1 log1 < <(cpu "$pid")
         if [ "$mode" = sc ]; then
             # The converter's CPU counts as the log's (it is the log's work, done
             # outside the server).
-            conv1=$(proc_cpu "$cpid")
+            read -r conv1 _ < <(cpu "$cpid")
             log1=$(python3 -c "print($log1 + $conv1 - $conv0)")
         fi
         if [ -n "$spid" ]; then
@@ -280,12 +286,7 @@ for r in $(seq "$ROUNDS"); do
             # After the server, as the kubelet stops a native sidecar: its last pass
             # converts the segment the server closed as it stopped.
             converter_stop
-            python3 - "$OUT/$name.convert.jsonl" "$DATA/predictions-$name" >>"$OUT/$name.server.json" <<'PY'
-import glob, json, os, sys
-segs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-waiting = len(glob.glob(os.path.join(sys.argv[2], "_wal", "**", "*.wal"), recursive=True))
-print(f', "converted": {sum(s["records"] for s in segs)}, "wal_left": {waiting}')
-PY
+            converted "$name" >>"$OUT/$name.server.json"
         fi
         if [ "$mode" = def ]; then
             # The Parquet work the serving process left: done here, the server stopped,
@@ -294,12 +295,7 @@ PY
             t0=$(date +%s.%N)
             "$BIN" logs convert --logs "$DATA/predictions-$name" --json >"$OUT/$name.convert.jsonl"
             t1=$(date +%s.%N)
-            python3 - "$OUT/$name.convert.jsonl" "$t0" "$t1" "$DATA/predictions-$name" >>"$OUT/$name.server.json" <<'PY'
-import glob, json, os, sys
-segs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-waiting = len(glob.glob(os.path.join(sys.argv[4], "_wal", "**", "*.wal"), recursive=True))
-print(f', "converted": {sum(s["records"] for s in segs)}, "convert_s": {float(sys.argv[3]) - float(sys.argv[2]):.3f}, "wal_left": {waiting}')
-PY
+            converted "$name" "$t0" "$t1" >>"$OUT/$name.server.json"
         fi
         echo "}" >>"$OUT/$name.server.json"
         runs+=("$name")
