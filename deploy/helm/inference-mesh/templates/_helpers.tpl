@@ -221,6 +221,19 @@ chart owns that `config` also sets fails the render, naming the value to use.
 {{- toYaml $cfg -}}
 {{- end -}}
 
+{{/*
+The prediction log's volume mount, the same in the mesh's container and the
+converter's: on a PVC each pod's own directory.
+*/}}
+{{- define "inference-mesh.predictionsMount" -}}
+- name: predictions
+  mountPath: /var/lib/mesh/predictions
+  {{- if eq .Values.predictionLog.storage "pvc" }}
+  # One directory per pod: the log has one writer per directory.
+  subPathExpr: $(POD_NAME)
+  {{- end }}
+{{- end -}}
+
 {{/* The checks that span several values; the schema checks each value. */}}
 {{- define "inference-mesh.validate" -}}
 {{- if and .Values.redis.enabled .Values.redis.url .Values.redis.cluster -}}
