@@ -2,21 +2,23 @@
 # Overload: does the mesh keep answering usefully when offered more than it can do?
 # A compute-heavy model (bench/make_heavy_fraud.py: the fraud model's inputs, input
 # spec and thresholds, a 32-3072-3072-1 MLP on one runner thread) so that the model,
-# not the transport, saturates. First its saturation throughput: ModelInfer in
-# closed loop, 24 callers (three batches: one running, two waiting), no deadline of
-# the callers' own (so no refusal comes back at once to be sent again): the model's
-# answers per second, measured again after the rest (a shared machine's speed drifts
-# over a run: "of sat" is against the mean of the two, and both are printed). Then,
-# between the two, ModelInfer and Decide in open loop at 1x, 2x and 4x of the first,
-# each request with a 50 ms deadline (grpc-timeout, counted from when it was
-# due). Useful answers are model answers (Decide: MODEL or PREVIOUS_VERSION) within
-# the deadline, shown against the saturation throughput; "late" are answers of any
-# status more than 5 ms past the deadline (by status: a late Cancelled is the
-# client's own timer firing late), and "lag max" how far behind its schedule the
-# load generator sent a request (both inside its latencies). Where the capacity went,
-# from the server around each run: "busy", the model's runner computing, of the run's
-# wall time; "rows/b" and "ms/b", its batches; "cpu/req", the server's CPU outside
-# the runner per request sent, in µs (refused ones included). Prints one table; raw
+# not the transport, saturates. Its saturation throughput: ModelInfer in closed loop,
+# 24 callers (three batches: one running, two waiting), no deadline of the callers'
+# own (so no refusal comes back at once to be sent again): the model's answers per
+# second. Then ModelInfer and Decide in open loop at 1x, 2x and 4x of it, each request
+# with a 50 ms deadline (grpc-timeout, counted from when it was due), each of these
+# cells between two saturation runs: a shared machine's speed drifts by 5-10% over a
+# minute, so "of sat" is a cell's useful answers against the mean of the saturation
+# runs just before and after it, and its offered rate a multiple of the one before.
+# Useful answers are model answers (Decide: MODEL or PREVIOUS_VERSION) within the
+# deadline; "late" are answers of any status more than 5 ms past the deadline (by
+# status: a late Cancelled is the client's own timer firing late), and "lag max" how
+# far behind its schedule the load generator sent a request (both inside its
+# latencies). Where the capacity went, from the server around each run: "busy", the
+# model's runner computing, of the run's wall time; "rows/b" and "ms/b", its batches;
+# "cpu/req", the server's CPU outside the runner per request sent, in µs (refused
+# ones included). ROUNDS repeats all of it, and the summary gives each cell's median
+# and range over the rounds and how many cells reached 90%. Prints one table; raw
 # JSON reports and the server's /metrics and threads' CPU before and after each run
 # go to $OUT.
 #
@@ -25,10 +27,11 @@
 #
 # MESH_BIN (or the first argument) is the mesh binary that sends the load; SERVER_BIN
 # (default: the same) is the one that serves, so an older build can be measured
-# with the same client. SAT (the rate that 1x means; default: the measured
-# saturation), SECS (8) per run, DEADLINE_MS (50), MULTS ("1 2 4"),
-# TARGETS ("infer decide"), HIDDEN (3072: the model's width), PYTHON (python3 with
-# numpy). The prediction log is off (its cost is bench/plog_bench.sh's subject).
+# with the same client. SAT (the rate that 1x means, and what "of sat" is against;
+# default: the saturation runs around each cell), SECS (8) per run, ROUNDS (1),
+# DEADLINE_MS (50), MULTS ("1 2 4"), TARGETS ("infer decide"), HIDDEN (3072: the
+# model's width), PYTHON (python3 with numpy). The prediction log is off (its cost is
+# bench/plog_bench.sh's subject).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-${MESH_BIN:-${CARGO_TARGET_DIR:-target}/release/mesh}}
@@ -36,6 +39,7 @@ SERVER_BIN=${SERVER_BIN:-$BIN}
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
 SECS=${SECS:-8}
+ROUNDS=${ROUNDS:-1}
 DEADLINE_MS=${DEADLINE_MS:-50}
 MULTS=${MULTS:-1 2 4}
 TARGETS=${TARGETS:-infer decide}
@@ -93,30 +97,33 @@ n = r['sources'].get('MODEL', 0) + r['sources'].get('PREVIOUS_VERSION', 0) if r[
 print(n / r['seconds'])" "$1"; }
 
 bench warmup infer --concurrency 8 --seconds 2
-bench saturation infer --concurrency 24 --seconds "$SECS"
-# SAT=<req/s> drives the multiples from a given rate instead (to compare builds at
-# the same offered load); the table still shows the measured saturation.
-sat=${SAT:-$(answers "$OUT/saturation.json")}
-echo "$sat" >"$OUT/rate"
-for target in $TARGETS; do
-    [ "$target" = decide ] && bench decide-warmup decide --concurrency 8 --seconds 2
-    for m in $MULTS; do
+# Each round: a saturation run before every cell and one after the last, so that each
+# cell is read against the saturation measured just around it (the mean of the runs
+# before and after it): a shared machine's speed drifts by 5-10% over a minute, and a
+# ratio against the ends of a whole run would carry that drift. The offered rates are
+# multiples of the saturation run just before the cell, or of SAT=<req/s> when given
+# (to compare builds at the same offered load).
+cells=()
+for target in $TARGETS; do for m in $MULTS; do cells+=("$target:$m"); done; done
+for r in $(seq 1 "$ROUNDS"); do
+    i=0
+    bench "r$r-sat$i" infer --concurrency 24 --seconds "$SECS"
+    for cell in "${cells[@]}"; do
+        target=${cell%%:*} m=${cell##*:}
+        sat=${SAT:-$(answers "$OUT/r$r-sat$i.json")}
+        if [ "$target" = decide ] && [ ! -e "$OUT/decide-warmup.json" ]; then
+            bench decide-warmup decide --concurrency 8 --seconds 2
+        fi
         rate=$("$PYTHON" -c "print(max(1, round($sat * $m)))")
-        bench "$target-${m}x" "$target" --rate "$rate" --concurrency 64 --seconds "$SECS" --deadline-ms "$DEADLINE_MS"
+        bench "r$r-$target-${m}x" "$target" --rate "$rate" --concurrency 64 --seconds "$SECS" --deadline-ms "$DEADLINE_MS"
+        i=$((i + 1))
+        bench "r$r-sat$i" infer --concurrency 24 --seconds "$SECS"
     done
 done
-# Saturation again after the multiples: a shared machine's speed drifts over a run,
-# and a ratio against one end of it would carry the drift. Without SAT, "of sat" is
-# against the mean of the two.
-bench saturation-after infer --concurrency 24 --seconds "$SECS"
-[ -n "${SAT:-}" ] || "$PYTHON" -c "import sys; print((float(sys.argv[1]) + float(sys.argv[2])) / 2)" \
-    "$sat" "$(answers "$OUT/saturation-after.json")" >"$OUT/rate"
 
-"$PYTHON" - "$OUT" "$TARGETS" "$MULTS" "${SAT:+given}" <<'PY'
-import json, os, sys
-out, targets, mults, given = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), sys.argv[4] == "given"
-print(f"{'run':<18}{'offered/s':>10}{'useful/s':>10}{'of sat':>8}{'p50 us':>9}{'p99 us':>9}{'max us':>9}{'late':>6}{'lag max':>9}"
-      f"{'busy':>6}{'rows/b':>7}{'ms/b':>6}{'cpu/req':>8}  statuses (Decide: sources); late by status")
+"$PYTHON" - "$OUT" "$ROUNDS" "${cells[*]}" "${SAT:-}" <<'PY'
+import json, os, statistics, sys
+out, rounds, cells, given = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4]
 TICK = os.sysconf("SC_CLK_TCK")
 def snapshot(path):
     """(wall s, {thread name: CPU s}, {metric: sum over the heavy model's series})."""
@@ -149,28 +156,44 @@ def server_side(run, requests):
     other = sum(v - c0.get(k, 0) for k, v in c1.items() if k != "mesh-runner")
     return (f"{compute / max(w1 - w0, 1e-9):>6.0%}{d('mesh_model_batch_size_sum') / max(batches, 1):>7.2f}"
             f"{1000 * compute / max(batches, 1):>6.2f}{1e6 * other / max(requests, 1):>8.0f}")
-sat = json.load(open(f"{out}/saturation.json"))
-s = float(open(f"{out}/rate").read())
+def report(run):
+    return json.load(open(f"{out}/{run}.json"))
 def model_answers(r):
+    """Model answers per second of a saturation run (no deadline: all of them are useful)."""
     return r["codes"].get("OK", 0) / r["seconds"]
-runs = [("infer", "saturation")] + [(t, f"{m}x") for t in targets for m in mults] + [("infer", "sat. after")]
-files = {"saturation": "saturation", "sat. after": "saturation-after"}
-for t, name in runs:
-        run = files.get(name, f"{t}-{name}")
-        r = json.load(open(f"{out}/{run}.json"))
-        # The saturation runs have no deadline: their useful answers are their model answers.
-        u = r.get("useful") or {"per_second": model_answers(r), "late": 0}
+print(f"{'run':<22}{'offered/s':>10}{'useful/s':>10}{'sat/s':>8}{'of sat':>8}{'p50 us':>9}{'p99 us':>9}{'max us':>9}{'late':>6}{'lag max':>9}"
+      f"{'busy':>6}{'rows/b':>7}{'ms/b':>6}{'cpu/req':>8}  statuses (Decide: sources); late by status")
+of_sat = {c: [] for c in cells}
+late_total = 0
+for rd in range(1, rounds + 1):
+    sats = [model_answers(report(f"r{rd}-sat{i}")) for i in range(len(cells) + 1)]
+    for i, cell in enumerate(cells):
+        target, m = cell.split(":")
+        run = f"r{rd}-{target}-{m}x"
+        r = report(run)
+        s = float(given) if given else (sats[i] + sats[i + 1]) / 2
+        u = r["useful"]
         offered = r["requests"] / r["seconds"]
         rest = dict(r["codes"])
         if r["sources"]:
             rest.update({f"src:{k}": v for k, v in r["sources"].items()})
-        print(f"{t + ' ' + name:<18}{offered:>10.0f}{u['per_second']:>10.0f}{u['per_second'] / s:>8.0%}"
+        of_sat[cell].append(u["per_second"] / s)
+        late_total += u["late"]
+        print(f"{f'{rd}: {target} {m}x':<22}{offered:>10.0f}{u['per_second']:>10.0f}{s:>8.0f}{u['per_second'] / s:>8.0%}"
               f"{r['p50_us']:>9}{r['p99_us']:>9}{r['max_us']:>9}{u['late']:>6}{r.get('send_lag_max_us', 0):>9}"
               f"{server_side(run, r['requests'])}  {rest}"
               + (f"; late {u['late_codes']}" if u.get('late_codes') else ""))
-before, after = model_answers(sat), model_answers(json.load(open(f"{out}/saturation-after.json")))
-against = f"SAT={s:.0f}/s, as given" if given else "their mean"
-print(f"saturation {before:.0f}/s before the multiples and {after:.0f}/s after ({after / before - 1:+.1%}); of sat: against {against}")
+    print(f"{f'{rd}: saturation':<22}" + ", ".join(f"{x:.0f}" for x in sats) + " answers/s, in the order run"
+          f" (each cell's: the two on either side of it)")
+against = f"SAT={float(given):.0f}/s, as given" if given else "the mean of the saturation runs just before and after it"
+print(f"of sat: each cell's useful answers per second against {against}")
 print("busy: the model's runner computing, of each run's wall time; rows/b, ms/b: its batches; cpu/req: the server's CPU outside the runner per request sent (µs)")
-print(f"saturation: ModelInfer, closed loop, 24 callers, no deadline; the rest: open loop at multiples of it, deadline {json.load(open(f'{out}/{targets[0]}-{mults[0]}x.json'))['useful']['deadline_ms']} ms; raw reports in {out}")
+first = cells[0].split(":")
+deadline = report(f"r1-{first[0]}-{first[1]}x")["useful"]["deadline_ms"]
+print(f"saturation: ModelInfer, closed loop, 24 callers, no deadline; the cells: open loop at multiples of the saturation run before them, deadline {deadline} ms; raw reports in {out}")
+values = [v for vs in of_sat.values() for v in vs]
+print(f"over {rounds} round(s): {sum(v >= 0.9 for v in values)} of {len(values)} cells at 90% or more of saturation; answers more than 5 ms past the deadline: {late_total}")
+for cell, vs in of_sat.items():
+    target, m = cell.split(":")
+    print(f"  {target} {m}x: median {statistics.median(vs):.0%}, range {min(vs):.0%}-{max(vs):.0%}")
 PY

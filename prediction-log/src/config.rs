@@ -79,11 +79,13 @@ pub struct LogConfig {
     /// [`crate::worker_turn`]; `mesh serve`'s does, and leaves them off unless its
     /// `[prediction_log] worker_turns = true`.
     pub worker_turns: bool,
-    /// Records that may wait for the Parquet encoder. When the encoder falls this far
-    /// behind (a machine with no idle CPU starves a `SCHED_IDLE` thread), the open
-    /// segment's Parquet file is given up and the segment is converted from its wal when
-    /// it rolls, by the closer thread: more work at the roll, no record lost. Counted in
-    /// `mesh_log_encoder_behind_segments_total`. Rolled segments wait for the closer as
+    /// Records that may wait in memory for the Parquet encoder. When the encoder falls
+    /// this far behind (a machine with no idle CPU starves a `SCHED_IDLE` thread), the
+    /// writer passes it nothing more of the open segment, and the encoder reads the rest
+    /// of the segment from its wal, as the writer appends it: the backlog waits on disk,
+    /// the work done on the segment is kept, no record is lost. Counted in
+    /// `mesh_log_encoder_behind_segments_total`. Segments the closer converts (a Parquet
+    /// file that could not be written) wait for it as
     /// wal files, in order, as long as it is busy or starved
     /// (`mesh_log_segments_waiting_for_closer`; on disk, not in memory), and a shutdown
     /// converts them all. Default 8 192 (16 slices); at least 1.

@@ -14,12 +14,13 @@
 //!   the segment rolls, finishes the file (footer, fsync, rename) and removes the wal.
 //!   This is most of the log's CPU work, and by default it runs under `SCHED_IDLE`
 //!   ([`LogConfig::encoder_idle`]). When it falls [`LogConfig::encoder_backlog`] records
-//!   behind, the writer gives up that segment's Parquet file and the closer converts the
-//!   segment from its wal instead. With [`LogConfig::worker_turns`], the serving
+//!   behind, the writer stops passing that segment's frames on and the encoder reads the
+//!   rest of them from the segment's wal itself, as the writer appends them: the work
+//!   done on the segment is kept, and the backlog waits on disk, not in memory. With [`LogConfig::worker_turns`], the serving
 //!   runtime's workers build the columns in short turns before they park
 //!   ([`worker_turn`]), and the thread keeps the steps that write to the file.
-//! - The closer thread converts such segments (and those whose Parquet file could not be
-//!   written) from their wal, under `SCHED_IDLE` with the encoder. The writer never waits
+//! - The closer thread converts the segments whose Parquet file could not be written
+//!   (or whose start or finish the encoder's queue had no room for) from their wal, under `SCHED_IDLE` with the encoder. The writer never waits
 //!   for it: rolled segments its queue has no room for wait in order, each with its wal.
 //!
 //! The request path never waits for the disk: when [`LogConfig::channel_capacity`]
@@ -153,6 +154,7 @@ struct Shared {
     open_errors: AtomicU64,
     segments: AtomicU64,
     encoder_behind: AtomicU64,
+    closer_segments: AtomicU64,
     deferred: AtomicU64,
     /// Records the serving runtime's workers put into the Parquet columns
     /// ([`worker_turn`]).
@@ -181,9 +183,13 @@ pub struct LogStats {
     pub open_errors: u64,
     /// Segments closed into Parquet files.
     pub segments: u64,
-    /// Segments whose Parquet file the encoder gave up because it fell
-    /// `encoder_backlog` records behind; each was converted from its wal at close.
+    /// Segments on which the encoder fell `encoder_backlog` records behind: it read the
+    /// rest of each from its wal (or, when its queue could not take even that word,
+    /// the segment was converted from its wal at close).
     pub encoder_behind: u64,
+    /// Segments the closer converted from their wal: their Parquet file could not be
+    /// written, or the encoder's queue had no room for their start or finish.
+    pub closer_segments: u64,
     /// With `parquet = deferred`: closed segments waiting in `_wal/closed/` for a
     /// converter, as the writer last counted them (at a roll or a flush tick).
     pub deferred: u64,
@@ -205,6 +211,7 @@ impl Shared {
             open_errors: AtomicU64::new(0),
             segments: AtomicU64::new(0),
             encoder_behind: AtomicU64::new(0),
+            closer_segments: AtomicU64::new(0),
             deferred: AtomicU64::new(0),
             on_workers: AtomicU64::new(0),
             names: NameRegistry::new(),
@@ -221,6 +228,7 @@ impl Shared {
             open_errors: self.open_errors.load(Ordering::Relaxed),
             segments: self.segments.load(Ordering::Relaxed),
             encoder_behind: self.encoder_behind.load(Ordering::Relaxed),
+            closer_segments: self.closer_segments.load(Ordering::Relaxed),
             deferred: self.deferred.load(Ordering::Relaxed),
             on_workers: self.on_workers.load(Ordering::Relaxed),
         }
@@ -295,6 +303,7 @@ impl PredictionLog {
         metrics::counter!("mesh_log_lost_records_total").increment(0);
         metrics::counter!("mesh_log_open_errors_total").increment(0);
         metrics::counter!("mesh_log_encoder_behind_segments_total").increment(0);
+        metrics::counter!("mesh_log_closer_segments_total").increment(0);
         metrics::gauge!("mesh_log_segments_waiting_for_closer").set(0.0);
         metrics::counter!("mesh_log_deferred_bound_segments_total").increment(0);
         metrics::gauge!("mesh_log_deferred_segments").set(waiting.len() as f64);
@@ -496,6 +505,9 @@ struct OpenSegment {
     /// when that is given up (the encoder fell behind, or the file could not be written).
     /// `None` once given up: the closer converts the segment from its wal.
     encoding: Option<Arc<AtomicBool>>,
+    /// The encoder fell behind on this segment: it reads the rest of it from the wal
+    /// itself, and the writer passes nothing more on.
+    from_wal: bool,
     opened: Instant,
     /// The name sets whose frames its wal holds.
     names: Defined,
@@ -512,6 +524,10 @@ enum EncMsg {
     /// Sealed, checksummed wal frames of the segment: `records` of them. The encoder
     /// hands the buffer back (`recycled`) when it is done with it.
     Frames { buf: Vec<u8>, records: usize },
+    /// The encoder fell behind: the segment's frames from byte `offset` of its wal on
+    /// are not passed on, and the encoder reads them from the wal itself, as the writer
+    /// appends them, up to the end of the file once `Finish` comes.
+    FromWal { wal: PathBuf, offset: u64 },
     /// The segment rolled: finish its Parquet file, put it into place, remove the wal.
     /// From here the encoder owns the segment (it hands it to the closer if the file
     /// fails).
@@ -694,7 +710,11 @@ impl Writer<'_> {
 
     /// Passes frames just written to the open segment's wal (`count` records among
     /// them) on to its encoder, while its Parquet file is being built and the encoder's
-    /// backlog has room.
+    /// backlog has room. Past the backlog, the encoder reads the rest of the segment
+    /// from its wal instead (once the wal holds them: the frames may still be in its
+    /// buffer), so the work it did on the segment is kept and nothing more is copied;
+    /// only when its queue cannot take even that word is the segment's Parquet file
+    /// given up, for the closer to convert from the wal at the roll.
     fn pass_on(&mut self, frames: &[u8], count: usize) {
         let Some(seg) = self.open.as_mut() else {
             return;
@@ -703,9 +723,20 @@ impl Writer<'_> {
         if flag.load(Ordering::Acquire) || self.enc_tx.is_none() {
             return give_up(seg.encoding.take());
         }
+        if seg.from_wal {
+            return;
+        }
         let backlog = self.shared.enc_queued.load(Ordering::Relaxed);
         if backlog + count > self.cfg.encoder_backlog {
-            give_up(seg.encoding.take());
+            let msg = EncMsg::FromWal {
+                wal: seg.wal.path().to_path_buf(),
+                // These frames are the wal's last bytes.
+                offset: seg.wal.bytes() - frames.len() as u64,
+            };
+            match self.enc_tx.as_ref().map(|tx| tx.try_send(msg)) {
+                Some(Ok(())) => seg.from_wal = true,
+                _ => give_up(seg.encoding.take()),
+            }
             return self.encoder_behind();
         }
         self.shared.enc_queued.fetch_add(count, Ordering::Relaxed);
@@ -781,6 +812,7 @@ impl Writer<'_> {
             day,
             wal,
             encoding,
+            from_wal: false,
             opened: Instant::now(),
             names: Defined::new(),
         });
@@ -984,7 +1016,13 @@ fn close_main(dir: PathBuf, rx: Receiver<CloseJob>, shared: &Shared, (nice, idle
             continue;
         }
         match segment::convert_wal(&dir, &job.id, &job.wal, &mut || pace.tick()) {
-            Ok(path) => segment_closed(shared, &job.wal, path),
+            Ok(path) => {
+                if path.is_some() {
+                    shared.closer_segments.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!("mesh_log_closer_segments_total").increment(1);
+                }
+                segment_closed(shared, &job.wal, path);
+            }
             Err(e) => {
                 metrics::counter!("mesh_log_convert_errors_total").increment(1);
                 tracing::error!(error = %e, wal = %job.wal.display(),
@@ -1003,9 +1041,146 @@ struct Encoding {
     file: Option<OpenParquet>,
     /// The name sets of its wal's frames, as they came.
     sets: codec::NameSets,
+    /// After the encoder fell behind: the rest of the segment, read from its wal.
+    tail: Option<WalTail>,
+}
+
+/// Bytes the encoder reads from a wal at a time when it reads a segment's frames from
+/// there ([`EncMsg::FromWal`]).
+const TAIL_READ: usize = 256 << 10;
+
+/// A segment's frames that the encoder reads from its wal, as the writer appends them.
+struct WalTail {
+    path: PathBuf,
+    file: std::fs::File,
+    /// Bytes read and not yet appended from `at` on: whole frames up to `whole`, then
+    /// the start of one the writer has not finished writing (or handing to the OS).
+    buf: Vec<u8>,
+    at: usize,
+    whole: usize,
+    /// The writer rolled the segment: its wal is complete.
+    complete: bool,
+}
+
+/// The payload length a wal frame's header gives.
+fn frame_len(header: &[u8]) -> usize {
+    u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize
+}
+
+/// What a read of a segment's wal ([`Encoding::read_tail`]) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tail {
+    /// Appended every whole frame it read.
+    Appended,
+    /// `go_on` said stop before the last of them.
+    Paused,
+    /// Nothing more to append for now (or the file was given up).
+    Empty,
+}
+
+impl WalTail {
+    fn open(path: PathBuf, offset: u64) -> Result<Self> {
+        use std::io::{Seek, SeekFrom};
+        let mut file = std::fs::File::open(&path).map_err(|e| LogError::io(&path, e))?;
+        file.seek(SeekFrom::Start(offset))
+            .map_err(|e| LogError::io(&path, e))?;
+        Ok(Self {
+            path,
+            file,
+            buf: Vec::new(),
+            at: 0,
+            whole: 0,
+            complete: false,
+        })
+    }
+
+    /// Reads what the wal holds past the last read (up to [`TAIL_READ`] bytes, or the
+    /// rest of a frame started), once every whole frame read before is appended.
+    /// True when there are whole frames to append. Each frame's checksum is verified
+    /// (a frame that fails it, or whose length no frame may have, is an error: the
+    /// segment is then converted from its wal, which stops at such a frame).
+    fn read_more(&mut self) -> Result<bool> {
+        use std::io::Read;
+        self.buf.drain(..self.whole);
+        (self.at, self.whole) = (0, 0);
+        // The rest of a frame whose start was read (its length checked then).
+        let rest_of_frame = self
+            .buf
+            .get(..wal::FRAME_HEADER)
+            .map_or(0, |h| wal::FRAME_HEADER + frame_len(h))
+            .saturating_sub(self.buf.len());
+        let want = TAIL_READ.max(rest_of_frame) as u64;
+        (&mut self.file)
+            .take(want)
+            .read_to_end(&mut self.buf)
+            .map_err(|e| LogError::io(&self.path, e))?;
+        let mut at = 0;
+        while let Some((payload, next)) = wal::frame_at(&self.buf, at) {
+            let h = &self.buf[at + 4..at + 8];
+            if crc32fast::hash(payload) != u32::from_le_bytes([h[0], h[1], h[2], h[3]]) {
+                return Err(LogError::schema(
+                    &self.path,
+                    "a frame whose checksum does not match, read back by the Parquet encoder",
+                ));
+            }
+            at = next;
+        }
+        self.whole = at;
+        if let Some(h) = self.buf.get(at..at + wal::FRAME_HEADER) {
+            let len = frame_len(h);
+            if len > wal::MAX_FRAME {
+                return Err(LogError::schema(
+                    &self.path,
+                    format!("a frame of {len} bytes, past the largest a wal frame may be"),
+                ));
+            }
+        }
+        Ok(at > 0)
+    }
+
+    /// Bytes read past the last whole frame: once the wal is complete, a torn frame.
+    fn leftover(&self) -> usize {
+        self.buf.len() - self.whole
+    }
 }
 
 impl Encoding {
+    /// Appends the frames of the segment's wal past those appended before, as far as
+    /// `go_on` allows (see [`OpenParquet::append_frames_from`]); gives the file up if
+    /// the wal cannot be read or a frame does not append.
+    fn read_tail(&mut self, go_on: &mut dyn FnMut() -> bool) -> Tail {
+        if self.gave_up.load(Ordering::Acquire) || self.file.is_none() {
+            self.tail = None;
+            self.drop_file();
+            return Tail::Empty;
+        }
+        let Some(t) = self.tail.as_mut() else {
+            return Tail::Empty;
+        };
+        let appended = match t.at < t.whole {
+            true => Ok(true),
+            false => t.read_more(),
+        }
+        .and_then(|more| match (more, self.file.as_mut()) {
+            (true, Some(f)) => f
+                .append_frames_from(&t.buf[..t.whole], t.at, &mut self.sets, go_on, true)
+                .map(|(at, _)| {
+                    t.at = at;
+                    if at < t.whole {
+                        Tail::Paused
+                    } else {
+                        Tail::Appended
+                    }
+                }),
+            _ => Ok(Tail::Empty),
+        });
+        appended.unwrap_or_else(|e| {
+            self.tail = None;
+            self.failed(&e);
+            Tail::Empty
+        })
+    }
+
     /// Drops the Parquet file and its temp file (the segment is converted from its wal).
     fn drop_file(&mut self) {
         if let Some(f) = self.file.take() {
@@ -1117,6 +1292,20 @@ impl Encoder {
             if did && !go_on() {
                 return (Worked::Paused, did);
             }
+            if self.current.as_ref().is_some_and(|c| c.tail.is_some()) {
+                // The segment's frames come from its wal, which the thread reads.
+                if !thread {
+                    return (Worked::Idle, did);
+                }
+                match self.current.as_mut().map(|c| c.read_tail(go_on)) {
+                    Some(Tail::Appended) => {
+                        did = true;
+                        continue;
+                    }
+                    Some(Tail::Paused) => return (Worked::Paused, true),
+                    _ => {}
+                }
+            }
             let msg = match self.held.take() {
                 Some(m) => m,
                 None => match self.rx.try_recv() {
@@ -1175,11 +1364,49 @@ impl Encoder {
                     did = true;
                     self.start(id, date, gave_up);
                 }
+                EncMsg::FromWal { wal, offset } => {
+                    did = true;
+                    self.read_on_from_wal(wal, offset);
+                }
                 EncMsg::Finish { wal } => {
                     did = true;
+                    if let Some(c) = self.current.as_mut() {
+                        if let Some(t) = c.tail.as_mut() {
+                            if !t.complete {
+                                // The writer flushed the wal before this: read it to its
+                                // end first (the step above, until it has nothing more).
+                                t.complete = true;
+                                self.held = Some(EncMsg::Finish { wal });
+                                continue;
+                            }
+                            let torn = t.leftover();
+                            c.tail = None;
+                            if torn > 0 {
+                                c.failed(&LogError::schema(
+                                    &wal,
+                                    format!("{torn} bytes after the last whole frame of a rolled segment"),
+                                ));
+                            }
+                        }
+                    }
                     self.finish(wal);
                 }
             }
+        }
+    }
+
+    /// The encoder fell behind on the current segment: its frames from `offset` on
+    /// are to be read from its wal.
+    fn read_on_from_wal(&mut self, wal: PathBuf, offset: u64) {
+        let Some(c) = self.current.as_mut() else {
+            return;
+        };
+        if c.file.is_none() {
+            return;
+        }
+        match WalTail::open(wal, offset) {
+            Ok(t) => c.tail = Some(t),
+            Err(e) => c.failed(&e),
         }
     }
 
@@ -1193,6 +1420,7 @@ impl Encoder {
             date,
             gave_up,
             sets: codec::NameSets::default(),
+            tail: None,
         };
         // Given up before the encoder got to it: nothing to start.
         if !c.gave_up.load(Ordering::Acquire) {
@@ -1387,7 +1615,10 @@ fn writer_main(
     let (close_tx, close_rx) = mpsc::sync_channel::<CloseJob>(2);
     // The backlog is bounded in records (`Shared::enc_queued`); each message carries at
     // least one, besides a segment's start and finish.
-    let (enc_tx, enc_rx) = mpsc::sync_channel::<EncMsg>(cfg.encoder_backlog.min(1024) + 2);
+    // Runs of frames (each of at least one record, bounded by `encoder_backlog`, or a
+    // name set's), and room beside them for the words about segments (start, read on
+    // from the wal, finish) of a few rolls.
+    let (enc_tx, enc_rx) = mpsc::sync_channel::<EncMsg>(cfg.encoder_backlog.min(1024) + 16);
     let (recycle_tx, recycle_rx) = mpsc::sync_channel::<Vec<u8>>(4);
     let dir = cfg.dir.clone();
     let (nice, idle) = (cfg.writer_nice, cfg.writer_idle);
@@ -1712,38 +1943,162 @@ mod tests {
         wal
     }
 
-    /// When the encoder's queue is full, the writer gives up the segment's Parquet file
-    /// (and tells the encoder), keeps writing the wal, and at the roll hands the segment
-    /// to the closer, whose conversion holds every record.
+    /// Ten records whose features name two lists (the first five one, the rest the
+    /// other), so that a wal holds a name-set frame in each half.
+    fn records_with_features() -> Vec<PredictionRecord> {
+        let mut recs = records(10);
+        for (i, r) in recs.iter_mut().enumerate() {
+            let names: &[&str] = if i < 5 { &["a"] } else { &["b", "c"] };
+            r.features = Some(
+                names
+                    .iter()
+                    .map(|n| crate::FeatureUsed {
+                        name: (*n).into(),
+                        value: Some(i as f64 * 0.5),
+                        status: "PRESENT".into(),
+                        event_time_us: Some(r.ts_us - 1_000),
+                    })
+                    .collect(),
+            );
+        }
+        recs
+    }
+
+    /// The Parquet files under `dir`, read back in the order of their names.
+    fn parquet_records(dir: &std::path::Path) -> Vec<PredictionRecord> {
+        let mut out = Vec::new();
+        for p in segment::partition_dirs(dir).unwrap() {
+            let mut files: Vec<PathBuf> = std::fs::read_dir(p)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .collect();
+            files.sort();
+            for f in files {
+                out.extend(crate::parquet_io::read_parquet(&f).unwrap());
+            }
+        }
+        out
+    }
+
+    /// When the encoder falls `encoder_backlog` records behind, the writer passes it
+    /// nothing more of the segment but where in the wal the rest starts, keeps writing
+    /// the wal, and at the roll hands the segment over as usual. The encoder reads the
+    /// rest from the wal (a name set defined there too): its file holds every record in
+    /// order, the work before is kept, and the closer gets nothing.
     #[test]
-    fn an_encoder_that_falls_behind_costs_the_segment_its_parquet_file_not_a_record() {
+    fn an_encoder_that_falls_behind_reads_the_rest_of_the_segment_from_its_wal() {
         let dir = tempfile::tempdir().unwrap();
         let shared = Arc::new(Shared::new(1024));
-        let (mut w, enc_rx, close_rx) = writer(dir.path(), &shared, 4);
-        let recs = records(10);
+        let (mut w, _, close_rx) = writer(dir.path(), &shared, 4);
+        let (tx, enc_rx) = mpsc::sync_channel(16);
+        w.enc_tx = Some(tx);
+        let recs = records_with_features();
         feed(&mut w, &recs, 1);
         assert_eq!(shared.stats().encoder_behind, 1, "counted once per segment");
-        assert!(w.open.as_ref().unwrap().encoding.is_none());
+        let seg = w.open.as_ref().unwrap();
+        assert!(seg.from_wal && seg.encoding.is_some());
         w.roll();
-        // The encoder got the start and the first four records, and the word to drop them.
         let queued: Vec<EncMsg> = enc_rx.try_iter().collect();
-        assert_eq!(queued.len(), 5);
-        let EncMsg::Start { gave_up, .. } = &queued[0] else {
-            panic!("the segment starts with Start");
-        };
-        assert!(gave_up.load(Ordering::Acquire));
-        assert!(queued[1..]
+        // Start, the first name set, four records, the word, Finish.
+        assert_eq!(queued.len(), 8);
+        let passed: Vec<usize> = queued
             .iter()
-            .all(|m| matches!(m, EncMsg::Frames { records: 1, .. })));
+            .filter_map(|m| match m {
+                EncMsg::Frames { buf, records } => Some((buf.len(), *records)),
+                _ => None,
+            })
+            .map(|(bytes, records)| {
+                assert!(records <= 1);
+                bytes
+            })
+            .collect();
+        assert_eq!(passed.len(), 5);
+        let EncMsg::FromWal { offset, .. } = &queued[6] else {
+            panic!("the word to read on from the wal");
+        };
+        let expected = wal::MAGIC.len() + passed.iter().sum::<usize>();
+        assert_eq!(*offset, expected as u64, "where the fifth record starts");
+        assert!(matches!(queued[7], EncMsg::Finish { .. }));
         assert_eq!(shared.enc_queued.load(Ordering::Relaxed), 4);
-        let job = close_rx
-            .try_recv()
-            .expect("the closer converts the segment");
-        let path = segment::convert_wal(dir.path(), &job.id, &job.wal, &mut || ())
-            .unwrap()
-            .unwrap();
-        assert_eq!(crate::parquet_io::read_parquet(&path).unwrap(), recs);
-        assert_eq!(shared.stats().written, 10);
+        let closed = encode(dir.path(), &shared, queued);
+        assert!(closed.is_empty(), "nothing for the closer: {closed:?}");
+        assert!(close_rx.try_recv().is_err());
+        assert_eq!(parquet_records(dir.path()), recs);
+        assert_eq!(files_under(dir.path()).len(), 1, "no temp file left");
+        assert_eq!(
+            std::fs::read_dir(segment::wal_dir(dir.path()))
+                .unwrap()
+                .count(),
+            0
+        );
+        assert_eq!(shared.stats().segments, 1);
+    }
+
+    /// A frame read back from the wal that fails its checksum gives the segment's
+    /// Parquet file up: the closer converts the segment from its wal instead (which
+    /// stops at that frame, as recovery does), and no half-built file is put in place.
+    #[test]
+    fn a_wal_frame_the_encoder_cannot_read_back_sends_the_segment_to_the_closer() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = Arc::new(Shared::new(1024));
+        let (mut w, _, _close_rx) = writer(dir.path(), &shared, 4);
+        let (tx, enc_rx) = mpsc::sync_channel(16);
+        w.enc_tx = Some(tx);
+        let recs = records_with_features();
+        feed(&mut w, &recs, 1);
+        let id = w.open.as_ref().unwrap().id.clone();
+        w.roll();
+        let queued: Vec<EncMsg> = enc_rx.try_iter().collect();
+        let EncMsg::FromWal { wal, offset } = &queued[6] else {
+            panic!("the word to read on from the wal");
+        };
+        let mut bytes = std::fs::read(wal).unwrap();
+        let last = bytes.len() - 1;
+        assert!(last > *offset as usize + wal::FRAME_HEADER);
+        bytes[last] ^= 0xff;
+        std::fs::write(wal, bytes).unwrap();
+        let closed = encode(dir.path(), &shared, queued);
+        assert_eq!(closed, vec![id]);
+        assert!(
+            files_under(dir.path()).is_empty(),
+            "{:?}",
+            files_under(dir.path())
+        );
+    }
+
+    /// The encoder reads the frames the wal holds as they come: a frame cut in two by
+    /// the writer's buffer is taken once its second part is there, and what follows the
+    /// last whole frame is counted as left over.
+    #[test]
+    fn a_wal_read_takes_whole_frames_as_they_are_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.wal");
+        let recs = records(3);
+        let mut frames = Vec::new();
+        let mut ends = Vec::new();
+        for r in &recs {
+            assert!(wal::push_sealed_frame(&mut frames, 0, &r.view()).is_ok());
+            ends.push(frames.len());
+        }
+        let cut = ends[0] + 3; // inside the second frame's header
+        let mut file = std::fs::File::create(&path).unwrap();
+        use std::io::Write;
+        file.write_all(wal::MAGIC).unwrap();
+        file.write_all(&frames[..cut]).unwrap();
+        let mut t = WalTail::open(path.clone(), wal::MAGIC.len() as u64).unwrap();
+        assert!(t.read_more().unwrap());
+        assert_eq!((t.at, t.whole, t.leftover()), (0, ends[0], 3));
+        t.at = t.whole; // appended
+        assert!(!t.read_more().unwrap(), "nothing whole yet");
+        assert_eq!(t.leftover(), 3);
+        file.write_all(&frames[cut..]).unwrap();
+        assert!(t.read_more().unwrap());
+        assert_eq!((t.whole, t.leftover()), (ends[2] - ends[0], 0));
+        // A length no frame may have is an error, not a wait for more bytes.
+        t.at = t.whole;
+        file.write_all(&u32::MAX.to_le_bytes()).unwrap();
+        file.write_all(&[0; 4]).unwrap();
+        assert!(t.read_more().is_err());
     }
 
     /// A closer that falls behind (it runs idle, and a busy machine starves it) never
@@ -1753,8 +2108,9 @@ mod tests {
     fn a_closer_that_falls_behind_never_holds_up_the_writer() {
         let dir = tempfile::tempdir().unwrap();
         let shared = Arc::new(Shared::new(1024));
-        // A backlog of one: the encoder (nobody takes its queue) gives up every
-        // segment, so every roll goes to the closer, whose queue holds two.
+        // A backlog of one, and nobody takes the encoder's queue (three messages): once
+        // it is full, no segment's start or finish fits in it, so every roll goes to
+        // the closer, whose queue holds two.
         let (mut w, _enc_rx, close_rx) = writer(dir.path(), &shared, 1);
         let recs = records(21);
         let segments: Vec<&[PredictionRecord]> = recs.chunks(3).collect();
@@ -1820,6 +2176,7 @@ mod tests {
             .map(|m| match m {
                 EncMsg::Start { date, .. } => format!("start {date}"),
                 EncMsg::Frames { records, .. } => format!("{records}"),
+                EncMsg::FromWal { offset, .. } => format!("from wal {offset}"),
                 EncMsg::Finish { .. } => "finish".into(),
             })
             .collect();

@@ -41,8 +41,8 @@ pub struct PredictionLogConfig {
     /// have nothing else to do (`LogConfig::worker_turns`; off by default). `mesh
     /// serve`'s runtime takes the turns when a log asks.
     pub worker_turns: bool,
-    /// Records that may wait for the encoder before the open segment's Parquet file is
-    /// given up and built from its wal at close (`LogConfig::encoder_backlog`).
+    /// Records that may wait in memory for the encoder; past them it reads the rest of
+    /// the open segment from its wal (`LogConfig::encoder_backlog`).
     pub encoder_backlog: usize,
     /// When the Parquet files are built: "inline" (by the serving process, the default)
     /// or "deferred" (closed segments wait as wal files for `mesh logs convert`;
