@@ -8,9 +8,8 @@
 # server's own p99 and p99.9 (arrival to answer, as the answers' timings carry it),
 # the load generator's send lag p99 (how late it sent: inside every latency above),
 # throughput, errors, the log's dropped and written
-# records and the segments whose Parquet file the encoder gave up ("behind": the
-# closer converted them from their wal; from /metrics), and the CPU the server and its
-# log threads used.
+# records and the segments the encoder fell behind on ("behind": it read the rest of
+# each from its wal; from /metrics), and the CPU the server and its log threads used.
 #
 #   bench/plog_bench.sh [MESH_BIN]       (default $MESH_BIN, else $CARGO_TARGET_DIR/release/mesh)
 #
@@ -52,6 +51,10 @@
 # Segments roll at 64 MiB (about 190,000 records) by default: runs of SECS=30 at
 # 10,000/s see it convert during the run, or LOG_CONFIG='segment_max_bytes = 8388608'
 # rolls one about every 23,000 records.
+# BASE=<path to another mesh binary>: another mode in each round, "base", the log on
+# served by that build (an older one, say), and the summary gives this build's log on
+# against it round by round: a change to the log measured against the build before,
+# in the same rounds.
 # AA=1: another mode in each round, "off2", the log off again: its figures against
 # "off" are what the same comparison gives for two identical servers (the noise of
 # this machine, measured in the same run), to read the log's figures against.
@@ -64,6 +67,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-${MESH_BIN:-${CARGO_TARGET_DIR:-target}/release/mesh}}
 [ -x "$BIN" ] || { echo "no mesh binary at $BIN (cargo build --release -p mesh --bin mesh)" >&2; exit 2; }
+if [ -n "${BASE:-}" ] && [ ! -x "$BASE" ]; then echo "BASE=$BASE is not an executable mesh binary" >&2; exit 2; fi
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
 SECS=${SECS:-10}
@@ -148,7 +152,9 @@ serve() { # name on|off
     sync
     local on=${SERVER_CPUS:-}
     if [ "$2" = own ] && [ -n "$RESERVED" ]; then on="$SERVER_CPUS,$BENCH_CPUS"; fi
-    "${RUN[@]}" ${on:+taskset -c "$on"} "$BIN" serve --config "$cfg" >"$OUT/serve-$1.log" 2>&1 &
+    local bin=$BIN
+    if [ "$2" = base ]; then bin=$BASE; fi
+    "${RUN[@]}" ${on:+taskset -c "$on"} "$bin" serve --config "$cfg" >"$OUT/serve-$1.log" 2>&1 &
     pid=$!
     wait_port "$PORT"
     kill -0 "$pid" 2>/dev/null || { echo "mesh serve exited: $OUT/serve-$1.log" >&2; exit 1; }
@@ -233,6 +239,7 @@ for r in $(seq "$ROUNDS"); do
     # busier machine) falls on every mode alike. ROUNDS a multiple of twice the modes
     # balances it whole.
     modes=(on)
+    if [ -n "${BASE:-}" ]; then modes+=(base); fi
     if [ "${DEFERRED:-0}" = 1 ]; then modes+=(def); fi
     if [ "${TURNS:-0}" = 1 ]; then modes+=(wt); fi
     if [ "${OWN_CORE:-0}" = 1 ]; then modes+=(own); fi
@@ -307,7 +314,7 @@ import json, os, statistics, sys
 out, rate, warmup, stall_lag, runs = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5:]
 print(f"\nDecide, open loop at {rate:.0f} req/s, prediction log on vs off (latency in µs from the intended send time)")
 print(f"{'run':<12}{'req/s':>8}{'p50':>7}{'p99':>8}{'p99.9':>8}{'max':>8}{'1s p99 med':>11}{'1s p99 max':>11}{'srv p99':>8}{'srv p99.9':>10}{'lag p99':>8}{'errors':>8}{'dropped':>9}{'written':>9}{'behind':>7}{'cpu %':>7}{'log cpu %':>10}")
-modes = ("on", "wt", "def", "own", "sc", "off", "off2")
+modes = ("on", "base", "wt", "def", "own", "sc", "off", "off2")
 p99 = {m: [] for m in modes}
 sec_med = {m: [] for m in modes}
 srv_p99 = {m: [] for m in modes}
@@ -369,13 +376,13 @@ for n in runs:
 # runs with.
 sys.path.insert(0, "bench")
 from plog_pool import interval
-names = {"on": "log on", "wt": "log on, worker turns", "def": "log on, Parquet deferred",
+names = {"on": "log on", "base": "log on, served by BASE", "wt": "log on, worker turns", "def": "log on, Parquet deferred",
          "own": "log on, its threads off the server's CPUs (reserved_cpus, or cpus)",
          "sc": "log on, Parquet deferred, a converter running beside the server (--watch)",
          "off2": "log off again (two identical servers: the noise of each figure below)"}
 if os.environ.get("TURNS") == "1":
     names["on"] = "log on, the encoder thread alone (worker_turns = false)"
-for m in ("on", "wt", "def", "own", "sc", "off2"):
+for m in ("on", "base", "wt", "def", "own", "sc", "off2"):
     if not (p99[m] and p99["off"]):
         continue
     print(f"{names[m]} against log off:")
@@ -425,6 +432,16 @@ for m in ("on", "wt", "def", "own", "sc", "off2"):
             on, off = statistics.median(keep(m)), statistics.median(keep("off"))
             print(f"  median p99 without the runs marked * (load generator's send lag p99 over {stall_lag} µs: "
                   f"{sum(stalled[m])} {m}, {sum(stalled['off'])} off): {on:.0f} µs against {off:.0f} µs, {m}/off {on / off:.3f}")
+# BASE: this build's log on against the other build's, round by round.
+pairs = [(a, by_round[("base", r)]) for (mm, r), a in by_round.items()
+         if mm == "on" and ("base", r) in by_round]
+if pairs:
+    print("log on, this build, against log on served by BASE:")
+    for label, k in (("per-second p99 medians", 1), ("per-second server p99 medians", 2)):
+        print(f"  round by round, {label}: {interval([a[k] / max(b[k], 1) for a, b in pairs])}")
+    on = statistics.median(srv_sec_med["on"])
+    base = statistics.median(srv_sec_med["base"])
+    print(f"  median of the per-second server p99 medians: {on:.0f} µs against {base:.0f} µs, on/base {on / max(base, 1):.3f}")
 for n, s in converts:
     # `written` was read before the server's shutdown, which writes what was still
     # queued: every record written reaches a Parquet file when converted >= written
