@@ -1980,6 +1980,28 @@ mod tests {
         out
     }
 
+    /// A writer with an encoder backlog of four records, and a queue of 16 messages that
+    /// nobody takes, fed `recs` one take each and rolled: the segment's id, the messages
+    /// its encoder got, and the closer's queue.
+    fn fed_behind(
+        dir: &std::path::Path,
+        shared: &Shared,
+        recs: &[PredictionRecord],
+    ) -> (String, Vec<EncMsg>, Receiver<CloseJob>) {
+        let (mut w, _, close_rx) = writer(dir, shared, 4);
+        let (tx, enc_rx) = mpsc::sync_channel(16);
+        w.enc_tx = Some(tx);
+        feed(&mut w, recs, 1);
+        let seg = w.open.as_ref().unwrap();
+        assert!(
+            seg.from_wal && seg.encoding.is_some(),
+            "the encoder reads on from the wal"
+        );
+        let id = seg.id.clone();
+        w.roll();
+        (id, enc_rx.try_iter().collect(), close_rx)
+    }
+
     /// When the encoder falls `encoder_backlog` records behind, the writer passes it
     /// nothing more of the segment but where in the wal the rest starts, keeps writing
     /// the wal, and at the roll hands the segment over as usual. The encoder reads the
@@ -1989,16 +2011,9 @@ mod tests {
     fn an_encoder_that_falls_behind_reads_the_rest_of_the_segment_from_its_wal() {
         let dir = tempfile::tempdir().unwrap();
         let shared = Arc::new(Shared::new(1024));
-        let (mut w, _, close_rx) = writer(dir.path(), &shared, 4);
-        let (tx, enc_rx) = mpsc::sync_channel(16);
-        w.enc_tx = Some(tx);
         let recs = records_with_features();
-        feed(&mut w, &recs, 1);
+        let (_, queued, close_rx) = fed_behind(dir.path(), &shared, &recs);
         assert_eq!(shared.stats().encoder_behind, 1, "counted once per segment");
-        let seg = w.open.as_ref().unwrap();
-        assert!(seg.from_wal && seg.encoding.is_some());
-        w.roll();
-        let queued: Vec<EncMsg> = enc_rx.try_iter().collect();
         // Start, the first name set, four records, the word, Finish.
         assert_eq!(queued.len(), 8);
         let passed: Vec<usize> = queued
@@ -2041,14 +2056,7 @@ mod tests {
     fn a_wal_frame_the_encoder_cannot_read_back_sends_the_segment_to_the_closer() {
         let dir = tempfile::tempdir().unwrap();
         let shared = Arc::new(Shared::new(1024));
-        let (mut w, _, _close_rx) = writer(dir.path(), &shared, 4);
-        let (tx, enc_rx) = mpsc::sync_channel(16);
-        w.enc_tx = Some(tx);
-        let recs = records_with_features();
-        feed(&mut w, &recs, 1);
-        let id = w.open.as_ref().unwrap().id.clone();
-        w.roll();
-        let queued: Vec<EncMsg> = enc_rx.try_iter().collect();
+        let (id, queued, _close_rx) = fed_behind(dir.path(), &shared, &records_with_features());
         let EncMsg::FromWal { wal, offset } = &queued[6] else {
             panic!("the word to read on from the wal");
         };
