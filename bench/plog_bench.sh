@@ -258,8 +258,8 @@ for r in $(seq "$ROUNDS"); do
         serve "$name" "$mode"
         if [ "$mode" = sc ]; then converter "$name"; fi
         # Warm-up at the measured rate: at saturation (a closed loop), it would starve
-        # the log's idle-class encoder for its seconds, and the segment it gave up
-        # would be converted inside the measured run.
+        # the log's idle-class encoder for its seconds, and the encoder would catch up
+        # on the segment inside the measured run.
         bench "$name-warmup" 2 --rate "$RATE" --concurrency "$CONCURRENCY"
         read -r cpu0 log0 < <(cpu "$pid")
         if [ "$mode" = sc ]; then read -r conv0 _ < <(cpu "$cpid"); fi
@@ -347,8 +347,8 @@ for n in runs:
     log_off = mode in ("off", "off2")
     dropped = "-" if log_off else f"{s['dropped']:.0f}"
     written = "-" if log_off else f"{s['written']:.0f}"
-    # Segments whose Parquet file the encoder gave up (converted from the wal by the
-    # closer instead): a sign that the log's threads found no idle CPU.
+    # Segments the encoder fell behind on (it read the rest of each from the wal): a
+    # sign that the log's threads found no idle CPU.
     behind = "-" if log_off else f"{s.get('behind', 0):.0f}"
     # The p99 of each second of the run: its median says how the run went most of
     # the time, its max whether the run's p99 came from a few bad seconds.

@@ -59,8 +59,8 @@ pub struct LogConfig {
     pub writer_idle: bool,
     /// Run the log's Parquet work under Linux's `SCHED_IDLE`: the encoder thread (column
     /// builders, slice encoding and compression, the footer at close) and the closer
-    /// thread (which converts a segment the encoder gave up from its wal, a long burst of
-    /// CPU at the roll). That work then takes only CPU time no other thread wants, and a
+    /// thread (which converts a segment whose Parquet file could not be written from its
+    /// wal, a long burst of CPU at the roll). That work then takes only CPU time no other thread wants, and a
     /// serving thread that wakes takes the CPU back at once. At a nice value instead, a
     /// thread in a long burst keeps the CPU for the rest of its scheduler slice: with the
     /// closer at `writer_nice`, serving threads waited up to 3 ms to run (`perf sched`,
