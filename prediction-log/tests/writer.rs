@@ -823,6 +823,50 @@ async fn an_encoder_kept_behind_over_many_segments_loses_no_record() {
     assert!(stats.segments > 1, "{stats:?}");
 }
 
+/// With worker turns, a segment the encoder fell behind on is read from the wal by the
+/// encoder thread alone (the workers' turns leave it be): every record reaches the
+/// segment's own Parquet file, and the closer converts nothing.
+#[test]
+fn worker_turns_leave_a_segment_read_from_the_wal_to_the_encoder_thread() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .on_thread_park(mesh_prediction_log::worker_turn)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(dir.path());
+    c.worker_turns = true;
+    c.encoder_backlog = 50;
+    let n = 4_000u64;
+    let run = rt.spawn(async move {
+        let (log, writer) = PredictionLog::start(c).unwrap();
+        for burst in 0..n / 200 {
+            for i in burst * 200..(burst + 1) * 200 {
+                assert!(log.record(record(i, "1", Role::Primary)));
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let stats = log.shutdown().await.unwrap();
+        writer.join().unwrap();
+        stats
+    });
+    let stats = rt.block_on(run).unwrap();
+    assert_eq!((stats.written, stats.dropped + stats.lost), (n, 0));
+    assert!(stats.encoder_behind >= 1, "{stats:?}");
+    assert_eq!((stats.segments, stats.closer_segments), (1, 0), "{stats:?}");
+    assert!(wal_files(dir.path()).unwrap().is_empty());
+    let ids: Vec<String> = read_all(dir.path(), ReadOptions::default())
+        .unwrap()
+        .into_iter()
+        .map(|r| r.request_id)
+        .collect();
+    let want: Vec<String> = (0..n)
+        .map(|i| record(i, "1", Role::Primary).request_id)
+        .collect();
+    assert_eq!(ids, want);
+}
+
 /// A runtime whose workers call `worker_turn` before they park (as `mesh serve`'s does)
 /// builds the Parquet columns of a log started with `worker_turns`, and only of that
 /// one: every record of both logs reads back, in order, from their Parquet files.
