@@ -763,6 +763,20 @@ async fn the_logs_threads_run_on_the_cpus_they_are_given() {
     }
 }
 
+/// The log under `dir` reads back as records `0..n` of version 1 (as
+/// `record_primary` wrote them), each once and in order.
+fn assert_all_in_order(dir: &std::path::Path, n: u64) {
+    let ids: Vec<String> = read_all(dir, ReadOptions::default())
+        .unwrap()
+        .into_iter()
+        .map(|r| r.request_id)
+        .collect();
+    let want: Vec<String> = (0..n)
+        .map(|i| record(i, "1", Role::Primary).request_id)
+        .collect();
+    assert_eq!(ids, want);
+}
+
 /// Runs `n` records through a log with an encoder backlog of one record and segments
 /// of `segment_bytes`, and checks that none is lost: every segment has its Parquet
 /// file, each record reads back once and in order, and no wal or temp file is left.
@@ -780,15 +794,7 @@ async fn behind_encoder(n: u64, segment_bytes: u64) -> LogStats {
     assert!(stats.encoder_behind >= 1, "{stats:?}");
     let files = parquet_files(dir.path()).unwrap();
     assert_eq!(files.len() as u64, stats.segments, "{stats:?}");
-    let ids: Vec<String> = read_all(dir.path(), ReadOptions::default())
-        .unwrap()
-        .into_iter()
-        .map(|r| r.request_id)
-        .collect();
-    let want: Vec<String> = (0..n)
-        .map(|i| record(i, "1", Role::Primary).request_id)
-        .collect();
-    assert_eq!(ids, want);
+    assert_all_in_order(dir.path(), n);
     assert!(wal_files(dir.path()).unwrap().is_empty());
     for f in files {
         let dir = f.parent().unwrap();
@@ -823,17 +829,23 @@ async fn an_encoder_kept_behind_over_many_segments_loses_no_record() {
     assert!(stats.segments > 1, "{stats:?}");
 }
 
+/// A runtime of two workers that call `worker_turn` before they park, as `mesh
+/// serve`'s do.
+fn turning_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .on_thread_park(mesh_prediction_log::worker_turn)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// With worker turns, a segment the encoder fell behind on is read from the wal by the
 /// encoder thread alone (the workers' turns leave it be): every record reaches the
 /// segment's own Parquet file, and the closer converts nothing.
 #[test]
 fn worker_turns_leave_a_segment_read_from_the_wal_to_the_encoder_thread() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .on_thread_park(mesh_prediction_log::worker_turn)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = turning_runtime();
     let dir = tempfile::tempdir().unwrap();
     let mut c = cfg(dir.path());
     c.worker_turns = true;
@@ -856,15 +868,7 @@ fn worker_turns_leave_a_segment_read_from_the_wal_to_the_encoder_thread() {
     assert!(stats.encoder_behind >= 1, "{stats:?}");
     assert_eq!((stats.segments, stats.closer_segments), (1, 0), "{stats:?}");
     assert!(wal_files(dir.path()).unwrap().is_empty());
-    let ids: Vec<String> = read_all(dir.path(), ReadOptions::default())
-        .unwrap()
-        .into_iter()
-        .map(|r| r.request_id)
-        .collect();
-    let want: Vec<String> = (0..n)
-        .map(|i| record(i, "1", Role::Primary).request_id)
-        .collect();
-    assert_eq!(ids, want);
+    assert_all_in_order(dir.path(), n);
 }
 
 /// A runtime whose workers call `worker_turn` before they park (as `mesh serve`'s does)
@@ -872,12 +876,7 @@ fn worker_turns_leave_a_segment_read_from_the_wal_to_the_encoder_thread() {
 /// one: every record of both logs reads back, in order, from their Parquet files.
 #[test]
 fn a_runtime_that_takes_worker_turns_builds_the_columns_of_a_log_that_asks() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .on_thread_park(mesh_prediction_log::worker_turn)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = turning_runtime();
     let (turns_dir, plain_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let mut c = cfg(turns_dir.path());
     c.worker_turns = true;
