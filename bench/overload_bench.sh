@@ -7,8 +7,8 @@
 # own (so no refusal comes back at once to be sent again): the model's answers per
 # second. Then ModelInfer and Decide in open loop at 1x, 2x and 4x of it, each request
 # with a 50 ms deadline (grpc-timeout, counted from when it was due), each of these
-# cells between two saturation runs: a shared machine's speed drifts by 5-10% over a
-# minute, so "of sat" is a cell's useful answers against the mean of the saturation
+# cells between two saturation runs: a shared machine's speed moved by up to 18% within two
+# minutes here, so "of sat" is a cell's useful answers against the mean of the saturation
 # runs just before and after it, and its offered rate a multiple of the one before.
 # Useful answers are model answers (Decide: MODEL or PREVIOUS_VERSION) within the
 # deadline; "late" are answers of any status more than 5 ms past the deadline (by
@@ -99,7 +99,7 @@ print(n / r['seconds'])" "$1"; }
 bench warmup infer --concurrency 8 --seconds 2
 # Each round: a saturation run before every cell and one after the last, so that each
 # cell is read against the saturation measured just around it (the mean of the runs
-# before and after it): a shared machine's speed drifts by 5-10% over a minute, and a
+# before and after it): a shared machine's speed moved by up to 18% within two minutes here, and a
 # ratio against the ends of a whole run would carry that drift. The offered rates are
 # multiples of the saturation run just before the cell, or of SAT=<req/s> when given
 # (to compare builds at the same offered load).
