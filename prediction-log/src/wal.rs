@@ -87,18 +87,28 @@ pub(crate) fn push_name_set_frame(buf: &mut Vec<u8>, id: u32, names: &[Box<str>]
 /// The payload of the frame at `at` in `buf` (frames made by [`push_frame`], one after
 /// another) and where the next frame starts; `None` past the last whole frame.
 pub(crate) fn frame_at(buf: &[u8], at: usize) -> Option<(&[u8], usize)> {
-    let head = buf.get(at..at.checked_add(FRAME_HEADER)?)?;
-    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+    let len = frame_len(buf.get(at..at.checked_add(FRAME_HEADER)?)?);
     let start = at + FRAME_HEADER;
     let end = start.checked_add(len)?;
     Some((buf.get(start..end)?, end))
 }
 
+/// The payload length the frame header at the start of `header` gives.
+pub(crate) fn frame_len(header: &[u8]) -> usize {
+    u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize
+}
+
+/// Whether the frame at `at` in `buf`, whose payload [`frame_at`] found, carries that
+/// payload's checksum.
+pub(crate) fn frame_checksum_ok(buf: &[u8], at: usize, payload: &[u8]) -> bool {
+    let h = &buf[at + 4..at + FRAME_HEADER];
+    crc32fast::hash(payload) == u32::from_le_bytes([h[0], h[1], h[2], h[3]])
+}
+
 /// Fills in the checksum of the frame at `at` (the writer does this, off the request
 /// path).
 pub(crate) fn checksum_frame(buf: &mut [u8], at: usize) {
-    let [l0, l1, l2, l3] = [buf[at], buf[at + 1], buf[at + 2], buf[at + 3]];
-    let len = u32::from_le_bytes([l0, l1, l2, l3]) as usize;
+    let len = frame_len(&buf[at..]);
     let start = at + FRAME_HEADER;
     let crc = crc32fast::hash(&buf[start..start + len]);
     buf[at + 4..at + 8].copy_from_slice(&crc.to_le_bytes());

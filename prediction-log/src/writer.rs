@@ -1062,11 +1062,6 @@ struct WalTail {
     complete: bool,
 }
 
-/// The payload length a wal frame's header gives.
-fn frame_len(header: &[u8]) -> usize {
-    u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize
-}
-
 /// What a read of a segment's wal ([`Encoding::read_tail`]) did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Tail {
@@ -1107,7 +1102,7 @@ impl WalTail {
         let rest_of_frame = self
             .buf
             .get(..wal::FRAME_HEADER)
-            .map_or(0, |h| wal::FRAME_HEADER + frame_len(h))
+            .map_or(0, |h| wal::FRAME_HEADER + wal::frame_len(h))
             .saturating_sub(self.buf.len());
         let want = TAIL_READ.max(rest_of_frame) as u64;
         (&mut self.file)
@@ -1116,8 +1111,7 @@ impl WalTail {
             .map_err(|e| LogError::io(&self.path, e))?;
         let mut at = 0;
         while let Some((payload, next)) = wal::frame_at(&self.buf, at) {
-            let h = &self.buf[at + 4..at + 8];
-            if crc32fast::hash(payload) != u32::from_le_bytes([h[0], h[1], h[2], h[3]]) {
+            if !wal::frame_checksum_ok(&self.buf, at, payload) {
                 return Err(LogError::schema(
                     &self.path,
                     "a frame whose checksum does not match, read back by the Parquet encoder",
@@ -1127,7 +1121,7 @@ impl WalTail {
         }
         self.whole = at;
         if let Some(h) = self.buf.get(at..at + wal::FRAME_HEADER) {
-            let len = frame_len(h);
+            let len = wal::frame_len(h);
             if len > wal::MAX_FRAME {
                 return Err(LogError::schema(
                     &self.path,
@@ -1145,6 +1139,29 @@ impl WalTail {
 }
 
 impl Encoding {
+    /// At the segment's `Finish`: whether its file can be finished. While its frames
+    /// come from the wal, not the first time: the writer flushed the wal before
+    /// `Finish`, and the encoder reads it to its end first; then a torn frame at the
+    /// end gives the file up.
+    fn ready_to_finish(&mut self, wal: &std::path::Path) -> bool {
+        let Some(t) = self.tail.as_mut() else {
+            return true;
+        };
+        if !t.complete {
+            t.complete = true;
+            return false;
+        }
+        let torn = t.leftover();
+        self.tail = None;
+        if torn > 0 {
+            self.failed(&LogError::schema(
+                wal,
+                format!("{torn} bytes after the last whole frame of a rolled segment"),
+            ));
+        }
+        true
+    }
+
     /// Appends the frames of the segment's wal past those appended before, as far as
     /// `go_on` allows (see [`OpenParquet::append_frames_from`]); gives the file up if
     /// the wal cannot be read or a frame does not append.
@@ -1370,24 +1387,14 @@ impl Encoder {
                 }
                 EncMsg::Finish { wal } => {
                     did = true;
-                    if let Some(c) = self.current.as_mut() {
-                        if let Some(t) = c.tail.as_mut() {
-                            if !t.complete {
-                                // The writer flushed the wal before this: read it to its
-                                // end first (the step above, until it has nothing more).
-                                t.complete = true;
-                                self.held = Some(EncMsg::Finish { wal });
-                                continue;
-                            }
-                            let torn = t.leftover();
-                            c.tail = None;
-                            if torn > 0 {
-                                c.failed(&LogError::schema(
-                                    &wal,
-                                    format!("{torn} bytes after the last whole frame of a rolled segment"),
-                                ));
-                            }
-                        }
+                    if !self
+                        .current
+                        .as_mut()
+                        .is_none_or(|c| c.ready_to_finish(&wal))
+                    {
+                        // The step above reads the wal to its end first.
+                        self.held = Some(EncMsg::Finish { wal });
+                        continue;
                     }
                     self.finish(wal);
                 }
@@ -1964,22 +1971,6 @@ mod tests {
         recs
     }
 
-    /// The Parquet files under `dir`, read back in the order of their names.
-    fn parquet_records(dir: &std::path::Path) -> Vec<PredictionRecord> {
-        let mut out = Vec::new();
-        for p in segment::partition_dirs(dir).unwrap() {
-            let mut files: Vec<PathBuf> = std::fs::read_dir(p)
-                .unwrap()
-                .map(|e| e.unwrap().path())
-                .collect();
-            files.sort();
-            for f in files {
-                out.extend(crate::parquet_io::read_parquet(&f).unwrap());
-            }
-        }
-        out
-    }
-
     /// A writer with an encoder backlog of four records, and a queue of 16 messages that
     /// nobody takes, fed `recs` one take each and rolled: the segment's id, the messages
     /// its encoder got, and the closer's queue.
@@ -2038,7 +2029,8 @@ mod tests {
         let closed = encode(dir.path(), &shared, queued);
         assert!(closed.is_empty(), "nothing for the closer: {closed:?}");
         assert!(close_rx.try_recv().is_err());
-        assert_eq!(parquet_records(dir.path()), recs);
+        let back = crate::read_all(dir.path(), crate::ReadOptions::default()).unwrap();
+        assert_eq!(back, recs);
         assert_eq!(files_under(dir.path()).len(), 1, "no temp file left");
         assert_eq!(
             std::fs::read_dir(segment::wal_dir(dir.path()))
