@@ -30,6 +30,7 @@
 use crate::codec::put_var;
 use crate::error::{LogError, Result};
 use crate::record::{status, LoggedFeature, RecordRef};
+use crate::wal::PacedWrite;
 use bytes::Bytes;
 use parquet::basic::{Compression, Encoding};
 use parquet::column::page::{CompressedPage, Page, PageWriter};
@@ -1023,7 +1024,7 @@ fn hybrid<T: PartialEq + Copy + Into<u64>>(v: &[T], bw: u8, out: &mut Vec<u8>) {
 /// pages, the last row group and the footer left to write.
 pub(crate) struct OpenParquet {
     path: PathBuf,
-    writer: SerializedFileWriter<BufWriter<File>>,
+    writer: SerializedFileWriter<BufWriter<PacedWrite<File>>>,
     columns: Vec<Column>,
     rows: usize,
     snappy: Snappy,
@@ -1050,7 +1051,7 @@ impl OpenParquet {
             &mut props,
         );
         let writer = SerializedFileWriter::new(
-            BufWriter::with_capacity(256 * 1024, file),
+            BufWriter::with_capacity(256 * 1024, PacedWrite(file)),
             descr.root_schema_ptr(),
             Arc::new(props),
         )
@@ -1294,7 +1295,7 @@ impl OpenParquet {
     }
 
     /// Writes the buffered row group to the file (1-3 ms of copying and writes for a full
-    /// one).
+    /// one, handed to the OS [`crate::wal::WRITE_BYTES`] at a time).
     pub(crate) fn write_row_group(&mut self) -> Result<()> {
         if self.rows == 0 {
             return Ok(());
@@ -1338,7 +1339,7 @@ impl OpenParquet {
         let file = buffered
             .into_inner()
             .map_err(|e| LogError::io(&self.path, e.into_error()))?;
-        file.sync_all().map_err(|e| LogError::io(&self.path, e))
+        file.0.sync_all().map_err(|e| LogError::io(&self.path, e))
     }
 }
 
@@ -1801,5 +1802,43 @@ mod tests {
             std::fs::read(&turned).unwrap(),
             std::fs::read(&direct).unwrap()
         );
+    }
+
+    /// A row group's column chunks run to megabytes; the file gets them in pieces of at
+    /// most [`crate::wal::WRITE_BYTES`] (as many writes as that takes, at least), and
+    /// reads back whole.
+    #[test]
+    fn a_row_group_goes_to_the_file_in_pieces() {
+        use crate::wal::{thread_writes, WRITE_BYTES};
+        use parquet::file::reader::{FileReader, SerializedFileReader};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("paced.parquet");
+        let recs = assorted(ROW_GROUP_ROWS + 500);
+        let before = thread_writes();
+        crate::write_parquet(&path, &recs).unwrap();
+        let after = thread_writes();
+        let size = std::fs::metadata(&path).unwrap().len();
+        let file = SerializedFileReader::new(File::open(&path).unwrap()).unwrap();
+        let largest = (0..file.metadata().num_row_groups())
+            .flat_map(|g| {
+                let rg = file.metadata().row_group(g).clone();
+                (0..rg.num_columns()).map(move |c| rg.column(c).compressed_size())
+            })
+            .max()
+            .unwrap();
+        // One write a chunk (or a 256 KiB buffer's worth) would have been larger.
+        assert!(
+            largest as usize > 3 * WRITE_BYTES,
+            "largest chunk {largest} bytes"
+        );
+        assert_eq!(crate::read_parquet(&path).unwrap(), recs);
+        if let (Some((calls0, bytes0)), Some((calls1, bytes1))) = (before, after) {
+            let (calls, bytes) = (calls1 - calls0, bytes1 - bytes0);
+            assert_eq!(bytes, size);
+            assert!(
+                calls >= size.div_ceil(WRITE_BYTES as u64),
+                "{bytes} bytes in {calls} writes, pieces of {WRITE_BYTES}"
+            );
+        }
     }
 }

@@ -26,12 +26,33 @@ pub(crate) const MAGIC_JSON: &[u8; 8] = b"MESHWAL1";
 pub(crate) const FRAME_HEADER: usize = 8;
 /// A frame larger than this is treated as corruption, not as a record.
 pub(crate) const MAX_FRAME: usize = 64 << 20;
-/// The most a wal file is handed to the OS in one `write`: the writer's buffer size, and
-/// the piece a longer run of frames is cut into. A `write` to the page cache runs in the
-/// kernel without a point at which a serving thread woken on the same CPU can have it;
-/// 256 KiB at a time held such a thread p90 122 µs, 32 KiB 37-40 µs (prediction-log/README,
-/// "The wal written 32 KiB at a time").
+/// The most the log hands the OS in one `write`, to a wal or to a Parquet file: the
+/// wal writer's buffer size, and the piece a longer write is cut into ([`PacedWrite`]).
+/// A `write` to the page cache runs in the kernel without a point at which a serving
+/// thread woken on the same CPU can have it; 256 KiB at a time held such a thread p90
+/// 122 µs, 32 KiB 37-40 µs (prediction-log/README, "The wal written 32 KiB at a time").
 pub(crate) const WRITE_BYTES: usize = 32 << 10;
+
+/// A file the log writes at most [`WRITE_BYTES`] at a time, offering the CPU to any
+/// thread that waits for it between two pieces: a `write_all` of a row group's column
+/// chunk (megabytes) becomes many short writes, each a point at which a serving thread
+/// can have the CPU back.
+pub(crate) struct PacedWrite<W>(pub(crate) W);
+
+impl<W: Write> Write for PacedWrite<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.0.write(&buf[..buf.len().min(WRITE_BYTES)])?;
+        if n < buf.len() {
+            // More follows in the caller's loop (`write_all`, a `BufWriter`'s flush).
+            std::thread::yield_now();
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
 
 /// Appends `rec` to `buf` as one frame, its length filled in and its checksum left for
 /// [`checksum_frame`]; its features named by the name set `set` when that is not 0
@@ -117,7 +138,7 @@ pub(crate) fn checksum_frame(buf: &mut [u8], at: usize) {
 /// Appends records to one wal file.
 pub(crate) struct WalWriter {
     path: PathBuf,
-    out: BufWriter<File>,
+    out: BufWriter<PacedWrite<File>>,
     bytes: u64,
 }
 
@@ -128,7 +149,7 @@ impl WalWriter {
             .create_new(true)
             .open(path)
             .map_err(|e| LogError::io(path, e))?;
-        let mut out = BufWriter::with_capacity(WRITE_BYTES, file);
+        let mut out = BufWriter::with_capacity(WRITE_BYTES, PacedWrite(file));
         out.write_all(MAGIC).map_err(|e| LogError::io(path, e))?;
         Ok(Self {
             path: path.to_path_buf(),
@@ -149,17 +170,12 @@ impl WalWriter {
     }
 
     /// Appends frames that [`push_frame`] made and [`checksum_frame`] finished, as they are,
-    /// [`WRITE_BYTES`] at a time: the buffer holds that much, and a longer run is cut into
-    /// pieces no larger, with the CPU offered to any thread that waits for it between two.
+    /// [`WRITE_BYTES`] at a time: the buffer holds that much, and a longer run goes out in
+    /// pieces no larger ([`PacedWrite`]).
     pub(crate) fn append_frames(&mut self, frames: &[u8]) -> Result<()> {
-        for (i, piece) in frames.chunks(WRITE_BYTES).enumerate() {
-            if i > 0 {
-                std::thread::yield_now();
-            }
-            self.out
-                .write_all(piece)
-                .map_err(|e| LogError::io(&self.path, e))?;
-        }
+        self.out
+            .write_all(frames)
+            .map_err(|e| LogError::io(&self.path, e))?;
         self.bytes += frames.len() as u64;
         Ok(())
     }
@@ -171,6 +187,7 @@ impl WalWriter {
         if fsync {
             self.out
                 .get_ref()
+                .0
                 .sync_data()
                 .map_err(|e| LogError::io(&self.path, e))?;
         }
@@ -358,6 +375,19 @@ pub(crate) fn write_wal(path: &Path, recs: &[PredictionRecord]) {
     w.flush(true).unwrap();
 }
 
+/// The calling thread's own write syscalls and bytes written (`/proc/thread-self/io`),
+/// where the kernel keeps them (tests of [`PacedWrite`]'s pieces).
+#[cfg(test)]
+pub(crate) fn thread_writes() -> Option<(u64, u64)> {
+    let io = std::fs::read_to_string("/proc/thread-self/io").ok()?;
+    let field = |name: &str| {
+        io.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    Some((field("syscw:")?, field("wchar:")?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -471,18 +501,6 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("layout 7") && e.contains("newer"), "{e}");
-    }
-
-    /// The thread's own write syscalls and bytes written (`/proc/thread-self/io`), where
-    /// the kernel keeps them.
-    fn thread_writes() -> Option<(u64, u64)> {
-        let io = std::fs::read_to_string("/proc/thread-self/io").ok()?;
-        let field = |name: &str| {
-            io.lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.trim().parse::<u64>().ok())
-        };
-        Some((field("syscw:")?, field("wchar:")?))
     }
 
     #[test]
