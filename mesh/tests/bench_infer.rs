@@ -95,3 +95,74 @@ async fn infer_rows_are_sized_from_the_models_metadata() {
     assert!(e.to_string().contains("ModelMetadata of 'nope'"), "{e:#}");
     server.shutdown().await;
 }
+
+/// `--alternate-addr`: one open loop, each second to the other of two real servers.
+/// Each server computed exactly the rows of the seconds the report says went to it,
+/// the report gives each its median per-second p99, and a closed loop is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alternating_run_sends_each_second_to_one_server_in_turn() {
+    let cfg = ServerConfig {
+        grpc_port: 0,
+        http_port: 0,
+        models: root().join("examples/models"),
+        ..ServerConfig::default()
+    };
+    let a = mesh_router::server::start(&cfg).await.unwrap();
+    let b = mesh_router::server::start(&cfg).await.unwrap();
+    let (addr_a, addr_b) = (
+        format!("http://{}", a.grpc_addr),
+        format!("http://{}", b.grpc_addr),
+    );
+    let (before_a, before_b) = (inferences(&addr_a).await, inferences(&addr_b).await);
+    let report = mesh::bench::run(BenchArgs {
+        rate: Some(400.0),
+        requests: None,
+        seconds: Some(3.0),
+        alternate_addr: Some(addr_b.clone()),
+        ..args(&addr_a, "fraud_mlp")
+    })
+    .await
+    .unwrap();
+    assert_eq!(report.codes.get("OK"), Some(&1200), "{:?}", report.codes);
+    let to: Vec<&str> = report
+        .windows
+        .iter()
+        .map(|w| w.sent_to.as_deref().unwrap())
+        .collect();
+    assert_eq!(to, [&addr_a, &addr_b, &addr_a]);
+    let sent = |addr: &str| -> u64 {
+        report
+            .windows
+            .iter()
+            .filter(|w| w.sent_to.as_deref() == Some(addr))
+            .map(|w| w.requests)
+            .sum()
+    };
+    assert_eq!(inferences(&addr_a).await - before_a, sent(&addr_a));
+    assert_eq!(inferences(&addr_b).await - before_b, sent(&addr_b));
+    assert_eq!((sent(&addr_a), sent(&addr_b)), (800, 400));
+    let by = report.by_server();
+    assert_eq!(
+        by.iter()
+            .map(|s| (s.addr.as_str(), s.seconds))
+            .collect::<Vec<_>>(),
+        [(addr_a.as_str(), 2), (addr_b.as_str(), 1)]
+    );
+    assert!(by.iter().all(|s| s.p99_us > 0), "{by:?}");
+    assert!(
+        report.to_string().contains(&format!("{addr_b}: 1 seconds")),
+        "{report}"
+    );
+    let e = mesh::bench::run(BenchArgs {
+        alternate_addr: Some(addr_b),
+        ..args(&addr_a, "fraud_mlp")
+    })
+    .await
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("--alternate-addr needs --rate"),
+        "{e:#}"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}

@@ -40,6 +40,15 @@ pub struct BenchArgs {
     /// certificate. The name checked is the address's host.
     #[arg(long)]
     pub tls_ca: Option<std::path::PathBuf>,
+    /// A second server, for an A/B comparison under one load: the open loop sends
+    /// each second's requests to one server, alternating (the even seconds of the
+    /// run to --addr, the odd ones to this one, counted from the run's start, the
+    /// warm-up's likewise), so both see the same rate and the same machine, and
+    /// the machine's drift over minutes lands on both alike. The report names the
+    /// server of each second (`sent_to` in each window) and gives each server's
+    /// median per-second p99. Needs --rate. Same --tls-ca for both.
+    #[arg(long, value_name = "ADDR")]
+    pub alternate_addr: Option<String>,
     #[arg(long, value_enum, default_value_t = Target::Decide)]
     pub target: Target,
     #[arg(long, default_value = "fraud_mlp")]
@@ -141,6 +150,9 @@ impl BenchArgs {
                 bail!("{flag} {value}: must be 1 to {max}");
             }
         }
+        if self.alternate_addr.is_some() && self.rate.is_none() {
+            bail!("--alternate-addr needs --rate: it alternates an open loop's seconds between two servers");
+        }
         if !(0.0..=MAX_WARMUP_SECONDS).contains(&self.warmup) {
             bail!(
                 "--warmup {}: must be 0 to {MAX_WARMUP_SECONDS} seconds",
@@ -173,11 +185,15 @@ impl BenchArgs {
     /// How the load was driven, as the report says it.
     pub fn mode(&self) -> String {
         format!(
-            "{}{}{}",
+            "{}{}{}{}",
             match self.rate {
                 Some(r) => format!("open loop at {r} req/s"),
                 None => format!("closed loop, {} callers", self.concurrency),
             },
+            self.alternate_addr
+                .as_ref()
+                .map(|b| format!(", each second to {} or {b} in turn", self.addr))
+                .unwrap_or_default(),
             self.requests
                 .map(|n| format!(", {n} requests"))
                 .unwrap_or_default(),

@@ -279,6 +279,7 @@ mod tests {
                     p999_us: 9_000,
                     max_us: 12_000,
                     server_p99_us: Some(1_700),
+                    sent_to: None,
                 })
                 .collect(),
             histogram: vec![

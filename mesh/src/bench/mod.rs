@@ -24,7 +24,7 @@ mod tally;
 mod unary;
 
 pub use args::{BenchArgs, GrpcClient, Target};
-pub use report::{Bucket, Report, Window};
+pub use report::{Bucket, Report, ServerSeconds, Window};
 
 use load::{Clients, ServerStats};
 use tally::Tally;
@@ -51,6 +51,22 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
                 .await?,
         );
     }
+    // `--alternate-addr`: as many connections to the other server, with the same
+    // shapes (the two are to serve the same model or view).
+    let mut alternate = Vec::new();
+    if let Some(b) = &args.alternate_addr {
+        let mut first = Clients::connect(b, args.tls_ca.as_deref(), args.grpc_client).await?;
+        first.shape = clients.shape.clone();
+        first.lookup = clients.lookup.clone();
+        for _ in 1..args.connections {
+            alternate.push(
+                first
+                    .another(b, args.tls_ca.as_deref(), args.grpc_client)
+                    .await?,
+            );
+        }
+        alternate.insert(0, first);
+    }
     if args.warmup > 0.0 {
         let warmup = Arc::new(BenchArgs {
             warming_up: true,
@@ -61,17 +77,35 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
             Tally::new(started, args.warmup)?.with_deadline(args.deadline()),
         ));
         eprint!("warm-up, {} s, not counted ... ", args.warmup);
-        load(&conns, &warmup, &tally, (started, args.warmup), u64::MAX).await?;
+        load(
+            (&conns, &alternate),
+            &warmup,
+            &tally,
+            (started, args.warmup),
+            u64::MAX,
+        )
+        .await?;
         eprintln!("done");
     }
-    let server_before = ServerStats::fetch(&clients, &args).await;
+    // The model's statistics say what one server did: not asked of two.
+    let server_before = match args.alternate_addr {
+        None => ServerStats::fetch(&clients, &args).await,
+        Some(_) => None,
+    };
     let started = Instant::now();
     let tally = Arc::new(Mutex::new(
         Tally::new(started, load_s)?.with_deadline(args.deadline()),
     ));
     let args = Arc::new(args);
     let progress = spawn_progress(tally.clone(), started);
-    load(&conns, &args, &tally, (started, load_s), max_requests).await?;
+    load(
+        (&conns, &alternate),
+        &args,
+        &tally,
+        (started, load_s),
+        max_requests,
+    )
+    .await?;
     progress.abort();
     eprintln!();
     let secs = started.elapsed().as_secs_f64();
@@ -79,18 +113,24 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         (Some(a), Some(b)) => b.per_inference_since(&a),
         _ => BTreeMap::new(),
     };
-    let report = tally
+    let mut report = tally
         .lock()
         .report(args.target_name(), args.mode(), secs, server);
+    if let Some(b) = &args.alternate_addr {
+        for (k, w) in report.windows.iter_mut().enumerate() {
+            w.sent_to = Some(if k % 2 == 0 { &args.addr } else { b }.clone());
+        }
+    }
     if let Some(path) = &args.html {
         write_html(path, &report)?;
     }
     Ok(report)
 }
 
-/// The load of `args` from `started` for `secs` seconds (or `max_requests`).
+/// The load of `args` from `started` for `secs` seconds (or `max_requests`), on
+/// `conns` (and, alternating by the second, `alternate`).
 async fn load(
-    conns: &[Clients],
+    (conns, alternate): (&[Clients], &[Clients]),
     args: &Arc<BenchArgs>,
     tally: &Arc<Mutex<Tally>>,
     (started, secs): (Instant, f64),
@@ -100,7 +140,15 @@ async fn load(
     match args.rate {
         None => load::closed_loop(conns, args, tally, end, max_requests).await,
         Some(rate) => {
-            load::open_loop(conns, args, tally, (started, end), rate, max_requests).await?
+            load::open_loop(
+                (conns, alternate),
+                args,
+                tally,
+                (started, end),
+                rate,
+                max_requests,
+            )
+            .await?
         }
     }
     Ok(())

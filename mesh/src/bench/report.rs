@@ -90,6 +90,9 @@ pub struct Window {
     /// Decide: the p99 of the server's own `total` over the window's OK answers.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_p99_us: Option<u64>,
+    /// With `--alternate-addr`: the server this second's requests went to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sent_to: Option<String>,
 }
 
 /// `count` latencies in `[lower_us, upper_us)`.
@@ -98,6 +101,46 @@ pub struct Bucket {
     pub lower_us: f64,
     pub upper_us: f64,
     pub count: u64,
+}
+
+/// One server's seconds of an alternating run (`--alternate-addr`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerSeconds {
+    pub addr: String,
+    /// Seconds sent to it (a last window shorter than half a second is left out).
+    pub seconds: usize,
+    /// The median over those seconds of each second's p99.
+    pub p99_us: u64,
+    /// Decide: the median over those seconds of each second's server p99.
+    pub server_p99_us: Option<u64>,
+}
+
+impl Report {
+    /// With `--alternate-addr`, each server's seconds, in the order the run first
+    /// sent to them; empty otherwise.
+    pub fn by_server(&self) -> Vec<ServerSeconds> {
+        fn median(mut v: Vec<u64>) -> Option<u64> {
+            v.sort_unstable();
+            v.get(v.len() / 2).copied()
+        }
+        let mut out: Vec<ServerSeconds> = Vec::new();
+        for w in &self.windows {
+            let Some(addr) = &w.sent_to else { continue };
+            if !out.iter().any(|s| &s.addr == addr) {
+                let whole = self
+                    .windows
+                    .iter()
+                    .filter(|x| x.sent_to.as_ref() == Some(addr) && x.seconds >= 0.5);
+                out.push(ServerSeconds {
+                    addr: addr.clone(),
+                    seconds: whole.clone().count(),
+                    p99_us: median(whole.clone().map(|x| x.p99_us).collect()).unwrap_or(0),
+                    server_p99_us: median(whole.filter_map(|x| x.server_p99_us).collect()),
+                });
+            }
+        }
+        out
+    }
 }
 
 impl std::fmt::Display for Report {
@@ -136,6 +179,18 @@ impl std::fmt::Display for Report {
                 .map(|(k, v)| format!("{k} {v:.0}"))
                 .collect();
             writeln!(f, "server µs   {}", s.join("  "))?;
+        }
+        for s in self.by_server() {
+            writeln!(
+                f,
+                "{}: {} seconds, per-second p99 median {} µs{}",
+                s.addr,
+                s.seconds,
+                s.p99_us,
+                s.server_p99_us
+                    .map(|p| format!(", the server's own {p} µs"))
+                    .unwrap_or_default()
+            )?;
         }
         if let Some(s) = &self.server {
             writeln!(

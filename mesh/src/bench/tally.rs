@@ -184,6 +184,7 @@ impl Tally {
                     p999_us: q(0.999),
                     max_us: w.hist.max(),
                     server_p99_us: w.server.as_ref().map(|h| h.value_at_quantile(0.99)),
+                    sent_to: None,
                 }
             })
             .collect()

@@ -67,6 +67,7 @@ pub fn bench_args(addr: &str) -> mesh::bench::BenchArgs {
     mesh::bench::BenchArgs {
         addr: addr.to_owned(),
         tls_ca: None,
+        alternate_addr: None,
         target: mesh::bench::Target::Infer,
         model: "fraud_mlp".into(),
         rate: None,
