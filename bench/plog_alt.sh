@@ -24,7 +24,8 @@
 # (alternating too), PCT=50 (% of the saturation of one log-off server, measured first
 # with 32 callers), RATE (skip the saturation run), PORT=18751 (server A's gRPC port;
 # its HTTP port is PORT-1, server B's PORT+2 and PORT+1), OUT (raw output; default a
-# new temp dir), NICE (run the servers and the load at this nice value).
+# new temp dir), NICE (run the servers and the load at this nice value), LOG_CONFIG
+# (extra lines for the log-on server's [prediction_log], e.g. 'parquet = "deferred"').
 #
 # What leaks between the two: requests of one second still in flight when the next
 # begins (a few ms at these rates) are the first server's, counted in its second; the
@@ -70,7 +71,11 @@ serve() { # name a|b on|off
         -e "s#^views = .*#views = \"$PWD/examples/features/views.toml\"#" \
         -e "s#^path = .*#path = \"$DATA/features-$2\"#" -e "s#^dir = .*#dir = \"$DATA/predictions-$name\"#" \
         -e "s#grpc_port = 8001#grpc_port = $gp#" -e "s#http_port = 8000#http_port = $hp#" examples/mesh.toml >"$cfg"
-    if [ "$3" = off ]; then sed -i '/^\[prediction_log\]/,/^$/d' "$cfg"; fi
+    if [ "$3" = off ]; then
+        sed -i '/^\[prediction_log\]/,/^$/d' "$cfg"
+    elif [ -n "${LOG_CONFIG:-}" ]; then
+        sed -i "/^\[prediction_log\]/a $LOG_CONFIG" "$cfg"
+    fi
     for p in "$gp" "$hp"; do
         if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "port $p is already in use: set PORT" >&2; exit 1; fi
     done
