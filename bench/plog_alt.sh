@@ -55,7 +55,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$BIN" features demo --store "$DATA/features" --views examples/features/views.toml --cards 10000 --merchants 1000 >"$OUT/features.log" 2>&1
+if [ "$ROUNDS" != 0 ]; then
+    "$BIN" features demo --store "$DATA/features" --views examples/features/views.toml --cards 10000 --merchants 1000 >"$OUT/features.log" 2>&1
+fi
 
 grpc_port() { if [ "$1" = a ]; then echo "$PORT"; else echo $((PORT + 2)); fi; }
 http_port() { if [ "$1" = a ]; then echo $((PORT - 1)); else echo $((PORT + 1)); fi; }
@@ -88,7 +90,10 @@ metric() { # server(a|b) name: value from its /metrics (0 when absent)
     curl -s "http://127.0.0.1:$(http_port "$1")/metrics" | awk -v m="$2" '$1 == m {v = $2} END {print v + 0}'
 }
 
-if [ -n "${RATE:-}" ]; then
+if [ "$ROUNDS" = 0 ]; then
+    # The summary of the runs already in OUT; their rate is in their reports.
+    RATE=$(python3 -c "import glob, json; print(next((json.load(open(p))['mode'].split()[3] for p in sorted(glob.glob('$OUT/on-off-*.json')) if not p.endswith('.servers.json')), '?'))")
+elif [ -n "${RATE:-}" ]; then
     echo "open loop at RATE=$RATE req/s (given)"
 else
     sync
