@@ -16,7 +16,9 @@
 # the log's dropped and written records), then each second's p99 against the mean of
 # the other server's seconds on either side of it (so a trend over the run cancels):
 # the median of each run's ratios, and of all runs' with a 90% interval from resampling
-# the runs. ROUNDS=0 with the OUT of an earlier run prints that run's summary again.
+# the runs. ROUNDS=0 with the OUT of an earlier run prints that run's summary again;
+# POOL="DIR ..." adds the runs of other OUT directories to the summary (ROUNDS=0
+# OUT=/tmp/a POOL=/tmp/b: both runs' rounds in one estimate).
 #
 #   bench/plog_alt.sh [MESH_BIN]       (default $MESH_BIN, else $CARGO_TARGET_DIR/release/mesh)
 #
@@ -131,9 +133,10 @@ for r in $(seq "$ROUNDS"); do
     done
 done
 
-python3 - "$OUT" "$RATE" <<'PY'
+# shellcheck disable=SC2086
+python3 - "$RATE" "$OUT" ${POOL:-} <<'PY'
 import glob, json, os, random, statistics as st, sys
-out, rate = sys.argv[1], sys.argv[2]
+rate, dirs = sys.argv[1], sys.argv[2:]
 
 def ratios(windows, first, second, key):
     """Each `first` second's figure over the mean of the `second` seconds beside it."""
@@ -157,10 +160,10 @@ def resampled(runs, q=0.90, n=2000):
 print(f"\nDecide, one open loop at {rate} req/s alternating each second between two servers")
 print(f"{'run':14} {'A':>4} {'B':>4} {'seconds':>8} {'p99 med A':>10} {'p99 med B':>10} {'srv A':>6} {'srv B':>6} {'errors':>7} {'dropped':>8} {'written':>8}")
 pooled = {}
-for path in sorted(glob.glob(os.path.join(out, "*-*-[0-9]*.json"))):
+for path in sorted(p for out in dirs for p in glob.glob(os.path.join(out, "*-*-[0-9]*.json"))):
     if path.endswith(".servers.json"):
         continue
-    name = os.path.basename(path)[:-5]
+    name = os.path.basename(path)[:-5] if len(dirs) == 1 else os.path.relpath(path[:-5], os.path.dirname(os.path.dirname(path)))
     rep = json.load(open(path))
     srv = json.load(open(path[:-5] + ".servers.json"))
     ws = [w for w in rep["windows"] if w["seconds"] >= 0.5]
