@@ -30,7 +30,7 @@ pub struct ConvertArgs {
     #[arg(long, default_value_t = 1000)]
     pub interval_ms: u64,
     /// Run under SCHED_IDLE (Linux): only CPU time no other thread wants, in spells of
-    /// at most 200 µs with a 50 µs nap between them, for a converter on the serving
+    /// at most 50 µs with a 50 µs nap between them, for a converter on the serving
     /// machine.
     #[arg(long)]
     pub idle: bool,

@@ -142,7 +142,7 @@ pub struct ConvertArgs {
     /// How often to look for new ones with `watch`, in milliseconds.
     pub interval_ms: u64,
     /// Run under Linux's `SCHED_IDLE` (only CPU time no other thread wants), working
-    /// in spells of at most 200 µs with a 50 µs nap between them as the log's encoder
+    /// in spells of at most 50 µs with a 50 µs nap between them as the log's encoder
     /// does, for a converter on the serving machine.
     pub idle: bool,
     /// One JSON object per converted segment instead of a line of text.
