@@ -335,9 +335,9 @@ pub(crate) struct Pace {
 impl Pace {
     /// Longest spell of work between naps. 50 µs (it was 200): with two servers side
     /// by side under one alternating open loop (`bench/plog_alt.sh`, 2 shared cores,
-    /// 14,602 Decide/s), the log's p99 cost over log off went from 1.218 to 1.043 on
-    /// the client's clock and from 1.114 to 1.051 on the server's, for about 1 µs more
-    /// of the encoder's CPU a record (its naps).
+    /// 14,602 Decide/s, 16 runs against 10 in the same hour), the log's p99 over log
+    /// off went from 1.105 to 1.038 on the client's clock and from 1.120 to 1.051 on
+    /// the server's, for about 1 µs more of the encoder's CPU a record (its naps).
     pub(crate) const SPELL: std::time::Duration = std::time::Duration::from_micros(50);
     /// How long each nap is asked to last (the timer's slack may add as much again).
     pub(crate) const NAP: std::time::Duration = std::time::Duration::from_micros(50);
