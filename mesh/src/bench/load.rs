@@ -690,6 +690,13 @@ impl Pacer {
     }
 }
 
+/// `--alternate-addr`: whether the requests due in second `k` of a run (from 0) go to
+/// the other server. The odd seconds do; the report names each window's server by
+/// the same rule.
+pub fn to_alternate(k: u64) -> bool {
+    k % 2 == 1
+}
+
 /// Open loop: request i is due at `started + i/rate` whatever happened before,
 /// with at most 64 × `--concurrency` outstanding.
 ///
@@ -737,8 +744,7 @@ pub async fn open_loop(
                 .await
                 .context("the load generator's timer")?;
             let permit = pacer_limit.clone().acquire_owned().await?;
-            // `--alternate-addr`: the odd seconds of the run go to the other server.
-            let to = if !alternate.is_empty() && (due - started).as_secs() % 2 == 1 {
+            let to = if !alternate.is_empty() && to_alternate((due - started).as_secs()) {
                 &alternate
             } else {
                 &clients

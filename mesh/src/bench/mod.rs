@@ -43,30 +43,18 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     }
     let max_requests = args.requests.unwrap_or(u64::MAX);
     // `--connections` channels, the callers spread over them.
-    let mut conns = vec![clients.clone()];
-    for _ in 1..args.connections {
-        conns.push(
-            clients
-                .another(&args.addr, args.tls_ca.as_deref(), args.grpc_client)
-                .await?,
-        );
-    }
+    let conns = connections(clients.clone(), &args.addr, &args).await?;
     // `--alternate-addr`: as many connections to the other server, with the same
     // shapes (the two are to serve the same model or view).
-    let mut alternate = Vec::new();
-    if let Some(b) = &args.alternate_addr {
-        let mut first = Clients::connect(b, args.tls_ca.as_deref(), args.grpc_client).await?;
-        first.shape = clients.shape.clone();
-        first.lookup = clients.lookup.clone();
-        for _ in 1..args.connections {
-            alternate.push(
-                first
-                    .another(b, args.tls_ca.as_deref(), args.grpc_client)
-                    .await?,
-            );
+    let alternate = match &args.alternate_addr {
+        None => Vec::new(),
+        Some(b) => {
+            let mut first = Clients::connect(b, args.tls_ca.as_deref(), args.grpc_client).await?;
+            first.shape = clients.shape.clone();
+            first.lookup = clients.lookup.clone();
+            connections(first, b, &args).await?
         }
-        alternate.insert(0, first);
-    }
+    };
     if args.warmup > 0.0 {
         let warmup = Arc::new(BenchArgs {
             warming_up: true,
@@ -109,22 +97,40 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     progress.abort();
     eprintln!();
     let secs = started.elapsed().as_secs_f64();
-    let server = match (server_before, ServerStats::fetch(&clients, &args).await) {
-        (Some(a), Some(b)) => b.per_inference_since(&a),
-        _ => BTreeMap::new(),
+    let server = match server_before {
+        Some(a) => ServerStats::fetch(&clients, &args)
+            .await
+            .map(|b| b.per_inference_since(&a))
+            .unwrap_or_default(),
+        None => BTreeMap::new(),
     };
     let mut report = tally
         .lock()
         .report(args.target_name(), args.mode(), secs, server);
     if let Some(b) = &args.alternate_addr {
         for (k, w) in report.windows.iter_mut().enumerate() {
-            w.sent_to = Some(if k % 2 == 0 { &args.addr } else { b }.clone());
+            let to_b = load::to_alternate(k as u64);
+            w.sent_to = Some(if to_b { b } else { &args.addr }.clone());
         }
     }
     if let Some(path) = &args.html {
         write_html(path, &report)?;
     }
     Ok(report)
+}
+
+/// `first` and `--connections` - 1 more channels like it to `addr`.
+async fn connections(first: Clients, addr: &str, args: &BenchArgs) -> anyhow::Result<Vec<Clients>> {
+    let mut conns = Vec::with_capacity(args.connections);
+    for _ in 1..args.connections {
+        conns.push(
+            first
+                .another(addr, args.tls_ca.as_deref(), args.grpc_client)
+                .await?,
+        );
+    }
+    conns.insert(0, first);
+    Ok(conns)
 }
 
 /// The load of `args` from `started` for `secs` seconds (or `max_requests`), on
