@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Issue 13's figures side by side in one run, one table per question:
-#   1. the prediction log on vs off, Decide at 50 % of saturation   (bench/plog_bench.sh),
-#      and on with the Parquet files deferred to `mesh logs convert` (PLOG_DEFERRED=0
-#      skips that mode) and with `worker_turns = true` (PLOG_TURNS=0 skips it), with
-#      the log off twice, for the noise of two identical servers (PLOG_AA=0 skips
-#      that), then again with the server and the load generator on cores of
-#      their own (PLOG_PINNED=0 skips that), where the log also runs with its threads
-#      on the load generator's core (`reserved_cpus`, the server on both cores;
-#      PLOG_OWN_CORE=0 skips that mode)
+#   1. the prediction log on vs off, Decide at 50 % of saturation. First the two
+#      servers side by side under one open loop that alternates each second between
+#      them, with two log-off servers as the noise (bench/plog_alt.sh, PLOG_ALT_ROUNDS
+#      rounds, default 4; PLOG_ALT=0 skips it): the figure. Then run after run
+#      (bench/plog_bench.sh): the log on, on with the Parquet files deferred to
+#      `mesh logs convert` (PLOG_DEFERRED=0 skips that mode) and with
+#      `worker_turns = true` (PLOG_TURNS=0 skips it), with the log off twice, for the
+#      noise of two identical servers (PLOG_AA=0 skips that), then again with the
+#      server and the load generator on cores of their own (PLOG_PINNED=0 skips
+#      that), where the log also runs with its threads on the load generator's core
+#      (`reserved_cpus`, the server on both cores; PLOG_OWN_CORE=0 skips that mode)
 #   2. overload at 1x, 2x, 4x of saturation with a 50 ms deadline   (bench/overload_bench.sh)
 #   3. OIP gRPC and REST against do-nothing servers                  (bench/oip_compare.sh)
 #   4. feature lookups in process, with a writer                     (feature-store/benches/lookup.rs)
@@ -62,7 +65,13 @@ part() { echo; echo "## $1"; echo; }
 for p in $ONLY; do
     case $p in
         plog)
-            part "Prediction log on vs off (Decide, open loop at ${PCT:-50}% of saturation)"
+            if [ "${PLOG_ALT:-1}" != 0 ]; then
+                # The figure: each second's p99 against the other server's seconds
+                # beside it, so the machine's drift falls on both alike.
+                part "Prediction log on vs off, side by side (Decide, one open loop at ${PCT:-50}% of saturation alternating each second)"
+                OUT=$OUT/plog-alt ROUNDS=${PLOG_ALT_ROUNDS:-4} bench/plog_alt.sh "$MESH_BIN"
+            fi
+            part "Prediction log on vs off, run after run, and its modes (Decide, open loop at ${PCT:-50}% of saturation)"
             # Four rounds (PLOG_ROUNDS), where the others run ROUNDS: two runs of the
             # same build on these 2 shared cores differed by up to 20% at the p99,
             # more than the 5% asked of the log, so the median needs more of them.

@@ -18,7 +18,9 @@
 # the median of each run's ratios, and of all runs' with a 90% interval from resampling
 # the runs. ROUNDS=0 with the OUT of an earlier run prints that run's summary again;
 # POOL="DIR ..." adds the runs of other OUT directories to the summary (ROUNDS=0
-# OUT=/tmp/a POOL=/tmp/b: both runs' rounds in one estimate).
+# OUT=/tmp/a POOL=/tmp/b: both runs' rounds in one estimate). Each run's
+# `mesh bench --html` page is OUT/<run>.html: its per-second chart draws each
+# server's p99 through the seconds sent to it.
 #
 #   bench/plog_alt.sh [MESH_BIN]       (default $MESH_BIN, else $CARGO_TARGET_DIR/release/mesh)
 #
@@ -121,7 +123,7 @@ for r in $(seq "$ROUNDS"); do
         serve "$name-$sa" a "${sa%2}"
         serve "$name-$sb" b "${sb%2}"
         "${RUN[@]}" "$BIN" bench --addr "http://127.0.0.1:$(grpc_port a)" --alternate-addr "http://127.0.0.1:$(grpc_port b)" \
-            --target decide --rate "$RATE" --seconds "$SECS" --warmup "$WARMUP" --json >"$OUT/$name.json" 2>"$OUT/$name.err"
+            --target decide --rate "$RATE" --seconds "$SECS" --warmup "$WARMUP" --json --html "$OUT/$name.html" >"$OUT/$name.json" 2>"$OUT/$name.err"
         dropped=0 written=0
         for s in a b; do
             dropped=$((dropped + $(metric "$s" mesh_log_dropped_records_total)))

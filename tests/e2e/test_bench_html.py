@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import mesh_binary
+from conftest import ROOT, Mesh, mesh_binary
 
 CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 SCREENSHOT_COPY = Path("/tmp/bench_report.png")
@@ -115,25 +115,33 @@ def test_bench_json_has_windows_and_histogram(bench):
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page, re.I), "page loads something external"
 
 
+def rendered(html: Path, profile: Path) -> str:
+    """The page's DOM after its script ran in headless Chromium; fails the test when
+    the script did not finish drawing."""
+    rc, dom, err = chromium(["--dump-dom", html.as_uri()], profile)
+    assert rc == 0, err[-4000:]
+    body = re.search(r"<body[^>]*>", dom)
+    assert body, dom[:2000]
+    if 'data-rendered="ok"' not in body.group(0):
+        msg = re.search(r'<div id="render-error"[^>]*>(.*?)</div>', dom, re.S)
+        pytest.fail(f"page did not render: {body.group(0)} {msg.group(1) if msg else ''}")
+    return dom
+
+
+def container(dom: str, id_: str) -> dict:
+    """The data- attributes of the chart container `id_`."""
+    m = re.search(rf'<div id="{id_}"[^>]*>', dom)
+    assert m, id_
+    return dict(re.findall(r'(data-[\w-]+)="([^"]*)"', m.group(0)))
+
+
 def test_bench_html_renders_in_chromium(bench):
     chromium_or_skip()
     report, html, out = bench
     profile = Path(tempfile.mkdtemp(prefix="mesh-chromium-"))
     try:
-        rc, dom, err = chromium(["--dump-dom", html.as_uri()], profile)
-        assert rc == 0, err[-4000:]
-        body = re.search(r"<body[^>]*>", dom)
-        assert body, dom[:2000]
-        if 'data-rendered="ok"' not in body.group(0):
-            msg = re.search(r'<div id="render-error"[^>]*>(.*?)</div>', dom, re.S)
-            pytest.fail(f"page did not render: {body.group(0)} {msg.group(1) if msg else ''}")
-
-        def container(id_):
-            m = re.search(rf'<div id="{id_}"[^>]*>', dom)
-            assert m, id_
-            return dict(re.findall(r'(data-[\w-]+)="([^"]*)"', m.group(0)))
-
-        hist, times, tput = container("hist-chart"), container("time-chart"), container("tput-chart")
+        dom = rendered(html, profile)
+        hist, times, tput = (container(dom, c) for c in ("hist-chart", "time-chart", "tput-chart"))
         assert int(hist["data-bars"]) > 0, hist
         assert int(hist["data-bars"]) == sum(1 for b in report["histogram"] if b["count"] > 0)
         assert int(times["data-series"]) == 3, times
@@ -152,6 +160,38 @@ def test_bench_html_renders_in_chromium(bench):
         shutil.copy(shot, SCREENSHOT_COPY)
     finally:
         shutil.rmtree(profile, ignore_errors=True)
+
+
+def test_bench_html_of_an_alternating_run_draws_each_servers_seconds(mesh, tmp_path):
+    # Two real servers, one open loop alternating each second between them: the page
+    # names both, and the time chart draws a p99 line per server through its seconds.
+    chromium_or_skip()
+    other = Mesh(ROOT / "examples" / "models")
+    profile = Path(tempfile.mkdtemp(prefix="mesh-chromium-"))
+    try:
+        a, b = f"http://{mesh.grpc}", f"http://{other.grpc}"
+        html = tmp_path / "alternate.html"
+        rc, out, err = run(
+            [mesh_binary(), "bench", "--addr", a, "--alternate-addr", b, "--target", "infer",
+             "--rate", "300", "--seconds", "4", "--html", str(html), "--json"],
+            timeout=120,
+        )
+        assert rc == 0, err
+        report = json.loads(out)
+        assert [w["sent_to"] for w in report["windows"]][:4] == [a, b, a, b], report["windows"]
+        page = html.read_text()
+        row = re.search(r"<tr><th>servers \(alternate seconds\)</th><td>(.*?)</td></tr>", page)
+        assert row and row.group(1).startswith(f"{a}: 2 seconds") and f" · {b}: 2 seconds" in row.group(1), page
+        dom = rendered(html, profile)
+        times = container(dom, "time-chart")
+        # Infer has no server clock: one p99 line per server, the second dashed.
+        assert (times["data-series"], times["data-servers"]) == ("2", "2"), times
+        names = re.findall(r'<g class="series" data-name="([^"]*)"', dom)
+        assert names == [f"p99 {mesh.grpc}", f"p99 {other.grpc}"], names
+        assert 'stroke-dasharray="6 4"' in dom
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+        other.stop()
 
 
 def test_bench_stops_after_a_count_and_reports_the_server_breakdown(mesh):

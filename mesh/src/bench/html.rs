@@ -229,6 +229,29 @@ fn summary(r: &Report) -> String {
             );
         }
     }
+    // --alternate-addr: each server's seconds, as the text report gives them.
+    let servers = r.by_server();
+    if !servers.is_empty() {
+        let text = servers
+            .iter()
+            .map(|v| {
+                format!(
+                    "{}: {} seconds, per-second p99 median {}{}",
+                    escape(&v.addr),
+                    v.seconds,
+                    us(v.p99_us),
+                    v.server_p99_us
+                        .map(|p| format!(", the server's own {}", us(p)))
+                        .unwrap_or_default()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" · ");
+        let _ = writeln!(
+            s,
+            "<tr><th>servers (alternate seconds)</th><td>{text}</td></tr>"
+        );
+    }
     s.push_str("</table>\n");
     s
 }
@@ -371,6 +394,34 @@ mod tests {
         assert!(render(&r).contains(
             "<tr><th>deadline 50 ms</th><td>1,200 useful answers (600/s) · 3 over 5 ms late (Cancelled 2 · OK 1)</td></tr>"
         ));
+    }
+
+    #[test]
+    fn bench_html_names_each_server_of_an_alternating_run() {
+        let mut r = report();
+        assert!(!render(&r).contains("servers (alternate seconds)"));
+        let a = "http://127.0.0.1:1".to_owned();
+        let b = "http://<b>:2".to_owned();
+        r.windows = (0..4u32)
+            .map(|i| Window {
+                t_s: f64::from(i),
+                sent_to: Some(if i % 2 == 0 { a.clone() } else { b.clone() }),
+                p99_us: 1_000 * (u64::from(i) + 1),
+                server_p99_us: Some(100 * (u64::from(i) + 1)),
+                ..r.windows[0].clone()
+            })
+            .collect();
+        let page = render(&r);
+        // A's seconds 0 and 2 (p99 1,000 and 3,000 µs: the median takes the upper),
+        // B's 1 and 3; the address is escaped.
+        assert!(
+            page.contains(
+                "<tr><th>servers (alternate seconds)</th><td>http://127.0.0.1:1: 2 seconds, \
+                 per-second p99 median 3,000 µs, the server's own 300 µs · http://&lt;b&gt;:2: \
+                 2 seconds, per-second p99 median 4,000 µs, the server's own 400 µs</td></tr>"
+            ),
+            "{page}"
+        );
     }
 
     #[test]
