@@ -172,7 +172,7 @@ for path in sorted(p for out in dirs for p in glob.glob(os.path.join(out, "*-*-[
     who = {0: srv["a"], 1: srv["b"]}
     for k, w in enumerate(ws):
         w["who"] = who[k % 2]
-    med = lambda m, key: st.median([w[key] for w in ws if w["who"] == m and w.get(key)] or [0])
+    med = lambda m, key: round(st.median([w[key] for w in ws if w["who"] == m and w.get(key)] or [0]))
     errors = sum(rep.get("codes", {}).values()) - rep.get("codes", {}).get("OK", 0)
     print(f"{name:14} {srv['a']:>4} {srv['b']:>4} {len(ws):>8} {med(srv['a'], 'p99_us'):>10} {med(srv['b'], 'p99_us'):>10} "
           f"{med(srv['a'], 'server_p99_us'):>6} {med(srv['b'], 'server_p99_us'):>6} {errors:>7} {srv['dropped']:>8} {srv['written']:>8}")
