@@ -23,12 +23,7 @@ source bench/lib.sh
 
 serve() { # log on|off
     local cfg=$OUT/mesh-$1.toml
-    # Relative paths in a mesh.toml resolve against its directory: the copy in
-    # $OUT names every path absolutely.
-    sed -e "s#^models = .*#models = \"$PWD/examples/models\"#" \
-        -e "s#^views = .*#views = \"$PWD/examples/features/views.toml\"#" \
-        -e "s#^path = .*#path = \"$DATA/features\"#" -e "s#^dir = .*#dir = \"$DATA/predictions-$1\"#" \
-        -e "s#grpc_port = 8001#grpc_port = 8401#" -e "s#http_port = 8000#http_port = 8400#" examples/mesh.toml >"$cfg"
+    example_config "$DATA/features" "$DATA/predictions-$1" 8401 8400 >"$cfg"
     if [ "$1" = off ]; then sed -i '/^\[prediction_log\]/,/^$/d' "$cfg"; fi
     "$BIN" serve --config "$cfg" >"$OUT/serve-$1.log" 2>&1 &
     pid=$!

@@ -11,3 +11,15 @@ wait_port() {
     echo "port $1 never opened${2:+ (see $2)}" >&2
     exit 1
 }
+
+# example_config FEATURES PREDICTIONS GRPC_PORT HTTP_PORT [MODELS]: examples/mesh.toml
+# on stdout with the feature store at FEATURES, the prediction log at PREDICTIONS,
+# the given ports, and every path absolute (relative paths in a mesh.toml resolve
+# against its own directory, and the copy is written elsewhere). MODELS defaults to
+# the example models.
+example_config() {
+    sed -e "s#^models = .*#models = \"${5:-$PWD/examples/models}\"#" \
+        -e "s#^views = .*#views = \"$PWD/examples/features/views.toml\"#" \
+        -e "s#^path = .*#path = \"$1\"#" -e "s#^dir = .*#dir = \"$2\"#" \
+        -e "s#grpc_port = 8001#grpc_port = $3#" -e "s#http_port = 8000#http_port = $4#" examples/mesh.toml
+}

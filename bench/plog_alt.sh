@@ -73,10 +73,7 @@ serve() { # name a|b on|off
     # sled takes its directory for one process: each server a copy of the store.
     rm -rf "$DATA/features-$2"
     cp -r "$DATA/features" "$DATA/features-$2"
-    sed -e "s#^models = .*#models = \"$PWD/examples/models\"#" \
-        -e "s#^views = .*#views = \"$PWD/examples/features/views.toml\"#" \
-        -e "s#^path = .*#path = \"$DATA/features-$2\"#" -e "s#^dir = .*#dir = \"$DATA/predictions-$name\"#" \
-        -e "s#grpc_port = 8001#grpc_port = $gp#" -e "s#http_port = 8000#http_port = $hp#" examples/mesh.toml >"$cfg"
+    example_config "$DATA/features-$2" "$DATA/predictions-$name" "$gp" "$hp" >"$cfg"
     if [ "$3" = off ]; then
         sed -i '/^\[prediction_log\]/,/^$/d' "$cfg"
     elif [ -n "${LOG_CONFIG:-}" ]; then

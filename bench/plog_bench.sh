@@ -121,12 +121,7 @@ source bench/lib.sh
 
 serve() { # name on|off
     local cfg=$OUT/mesh-$1.toml
-    # Relative paths in a mesh.toml resolve against its directory: the copy in $OUT
-    # names every path absolutely.
-    sed -e "s#^models = .*#models = \"${MODELS:-$PWD/examples/models}\"#" \
-        -e "s#^views = .*#views = \"$PWD/examples/features/views.toml\"#" \
-        -e "s#^path = .*#path = \"$DATA/features\"#" -e "s#^dir = .*#dir = \"$DATA/predictions-$1\"#" \
-        -e "s#grpc_port = 8001#grpc_port = $PORT#" -e "s#http_port = 8000#http_port = $HTTP_PORT#" examples/mesh.toml >"$cfg"
+    example_config "$DATA/features" "$DATA/predictions-$1" "$PORT" "$HTTP_PORT" "${MODELS:-}" >"$cfg"
     if [ -n "${WORKERS:-}" ]; then sed -i "/^\[server\]/a worker_threads = $WORKERS" "$cfg"; fi
     if [ "$2" = off ] || [ "$2" = off2 ]; then
         sed -i '/^\[prediction_log\]/,/^$/d' "$cfg"

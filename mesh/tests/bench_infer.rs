@@ -6,10 +6,9 @@
 #![allow(clippy::unwrap_used)]
 
 use mesh::bench::{BenchArgs, GrpcClient};
-use mesh_router::config::ServerConfig;
 
 mod common;
-use common::{bench_args, root};
+use common::{bench_args, examples_server};
 
 fn args(addr: &str, model: &str) -> BenchArgs {
     BenchArgs {
@@ -40,12 +39,7 @@ async fn inferences(addr: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn infer_rows_are_sized_from_the_models_metadata() {
     // The example repository as it is (fraud_mlp, fraud_xgb, fraud_lgbm).
-    let cfg = ServerConfig {
-        grpc_port: 0,
-        http_port: 0,
-        models: root().join("examples/models"),
-        ..ServerConfig::default()
-    };
+    let cfg = examples_server();
     let server = mesh_router::server::start(&cfg).await.unwrap();
     let addr = format!("http://{}", server.grpc_addr);
     for model in ["fraud_xgb", "fraud_lgbm", "fraud_mlp"] {
@@ -101,12 +95,7 @@ async fn infer_rows_are_sized_from_the_models_metadata() {
 /// the report gives each its median per-second p99, and a closed loop is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_alternating_run_sends_each_second_to_one_server_in_turn() {
-    let cfg = ServerConfig {
-        grpc_port: 0,
-        http_port: 0,
-        models: root().join("examples/models"),
-        ..ServerConfig::default()
-    };
+    let cfg = examples_server();
     let a = mesh_router::server::start(&cfg).await.unwrap();
     let b = mesh_router::server::start(&cfg).await.unwrap();
     let (addr_a, addr_b) = (

@@ -5,10 +5,10 @@
 #![allow(clippy::unwrap_used)]
 
 use mesh::bench::{BenchArgs, GrpcClient};
-use mesh_router::config::{MeshConfig, ServerConfig};
+use mesh_router::config::MeshConfig;
 
 mod common;
-use common::{bench_args, root};
+use common::{bench_args, examples_server};
 
 /// A self-signed CA's certificate (PEM) and what signs with it.
 fn ca(name: &str) -> (rcgen::Certificate, rcgen::KeyPair) {
@@ -49,12 +49,7 @@ async fn bench_speaks_tls_and_checks_the_servers_certificate() {
     let ca_pem = write("ca.pem", ca_cert.pem());
     let other_pem = write("other.pem", ca("another CA").0.pem());
     let mut mesh = MeshConfig {
-        server: ServerConfig {
-            grpc_port: 0,
-            http_port: 0,
-            models: root().join("examples/models"),
-            ..ServerConfig::default()
-        },
+        server: examples_server(),
         ..MeshConfig::default()
     };
     mesh.tls.cert = Some(write("server.pem", server_cert.pem()));

@@ -12,6 +12,17 @@ pub fn root() -> PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// A server on ports the OS picks (127.0.0.1:0) serving the example models
+/// (fraud_mlp, fraud_xgb, fraud_lgbm), for `mesh_router::server::start`.
+pub fn examples_server() -> mesh_router::config::ServerConfig {
+    mesh_router::config::ServerConfig {
+        grpc_port: 0,
+        http_port: 0,
+        models: root().join("examples/models"),
+        ..Default::default()
+    }
+}
+
 /// Owned command-line arguments.
 pub fn args(a: &[&str]) -> Vec<String> {
     a.iter().map(|s| (*s).to_owned()).collect()
