@@ -234,17 +234,7 @@ fn summary(r: &Report) -> String {
     if !servers.is_empty() {
         let text = servers
             .iter()
-            .map(|v| {
-                format!(
-                    "{}: {} seconds, per-second p99 median {}{}",
-                    escape(&v.addr),
-                    v.seconds,
-                    us(v.p99_us),
-                    v.server_p99_us
-                        .map(|p| format!(", the server's own {}", us(p)))
-                        .unwrap_or_default()
-                )
-            })
+            .map(|v| v.describe(&escape(&v.addr), us))
             .collect::<Vec<_>>()
             .join(" · ");
         let _ = writeln!(

@@ -115,6 +115,22 @@ pub struct ServerSeconds {
     pub server_p99_us: Option<u64>,
 }
 
+impl ServerSeconds {
+    /// "ADDR: N seconds, per-second p99 median X[, the server's own Y]", the line the
+    /// text and HTML reports give each server, with `addr` and the times as the
+    /// caller writes them.
+    pub fn describe(&self, addr: &str, us: impl Fn(u64) -> String) -> String {
+        format!(
+            "{addr}: {} seconds, per-second p99 median {}{}",
+            self.seconds,
+            us(self.p99_us),
+            self.server_p99_us
+                .map(|p| format!(", the server's own {}", us(p)))
+                .unwrap_or_default()
+        )
+    }
+}
+
 impl Report {
     /// With `--alternate-addr`, each server's seconds, in the order the run first
     /// sent to them; empty otherwise.
@@ -181,16 +197,7 @@ impl std::fmt::Display for Report {
             writeln!(f, "server µs   {}", s.join("  "))?;
         }
         for s in self.by_server() {
-            writeln!(
-                f,
-                "{}: {} seconds, per-second p99 median {} µs{}",
-                s.addr,
-                s.seconds,
-                s.p99_us,
-                s.server_p99_us
-                    .map(|p| format!(", the server's own {p} µs"))
-                    .unwrap_or_default()
-            )?;
+            writeln!(f, "{}", s.describe(&s.addr, |v| format!("{v} µs")))?;
         }
         if let Some(s) = &self.server {
             writeln!(
