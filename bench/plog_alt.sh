@@ -29,7 +29,8 @@
 # with 32 callers), RATE (skip the saturation run), PORT=18751 (server A's gRPC port;
 # its HTTP port is PORT-1, server B's PORT+2 and PORT+1), OUT (raw output; default a
 # new temp dir), NICE (run the servers and the load at this nice value), LOG_CONFIG
-# (extra lines for the log-on server's [prediction_log], e.g. 'parquet = "deferred"').
+# (extra lines for the log-on server's [prediction_log], e.g. 'parquet = "deferred"'),
+# NOISE=0 (the on/off runs only: half the time, no estimate of the noise).
 #
 # What leaks between the two: requests of one second still in flight when the next
 # begins (a few ms at these rates) are the first server's, counted in its second; the
@@ -110,6 +111,7 @@ fi
 for r in $(seq "$ROUNDS"); do
     runs=("on off" "off off2")
     if [ $((r % 2)) = 0 ]; then runs=("off off2" "on off"); fi
+    if [ "${NOISE:-1}" = 0 ]; then runs=("on off"); fi
     for pair in "${runs[@]}"; do
         read -r ma mb <<<"$pair"
         # Even rounds swap the servers' places: the log-on (or first log-off) server
