@@ -47,12 +47,9 @@ async fn post(addr: std::net::SocketAddr, body: &str) -> u16 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_past_the_in_flight_budget_are_refused() {
     let cfg = ServerConfig {
-        grpc_port: 0,
-        http_port: 0,
-        models: common::root().join("examples/models"),
         // 16 rows of 32 f32 fit; 64 rows (8 KiB of raw contents) do not.
         max_inflight_bytes: 4096,
-        ..ServerConfig::default()
+        ..common::examples_server()
     };
     let server = mesh_router::server::start(&cfg).await.unwrap();
     let mut c = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc_addr))

@@ -370,12 +370,7 @@ async fn http_post(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_deadline_counts_from_arrival_not_from_the_handler() {
-    let cfg = mesh_router::config::ServerConfig {
-        grpc_port: 0,
-        http_port: 0,
-        models: common::root().join("examples/models"),
-        ..Default::default()
-    };
+    let cfg = common::examples_server();
     let server = mesh_router::server::start(&cfg).await.unwrap();
     let body = serde_json::json!({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 32], "data": vec![0.0; 32]}]})
         .to_string();

@@ -11,15 +11,12 @@ use pb::model_infer_request::InferInputTensor;
 use tonic::Code;
 
 mod common;
-use common::{root, samples};
+use common::samples;
 
 async fn serve(max_message_bytes: usize) -> mesh_router::server::Running {
     let cfg = ServerConfig {
-        grpc_port: 0,
-        http_port: 0,
-        models: root().join("examples/models"),
         max_message_bytes,
-        ..ServerConfig::default()
+        ..common::examples_server()
     };
     mesh_router::server::start(&cfg).await.unwrap()
 }

@@ -11,6 +11,18 @@ pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// A server on ports the OS picks (127.0.0.1:0) serving the example models
+/// (fraud_mlp, fraud_xgb, fraud_lgbm), for `mesh_router::server::start` (the mesh
+/// crate's tests have the same fixture).
+pub fn examples_server() -> mesh_router::config::ServerConfig {
+    mesh_router::config::ServerConfig {
+        grpc_port: 0,
+        http_port: 0,
+        models: root().join("examples/models"),
+        ..Default::default()
+    }
+}
+
 /// The reference model's weights.
 pub fn reference_weights() -> PathBuf {
     root().join("tests/data/fraud-mlp/fraud_mlp.safetensors")
