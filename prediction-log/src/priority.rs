@@ -338,7 +338,9 @@ impl Pace {
     /// 14,602 Decide/s, 16 runs against 10 in the same hour), the log's p99 over log
     /// off went from 1.105 to 1.038 on the client's clock and from 1.120 to 1.051 on
     /// the server's, for about 1 µs more of the encoder's CPU a record (its naps).
-    /// 25 µs measured no better in the next hour (8 runs against 8).
+    /// 25 µs measured no better in the next hour (8 runs against 8). Over 32 runs in
+    /// three hours the 50 µs spells came out at 1.067 and 1.075, and at 1.095 and
+    /// 1.067 over 32 more (bench/RESULTS.md).
     pub(crate) const SPELL: std::time::Duration = std::time::Duration::from_micros(50);
     /// How long each nap is asked to last (the timer's slack may add as much again).
     pub(crate) const NAP: std::time::Duration = std::time::Duration::from_micros(50);
