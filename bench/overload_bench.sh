@@ -60,14 +60,11 @@ mkdir -p "$OUT/models"
 # examples/mesh.toml with absolute paths, the heavy model deployed, no log, and a
 # per-try timeout that spans the decision's budget less the fallback reserve (a
 # batch of this model takes a good part of the example's 20 ms).
-sed -e "s#^models = .*#models = \"$OUT/models\"#" \
-    -e "s#^views = .*#views = \"$PWD/examples/features/views.toml\"#" \
-    -e "s#^path = .*#path = \"$OUT/features\"#" \
-    -e "s#^model = \"fraud_mlp\"#model = \"heavy_fraud\"#" \
-    -e "s#^deadline = .*#deadline = \"${DEADLINE_MS}ms\"#" \
-    -e "s#^per_try_timeout = .*#per_try_timeout = \"$((DEADLINE_MS - 5))ms\"#" \
-    -e "s#grpc_port = 8001#grpc_port = $GRPC#" -e "s#http_port = 8000#http_port = $HTTP#" \
-    examples/mesh.toml | sed '/^\[prediction_log\]/,/^$/d' >"$OUT/mesh.toml"
+example_config "$OUT/features" "$OUT/predictions" "$GRPC" "$HTTP" "$OUT/models" |
+    sed -e "s#^model = \"fraud_mlp\"#model = \"heavy_fraud\"#" \
+        -e "s#^deadline = .*#deadline = \"${DEADLINE_MS}ms\"#" \
+        -e "s#^per_try_timeout = .*#per_try_timeout = \"$((DEADLINE_MS - 5))ms\"#" \
+        -e '/^\[prediction_log\]/,/^$/d' >"$OUT/mesh.toml"
 "$SERVER_BIN" serve --config "$OUT/mesh.toml" >"$OUT/serve.log" 2>&1 &
 pid=$!
 wait_port "$GRPC" "$OUT/serve.log"
