@@ -512,6 +512,17 @@ pub fn check_worker_threads(setting: &str, n: usize) -> Result<usize, String> {
 }
 
 impl ServerConfig {
+    /// The defaults on 127.0.0.1 with ports the OS picks (0; the running server reports
+    /// the ones it got), serving the model repository at `models`: a server for a test.
+    pub fn on_any_port(models: impl Into<PathBuf>) -> Self {
+        Self {
+            grpc_port: 0,
+            http_port: 0,
+            models: models.into(),
+            ..Self::default()
+        }
+    }
+
     pub fn max_timeout(&self) -> Duration {
         self.max_timeout
     }

@@ -180,12 +180,7 @@ fn assert_names_the_refusal(msg: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oip_refuses_at_once_what_its_model_cannot_answer_in_time() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = mesh_router::config::ServerConfig {
-        grpc_port: 0,
-        http_port: 0,
-        models: heavy_repo(dir.path()),
-        ..Default::default()
-    };
+    let cfg = mesh_router::config::ServerConfig::on_any_port(heavy_repo(dir.path()));
     let server = mesh_router::server::start(&cfg).await.unwrap();
     let repo = server.core.as_ref().unwrap().repo.clone();
     let c = Client::connect(format!("http://{}", server.grpc_addr))
@@ -292,12 +287,7 @@ async fn a_grpc_request_that_times_out_in_the_queue_is_deadline_exceeded() {
     let toml = models.join("heavy/model.toml");
     let text = std::fs::read_to_string(&toml).unwrap();
     std::fs::write(&toml, text.replace("batches = 2", "batches = 0")).unwrap();
-    let cfg = mesh_router::config::ServerConfig {
-        grpc_port: 0,
-        http_port: 0,
-        models,
-        ..Default::default()
-    };
+    let cfg = mesh_router::config::ServerConfig::on_any_port(models);
     let server = mesh_router::server::start(&cfg).await.unwrap();
     let c = Client::connect(format!("http://{}", server.grpc_addr))
         .await

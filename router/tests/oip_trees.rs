@@ -99,12 +99,7 @@ fn outputs(resp: &pb::ModelInferResponse) -> Vec<f32> {
 async fn tree_models_over_model_infer_reproduce_the_libraries() {
     let dir = tempfile::tempdir().unwrap();
     tree_repo(dir.path());
-    let cfg = ServerConfig {
-        grpc_port: 0,
-        http_port: 0,
-        models: dir.path().to_path_buf(),
-        ..ServerConfig::default()
-    };
+    let cfg = ServerConfig::on_any_port(dir.path());
     let server = mesh_router::server::start(&cfg).await.unwrap();
     let mut c = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc_addr))
         .await

@@ -353,12 +353,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn calls_a_real_mesh_and_gives_back_its_answers_and_its_errors() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let cfg = mesh_router::config::ServerConfig {
-            grpc_port: 0,
-            http_port: 0,
-            models: root.join("examples/models"),
-            ..Default::default()
-        };
+        let cfg = mesh_router::config::ServerConfig::on_any_port(root.join("examples/models"));
         let server = mesh_router::server::start(&cfg).await.unwrap();
         let conn = Lean::connect(&format!("http://{}", server.grpc_addr), None)
             .await

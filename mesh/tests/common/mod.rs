@@ -15,12 +15,7 @@ pub fn root() -> PathBuf {
 /// A server on ports the OS picks (127.0.0.1:0) serving the example models
 /// (fraud_mlp, fraud_xgb, fraud_lgbm), for `mesh_router::server::start`.
 pub fn examples_server() -> mesh_router::config::ServerConfig {
-    mesh_router::config::ServerConfig {
-        grpc_port: 0,
-        http_port: 0,
-        models: root().join("examples/models"),
-        ..Default::default()
-    }
+    mesh_router::config::ServerConfig::on_any_port(root().join("examples/models"))
 }
 
 /// Owned command-line arguments.
