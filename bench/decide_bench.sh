@@ -24,7 +24,7 @@ source bench/lib.sh
 serve() { # log on|off
     local cfg=$OUT/mesh-$1.toml
     example_config "$DATA/features" "$DATA/predictions-$1" 8401 8400 >"$cfg"
-    if [ "$1" = off ]; then sed -i '/^\[prediction_log\]/,/^$/d' "$cfg"; fi
+    if [ "$1" = off ]; then log_off "$cfg"; fi
     "$BIN" serve --config "$cfg" >"$OUT/serve-$1.log" 2>&1 &
     pid=$!
     wait_port 8401

@@ -23,3 +23,20 @@ example_config() {
         -e "s#^path = .*#path = \"$1\"#" -e "s#^dir = .*#dir = \"$2\"#" \
         -e "s#grpc_port = 8001#grpc_port = $3#" -e "s#http_port = 8000#http_port = $4#" examples/mesh.toml
 }
+
+# log_off CONFIG: drops the `[prediction_log]` table (up to its blank line) from the
+# mesh.toml at CONFIG: a server with the log off.
+log_off() {
+    sed -i '/^\[prediction_log\]/,/^$/d' "$1"
+}
+
+# log_set CONFIG LINE...: adds each LINE (e.g. 'parquet = "deferred"') to the
+# `[prediction_log]` table of the mesh.toml at CONFIG; an empty LINE adds nothing.
+log_set() {
+    local cfg=$1 line
+    shift
+    for line in "$@"; do
+        [ -n "$line" ] && sed -i "/^\[prediction_log\]/a $line" "$cfg"
+    done
+    return 0
+}

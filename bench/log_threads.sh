@@ -53,9 +53,9 @@ for mode in $MODES; do
     cfg=$dir/mesh.toml
     example_config "$OUT/data/features-run" "$dir/predictions" "$PORT" $((PORT - 1)) >"$cfg"
     case $mode in
-        off) sed -i '/^\[prediction_log\]/,/^$/d' "$cfg" ;;
+        off) log_off "$cfg" ;;
         inline) ;;
-        deferred) sed -i '/^\[prediction_log\]/a parquet = "deferred"' "$cfg" ;;
+        deferred) log_set "$cfg" 'parquet = "deferred"' ;;
         *) echo "unknown mode $mode (off, inline, deferred)" >&2; exit 2 ;;
     esac
     "$BIN" serve --config "$cfg" >"$dir/serve.log" 2>&1 &

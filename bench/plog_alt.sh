@@ -76,9 +76,9 @@ serve() { # name a|b on|off
     cp -r "$DATA/features" "$DATA/features-$2"
     example_config "$DATA/features-$2" "$DATA/predictions-$name" "$gp" "$hp" >"$cfg"
     if [ "$3" = off ]; then
-        sed -i '/^\[prediction_log\]/,/^$/d' "$cfg"
-    elif [ -n "${LOG_CONFIG:-}" ]; then
-        sed -i "/^\[prediction_log\]/a $LOG_CONFIG" "$cfg"
+        log_off "$cfg"
+    else
+        log_set "$cfg" "${LOG_CONFIG:-}"
     fi
     for p in "$gp" "$hp"; do
         if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "port $p is already in use: set PORT" >&2; exit 1; fi

@@ -124,19 +124,19 @@ serve() { # name on|off
     example_config "$DATA/features" "$DATA/predictions-$1" "$PORT" "$HTTP_PORT" "${MODELS:-}" >"$cfg"
     if [ -n "${WORKERS:-}" ]; then sed -i "/^\[server\]/a worker_threads = $WORKERS" "$cfg"; fi
     if [ "$2" = off ] || [ "$2" = off2 ]; then
-        sed -i '/^\[prediction_log\]/,/^$/d' "$cfg"
+        log_off "$cfg"
     else
-        if [ -n "${LOG_CONFIG:-}" ]; then sed -i "/^\[prediction_log\]/a $LOG_CONFIG" "$cfg"; fi
-        if [ "$2" = def ] || [ "$2" = sc ]; then sed -i '/^\[prediction_log\]/a parquet = "deferred"' "$cfg"; fi
-        if [ "$2" = wt ]; then sed -i '/^\[prediction_log\]/a worker_turns = true' "$cfg"; fi
+        log_set "$cfg" "${LOG_CONFIG:-}"
+        if [ "$2" = def ] || [ "$2" = sc ]; then log_set "$cfg" 'parquet = "deferred"'; fi
+        if [ "$2" = wt ]; then log_set "$cfg" 'worker_turns = true'; fi
         if [ "$2" = own ]; then
             if [ -n "$RESERVED" ]; then
-                sed -i "/^\[prediction_log\]/a reserved_cpus = $RESERVED" "$cfg"
+                log_set "$cfg" "reserved_cpus = $RESERVED"
             else
-                sed -i "/^\[prediction_log\]/a cpus = [$(cpu_list "$BENCH_CPUS")]" "$cfg"
+                log_set "$cfg" "cpus = [$(cpu_list "$BENCH_CPUS")]"
             fi
         fi
-        if [ "$2" = on ] && [ "${TURNS:-0}" = 1 ]; then sed -i '/^\[prediction_log\]/a worker_turns = false' "$cfg"; fi
+        if [ "$2" = on ] && [ "${TURNS:-0}" = 1 ]; then log_set "$cfg" 'worker_turns = false'; fi
     fi
     for p in "$PORT" "$HTTP_PORT"; do
         if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "port $p is already in use: set PORT" >&2; exit 1; fi
