@@ -30,7 +30,12 @@ FREQ=${FREQ:-2999}
 source bench/lib.sh
 mkdir -p "$OUT/data"
 SP=
-cleanup() { [ -n "$SP" ] && { kill "$SP" 2>/dev/null || true; wait "$SP" 2>/dev/null || true; }; }
+cleanup() {
+    if [ -n "$SP" ]; then
+        kill "$SP" 2>/dev/null || true
+        wait "$SP" 2>/dev/null || true
+    fi
+}
 trap cleanup EXIT
 
 "$BIN" features demo --store "$OUT/data/features" --views examples/features/views.toml --cards 10000 --merchants 1000 >"$OUT/features.log" 2>&1
@@ -71,7 +76,7 @@ for mode in $MODES; do
         PP=$!
     fi
     "$BIN" bench --addr "http://127.0.0.1:$PORT" --target decide --rate "$RATE" --seconds "$SECS" --json >"$dir/bench.json" 2>"$dir/bench.err"
-    [ -n "$PP" ] && wait "$PP"
+    if [ -n "$PP" ]; then wait "$PP"; fi
     threads "$SP" >"$dir/threads.after"
     irqs >"$dir/irqs.after"
     flt1=$(awk '{print $10}' /proc/"$SP"/stat)
