@@ -23,8 +23,6 @@ use mesh_prediction_log::{
 };
 use std::sync::Arc;
 use std::time::Duration;
-#[cfg(not(target_os = "linux"))]
-use std::time::Instant;
 
 /// The allocator `mesh serve` runs with: how the encoder's memory is reused, or given
 /// back and faulted in again, depends on it.
@@ -33,6 +31,8 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const N: usize = 32 * 1024;
 
+#[path = "support/cpu.rs"]
+mod cpu;
 #[path = "support/rng.rs"]
 mod rng;
 use rng::Rng;
@@ -130,19 +130,9 @@ fn records() -> Vec<PredictionRecord> {
         .collect()
 }
 
-/// CPU time of this thread: what the encoding takes from the serving threads (the file's
-/// fsync at the end is a wait, not CPU, and its length is the disk's).
-#[cfg(target_os = "linux")]
-fn cpu_time() -> Duration {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
-}
-
-#[cfg(not(target_os = "linux"))]
-fn cpu_time() -> Duration {
-    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    START.get_or_init(Instant::now).elapsed()
-}
+// CPU time of this thread: what the encoding takes from the serving threads (the file's
+// fsync at the end is a wait, not CPU, and its length is the disk's).
+use cpu::thread_cpu as cpu_time;
 
 /// A function that writes records to a Parquet file.
 type WriteFn = fn(&std::path::Path, &[PredictionRecord]) -> mesh_prediction_log::Result<()>;

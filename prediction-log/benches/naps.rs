@@ -14,13 +14,14 @@
 //!
 //! `cargo bench -p mesh-prediction-log --bench naps [-- CYCLES]` (default 10,000 a row).
 
+#[cfg(target_os = "linux")]
 use std::time::{Duration, Instant};
 
 #[cfg(target_os = "linux")]
-fn thread_cpu() -> Duration {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
-}
+#[path = "support/cpu.rs"]
+mod cpu;
+#[cfg(target_os = "linux")]
+use cpu::thread_cpu;
 
 #[cfg(target_os = "linux")]
 fn main() {
