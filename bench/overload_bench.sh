@@ -63,8 +63,8 @@ mkdir -p "$OUT/models"
 example_config "$OUT/features" "$OUT/predictions" "$GRPC" "$HTTP" "$OUT/models" |
     sed -e "s#^model = \"fraud_mlp\"#model = \"heavy_fraud\"#" \
         -e "s#^deadline = .*#deadline = \"${DEADLINE_MS}ms\"#" \
-        -e "s#^per_try_timeout = .*#per_try_timeout = \"$((DEADLINE_MS - 5))ms\"#" \
-        -e '/^\[prediction_log\]/,/^$/d' >"$OUT/mesh.toml"
+        -e "s#^per_try_timeout = .*#per_try_timeout = \"$((DEADLINE_MS - 5))ms\"#" >"$OUT/mesh.toml"
+log_off "$OUT/mesh.toml"
 "$SERVER_BIN" serve --config "$OUT/mesh.toml" >"$OUT/serve.log" 2>&1 &
 pid=$!
 wait_port "$GRPC" "$OUT/serve.log"
