@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Where a server's CPU goes, thread by thread, with the prediction log off, inline or
-# deferred (issue 13): one server at a time, an open loop of Decide at RATE for SECS,
+# Where a server's CPU goes, thread by thread, with the prediction log off, inline,
+# deferred, or converted at each roll (issue 13): one server at a time, an open loop of Decide at RATE for SECS,
 # and around it each thread's CPU time and context switches (`/proc/<pid>/task/*`),
 # the machine's interrupts (`/proc/interrupts`: local timer, rescheduling and
 # function-call IPIs, TLB shootdowns) and the server's minor page faults. With PERF=1,
@@ -9,6 +9,12 @@
 # log thread's profile is printed.
 #
 #   bench/log_threads.sh [MESH_BIN]    (default $MESH_BIN, else $CARGO_TARGET_DIR/release/mesh)
+#
+# Modes: `off`; `inline` (the default: the encoder thread builds the Parquet columns as
+# records arrive); `deferred` (`parquet = "deferred"`: closed segments wait as their wal,
+# no Parquet built in the run); `roll` (deferred with `deferred_max_bytes` at
+# `segment_max_bytes`: the server's closer converts each segment from its wal as it
+# rolls, the same work done in one pass after the roll instead of record by record).
 #
 # Settings (environment): MODES="off inline deferred" (the servers, one after another),
 # RATE=14602, SECS=20, PORT=18751 (gRPC; HTTP on PORT-1), OUT (raw output; default a
@@ -61,7 +67,8 @@ for mode in $MODES; do
         off) log_off "$cfg" ;;
         inline) ;;
         deferred) log_set "$cfg" 'parquet = "deferred"' ;;
-        *) echo "unknown mode $mode (off, inline, deferred)" >&2; exit 2 ;;
+        roll) log_set "$cfg" 'parquet = "deferred"' "deferred_max_bytes = $((64 << 20))" ;;
+        *) echo "unknown mode $mode (off, inline, deferred, roll)" >&2; exit 2 ;;
     esac
     "$BIN" serve --config "$cfg" >"$dir/serve.log" 2>&1 &
     SP=$!
