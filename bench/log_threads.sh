@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Where a server's CPU goes, thread by thread, with the prediction log off, inline,
-# deferred, or converted at each roll (issue 13): one server at a time, an open loop of Decide at RATE for SECS,
-# and around it each thread's CPU time and context switches (`/proc/<pid>/task/*`),
+# deferred, or converted at each roll (issue 13): one server at a time, an open loop of
+# Decide at RATE for SECS, and around it each thread's CPU time and context switches
+# (`/proc/<pid>/task/*`),
 # the machine's interrupts (`/proc/interrupts`: local timer, rescheduling and
 # function-call IPIs, TLB shootdowns) and the server's minor page faults. With PERF=1,
 # `perf record` samples the server for the middle of the run (no call graphs: with
@@ -12,9 +13,10 @@
 #
 # Modes: `off`; `inline` (the default: the encoder thread builds the Parquet columns as
 # records arrive); `deferred` (`parquet = "deferred"`: closed segments wait as their wal,
-# no Parquet built in the run); `roll` (deferred with `deferred_max_bytes` at
-# `segment_max_bytes`: the server's closer converts each segment from its wal as it
-# rolls, the same work done in one pass after the roll instead of record by record).
+# no Parquet built in the run); `roll` (deferred, with `segment_max_bytes` and
+# `deferred_max_bytes` both 64 MiB: the server's closer converts each segment from its
+# wal as it rolls, the same work done in one pass after the roll instead of record by
+# record).
 #
 # Settings (environment): MODES="off inline deferred" (the servers, one after another),
 # RATE=14602, SECS=20, PORT=18751 (gRPC; HTTP on PORT-1), OUT (raw output; default a
@@ -67,7 +69,7 @@ for mode in $MODES; do
         off) log_off "$cfg" ;;
         inline) ;;
         deferred) log_set "$cfg" 'parquet = "deferred"' ;;
-        roll) log_set "$cfg" 'parquet = "deferred"' "deferred_max_bytes = $((64 << 20))" ;;
+        roll) log_set "$cfg" 'parquet = "deferred"' "segment_max_bytes = $((64 << 20))" "deferred_max_bytes = $((64 << 20))" ;;
         *) echo "unknown mode $mode (off, inline, deferred, roll)" >&2; exit 2 ;;
     esac
     "$BIN" serve --config "$cfg" >"$dir/serve.log" 2>&1 &

@@ -182,27 +182,28 @@ for path in sorted(p for out in dirs for p in glob.glob(os.path.join(out, "*-*-[
         # Each second of the one against its neighbours of the other, both ways round.
         xs = ratios(ws, test, base, key) + [1 / x for x in ratios(ws, base, test, key) if x]
         pooled.setdefault((test, key), []).append(xs)
+def pooled_runs():
+    """(label, clock, each run's ratios) for every comparison and clock that has runs."""
+    for test, label in (("on", "log on against log off"), ("off2", "log off against log off (the noise)")):
+        for key, clock in (("p99_us", "client's clock"), ("server_p99_us", "server's clock")):
+            runs = [r for r in pooled.get((test, key), []) if r]
+            if runs:
+                yield label, clock, runs
+
 print("\neach second's p99 against the other server's seconds beside it: the median of each run's, and of all")
 print("runs' seconds with a 90% interval from resampling the runs")
-for test, label in (("on", "log on against log off"), ("off2", "log off against log off (the noise)")):
-    for key, clock in (("p99_us", "client's clock"), ("server_p99_us", "server's clock")):
-        runs = [r for r in pooled.get((test, key), []) if r]
-        if not runs:
-            continue
-        m, lo, hi = resampled(runs)
-        verdict = "under 1.05" if hi < 1.05 else ("over 1.05" if lo > 1.05 else "cannot tell against 1.05")
-        each = ", ".join(f"{st.median(r):.3f}" for r in runs)
-        print(f"  {label:36} {clock}: runs {each}; all {m:.3f} ({lo:.3f}-{hi:.3f}) {verdict}")
+for label, clock, runs in pooled_runs():
+    m, lo, hi = resampled(runs)
+    verdict = "under 1.05" if hi < 1.05 else ("over 1.05" if lo > 1.05 else "cannot tell against 1.05")
+    each = ", ".join(f"{st.median(r):.3f}" for r in runs)
+    print(f"  {label:36} {clock}: runs {each}; all {m:.3f} ({lo:.3f}-{hi:.3f}) {verdict}")
 # The median passes over a cost that falls in a few seconds only (a segment converted
 # in one pass at its roll, say); the geometric mean of the same ratios counts it (and,
 # unlike their plain mean, reads the same whichever server is on top of the ratio).
 geomean = lambda xs: math.exp(st.mean(math.log(x) for x in xs))
 print("the same seconds' geometric mean, with its interval (a cost gathered into a few seconds counts here)")
-for test, label in (("on", "log on against log off"), ("off2", "log off against log off (the noise)")):
-    for key, clock in (("p99_us", "client's clock"), ("server_p99_us", "server's clock")):
-        runs = [r for r in pooled.get((test, key), []) if r]
-        if runs:
-            m, lo, hi = resampled(runs, geomean)
-            print(f"  {label:36} {clock}: all {m:.3f} ({lo:.3f}-{hi:.3f})")
+for label, clock, runs in pooled_runs():
+    m, lo, hi = resampled(runs, geomean)
+    print(f"  {label:36} {clock}: all {m:.3f} ({lo:.3f}-{hi:.3f})")
 PY
 echo "raw output in $OUT"
